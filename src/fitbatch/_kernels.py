@@ -1,0 +1,457 @@
+"""Pure-numpy planning kernels: sizes in planning order + budget -> int64 batch start positions.
+
+No torch and no per-sample Python loop lives here. Three kernels share one contract — a batch
+is a maximal run of consecutive positions whose cost fits the budget (greedy), never crossing a
+segment start, a lone sample over budget forming a batch of its own:
+
+* :func:`greedy_starts` — any order, any cost model. Chunks the sequence, runs the greedy in
+  lock-step over all chunks at once (one numpy step per position *within* a chunk), then repairs
+  each chunk seam sequentially: the true chain entering a chunk is simulated with vectorised
+  windows until it meets the chunk's local chain, after which the two coincide.
+* :func:`descending_starts` — positions whose planning size (an upper bound of the true size) is
+  non-increasing within each segment: the first sample of a batch bounds its max, so every
+  position's batch length is known in closed form and only the chain of batch starts is walked
+  (a per-batch, not per-sample, loop).
+* :func:`two_ended_starts` — bin packing for costs that grow with the sum: each batch takes the
+  largest remaining samples, then fills the rest of the budget with the smallest ones.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch.costs import CostModel, SumCost
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+KEY_LEVELS = 1 << 16
+
+
+class OpenBatch(NamedTuple):
+    """The batch still open at the end of a sequence: carried into the next call (streaming)."""
+
+    count: int
+    max_size: FloatArray  # shape () for 1-D sizes, (D,) for D-dimensional ones
+    sum_size: FloatArray
+
+
+# --------------------------------------------------------------------------- size keys and sorting
+
+
+def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], FloatArray]:
+    """Monotone 16-bit sort keys for non-negative values, and an upper edge per key.
+
+    Integers below 2**16 are their own key (an exact sort); anything else is binned on a
+    ``log1p`` scale fine enough (about 1e-4 relative for a 1e4 range) that sorting by key is
+    sorting by size for planning purposes. ``edges[k]`` bounds every value with key ``k``.
+    """
+    if values.size == 0:
+        return np.zeros(0, np.uint16), np.zeros(KEY_LEVELS)
+    vmax = float(values.max())
+    if integral and vmax < KEY_LEVELS:
+        return values.astype(np.uint16), np.arange(KEY_LEVELS, dtype=np.float64)
+    positive = values[values > 0]
+    unit = float(positive.min()) if positive.size else 1.0
+    top = math.log1p(vmax / unit)
+    scale = (KEY_LEVELS - 1) / top if top > 0 else 1.0
+    keys = np.minimum(np.log1p(values / unit) * scale, KEY_LEVELS - 1).astype(np.uint16)
+    edges = unit * np.expm1(np.arange(1, KEY_LEVELS + 1, dtype=np.float64) / scale)
+    edges[-1] = max(edges[-1], vmax)
+    low = values > edges[keys]  # float rounding at bin borders: widen those bins
+    if low.any():
+        np.maximum.at(edges, keys[low], values[low])
+    return keys, np.maximum.accumulate(edges)
+
+
+def stable_argsort_u16(keys: NDArray[np.uint16]) -> IntArray:
+    """Stable argsort of 16-bit keys (numpy uses an O(n) radix sort for them)."""
+    return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
+
+
+def sort_within_segments(keys: NDArray[np.uint16], seg_len: int) -> IntArray:
+    """Positions that sort consecutive segments of ``seg_len`` by key (stable), segment by segment."""
+    n = keys.size
+    full = n // seg_len * seg_len
+    out = np.empty(n, dtype=np.int64)
+    if full:
+        rows = np.argsort(keys[:full].reshape(-1, seg_len), axis=1, kind="stable")
+        rows += np.arange(0, full, seg_len, dtype=np.int64)[:, None]
+        out[:full] = rows.ravel()
+    if full < n:
+        out[full:] = full + stable_argsort_u16(keys[full:])
+    return out
+
+
+# --------------------------------------------------------------------------- any order
+
+
+def _window_next(
+    sizes: FloatArray,
+    p: int,
+    end: int,
+    state: OpenBatch,
+    budget: float,
+    cost: CostModel,
+    cap: float,
+    force: NDArray[np.bool_] | None,
+) -> tuple[int, OpenBatch]:
+    """First position q in [p, end) that must start a new batch when ``state`` is open at p.
+
+    Returns (q, state of the open batch just before q); q == end when no new batch starts.
+    """
+    count, mx, sm = state.count, state.max_size, state.sum_size
+    width = 64
+    while p < end:
+        stop = min(end, p + width)
+        x = sizes[p:stop]
+        run_max = np.maximum(np.maximum.accumulate(x, axis=0), mx)
+        run_sum = np.cumsum(x, axis=0) + sm
+        run_count = count + np.arange(1, stop - p + 1, dtype=np.float64)
+        bad = (cost.evaluate(run_count, run_max, run_sum) > budget) | (run_count > cap)
+        if force is not None:
+            bad |= force[p:stop]
+        if count == 0:
+            bad[0] = False  # an empty batch always takes its first sample
+        if bad.any():
+            k = int(bad.argmax())
+            if k == 0:
+                return p, OpenBatch(count, mx, sm)
+            return p + k, OpenBatch(count + k, run_max[k - 1], run_sum[k - 1])
+        count, mx, sm = count + (stop - p), run_max[-1], run_sum[-1]
+        p = stop
+        width *= 4
+    return end, OpenBatch(count, mx, sm)
+
+
+def _open_batch(sizes: FloatArray, start: int, end: int) -> OpenBatch:
+    part = sizes[start:end]
+    return OpenBatch(end - start, part.max(axis=0), part.sum(axis=0))
+
+
+def _empty_state(sizes: FloatArray) -> OpenBatch:
+    zero = np.zeros(sizes.shape[1:], dtype=np.float64)
+    return OpenBatch(0, zero, zero.copy())
+
+
+def greedy_starts(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    *,
+    cap: int | None = None,
+    multiple: int = 1,
+    force: NDArray[np.bool_] | None = None,
+    carry: OpenBatch | None = None,
+) -> tuple[IntArray, OpenBatch]:
+    """Greedy batch starts over ``sizes`` (shape (n,) or (n, D)) in the given order.
+
+    ``force`` marks positions that must start a batch (segment starts). ``carry`` is a batch
+    left open by a previous call, continued at position 0. With ``multiple > 1`` each batch of
+    at least ``multiple`` samples is cut back to a multiple of it (the rest starts the next
+    batch); that path walks batches with vectorised windows instead of the lock-step scan.
+
+    Returns the start positions (int64, ascending) and the batch still open at the end.
+    """
+    n = sizes.shape[0]
+    capf = math.inf if cap is None else float(cap)
+    state = carry if carry is not None else _empty_state(sizes)
+    if n == 0:
+        return np.zeros(0, np.int64), state
+    if multiple > 1:
+        return _walk_windows(sizes, budget, cost, capf, multiple, force, state)
+    chunk = int(min(4096, max(64, math.isqrt(n))))
+    local = _lockstep(sizes, budget, cost, capf, force, chunk, state)
+    return _repair_seams(sizes, budget, cost, capf, force, chunk, local, state)
+
+
+def _lockstep(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: float,
+    force: NDArray[np.bool_] | None,
+    chunk: int,
+    carry: OpenBatch,
+) -> NDArray[np.bool_]:
+    """Greedy start flags computed independently in every chunk, all chunks at once."""
+    n, tail = sizes.shape[0], sizes.shape[1:]
+    n_chunks = -(-n // chunk)
+    grid = np.zeros((n_chunks * chunk, *tail), dtype=np.float64)
+    grid[:n] = sizes
+    # (chunk, n_chunks[, D]): row t holds position t of every chunk, contiguous for the scan.
+    grid = np.ascontiguousarray(np.swapaxes(grid.reshape(n_chunks, chunk, *tail), 0, 1))
+    fgrid = None
+    if force is not None:
+        fpad = np.zeros(n_chunks * chunk, dtype=bool)
+        fpad[:n] = force
+        fgrid = np.ascontiguousarray(fpad.reshape(n_chunks, chunk).T)
+    flags = np.empty((chunk, n_chunks), dtype=bool)
+    count = np.zeros(n_chunks)
+    mx = np.zeros((n_chunks, *tail))
+    sm = np.zeros((n_chunks, *tail))
+    count[0], mx[0], sm[0] = carry.count, carry.max_size, carry.sum_size
+    expand = (slice(None),) + (None,) * len(tail)
+    # Invariant: before row t, (count, mx, sm)[c] describe the batch open in chunk c after its
+    # first t positions, assuming chunk c (c > 0) started a fresh batch at its first position.
+    for t in range(chunk):
+        x = grid[t]
+        new_count = count + 1
+        new_max = np.maximum(mx, x)
+        new_sum = sm + x
+        start = cost.evaluate(new_count, new_max, new_sum) > budget
+        if cap < math.inf:
+            start |= new_count > cap
+        if fgrid is not None:
+            start |= fgrid[t]
+        if t == 0:
+            start[1:] = True  # chunks assume a fresh batch at their first position
+            if carry.count == 0:
+                start[0] = True
+        flags[t] = start
+        count = np.where(start, 1.0, new_count)
+        mx = np.where(start[expand], x, new_max)
+        sm = np.where(start[expand], x, new_sum)
+    return flags.T.reshape(-1)[:n].copy()
+
+
+def _repair_seams(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: float,
+    force: NDArray[np.bool_] | None,
+    chunk: int,
+    local: NDArray[np.bool_],
+    carry: OpenBatch,
+) -> tuple[IntArray, OpenBatch]:
+    """Make chunk-local start flags globally correct, chunk by chunk, left to right."""
+    n = sizes.shape[0]
+    open_start: int | None = None  # None: the batch carried in from before position 0 is open
+    first = np.flatnonzero(local[:chunk])
+    if first.size:
+        open_start = int(first[-1])
+    for c0 in range(chunk, n, chunk):
+        c1 = min(n, c0 + chunk)
+        if open_start is None:
+            state = _carried_through(sizes, carry, c0)
+        else:
+            state = _open_batch(sizes, open_start, c0)
+        p = c0
+        # Invariant: `state` is the true open batch at position p; flags in [c0, p) are true.
+        while True:
+            q, _ = _window_next(sizes, p, c1, state, budget, cost, cap, force)
+            local[p:q] = False
+            if q >= c1 or local[q]:
+                break  # chunk done, or merged with the chunk's own chain: the rest is right
+            local[q] = True
+            state = OpenBatch(1, sizes[q].astype(np.float64), sizes[q].astype(np.float64))
+            p = q + 1
+        here = np.flatnonzero(local[c0:c1])
+        if here.size:
+            open_start = c0 + int(here[-1])
+    starts = np.flatnonzero(local).astype(np.int64)
+    if open_start is None:
+        return starts, _carried_through(sizes, carry, n)
+    return starts, _open_batch(sizes, open_start, n)
+
+
+def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch:
+    part = sizes[:end]
+    if end == 0:
+        return carry
+    return OpenBatch(carry.count + end, np.maximum(carry.max_size, part.max(axis=0)), carry.sum_size + part.sum(axis=0))
+
+
+def _walk_windows(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: float,
+    multiple: int,
+    force: NDArray[np.bool_] | None,
+    state: OpenBatch,
+) -> tuple[IntArray, OpenBatch]:
+    n = sizes.shape[0]
+    starts: list[int] = []
+    batch_start = 0 if state.count == 0 else -state.count
+    p = 0
+    while p < n:
+        q, state = _window_next(sizes, p, n, state, budget, cost, cap, force)
+        if q >= n:
+            break
+        size = q - batch_start
+        cut = batch_start + size - size % multiple
+        if size >= multiple and cut > max(batch_start, 0) and (force is None or not force[q]):
+            q = cut
+        if batch_start >= 0:
+            starts.append(batch_start)
+        batch_start = q
+        state = _empty_state(sizes)
+        p = q
+    if batch_start >= 0:
+        starts.append(batch_start)
+        state = _open_batch(sizes, batch_start, n)
+    return np.asarray(starts, dtype=np.int64), state
+
+
+# --------------------------------------------------------------------------- sorted segments
+
+
+def segment_ends(seg_starts: IntArray, n: int) -> IntArray:
+    """For every position, the end (exclusive) of the segment that holds it."""
+    bounds = np.append(seg_starts, n).astype(np.int64)
+    return np.repeat(bounds[1:], np.diff(bounds))
+
+
+def _follow(jump: IntArray, n: int) -> IntArray:
+    """Walk the chain 0 -> jump[0] -> ... below n: the batch starts (one step per batch)."""
+    view = memoryview(jump)
+    out: list[int] = []
+    add = out.append
+    i = 0
+    while i < n:
+        add(i)
+        i = view[i]
+    return np.asarray(out, dtype=np.int64)
+
+
+def _counts_by_search(
+    edge: FloatArray, sizes: FloatArray, room: IntArray, budget: float, cost: CostModel
+) -> IntArray:
+    """Largest count per position whose cost (max = edge, real sum) fits: vectorised bisection."""
+    csum = np.concatenate([np.zeros(1), np.cumsum(sizes, dtype=np.float64)])
+    pos = np.arange(edge.size, dtype=np.int64)
+    if isinstance(cost, SumCost) and cost.weights is None:
+        reach = np.searchsorted(csum, csum[:-1] + budget, side="right") - 1
+        return np.clip(reach - pos, 1, room)
+    lo = np.ones(edge.size, dtype=np.int64)  # always feasible (a lone sample)
+    hi = room.copy()
+    # Invariant: count lo fits (or is the forced minimum 1), count hi+1 does not or exceeds room.
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi + 1) // 2
+        fits = cost.evaluate(mid.astype(np.float64), edge, csum[pos + mid] - csum[pos]) <= budget
+        lo = np.where(open_ & fits, mid, lo)
+        hi = np.where(open_ & ~fits, mid - 1, hi)
+
+
+def batch_counts(
+    edge: FloatArray,
+    sizes: FloatArray,
+    seg_end: IntArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    multiple: int,
+) -> IntArray:
+    """Greedy batch length for a batch starting at each position (edge non-increasing)."""
+    pos = np.arange(edge.size, dtype=np.int64)
+    seg_room = seg_end - pos
+    room = seg_room if cap is None else np.minimum(seg_room, cap)
+    limit = cost.max_count(edge, budget)
+    if limit is None:
+        counts = _counts_by_search(edge, sizes, room, budget, cost)
+    else:
+        counts = np.clip(np.floor(np.minimum(limit, 2.0**62)), 1, room).astype(np.int64)
+        # Guard against a floor that float rounding pushed one over the budget.
+        over = cost.evaluate(counts.astype(np.float64), edge, edge * counts) > budget
+        counts = np.where(over & (counts > 1), counts - 1, counts)
+    if multiple > 1:
+        cut = counts - counts % multiple
+        counts = np.where((counts >= multiple) & (counts < seg_room), cut, counts)
+    return counts
+
+
+def descending_starts(
+    edge: FloatArray,
+    sizes: FloatArray,
+    seg_starts: IntArray,
+    budget: float,
+    cost: CostModel,
+    *,
+    cap: int | None = None,
+    multiple: int = 1,
+) -> IntArray:
+    """Greedy batch starts when ``edge`` (>= the true size) is non-increasing in each segment."""
+    n = edge.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    seg_end = segment_ends(seg_starts, n)
+    counts = batch_counts(edge, sizes, seg_end, budget, cost, cap, multiple)
+    jump = np.arange(n, dtype=np.int64) + counts
+    return _follow(jump, n)
+
+
+def two_ended_starts(
+    sizes: FloatArray,
+    seg_starts: IntArray,
+    budget: float,
+    cap: int | None = None,
+) -> tuple[IntArray, IntArray]:
+    """Pack sum-cost batches from descending segments: largest first, then the smallest.
+
+    Returns (order, starts) where ``order`` rearranges positions so that each batch is
+    contiguous: a batch is a run of the largest remaining samples followed by a run of the
+    smallest remaining ones of its segment.
+    """
+    n = sizes.size
+    csum = np.concatenate([np.zeros(1), np.cumsum(sizes, dtype=np.float64)])
+    capn = n if cap is None else cap
+    bounds = seg_starts.tolist() + [n]
+    view = memoryview(csum)
+    runs: list[int] = []  # per batch: hi, big_end, small_start, lo
+    add = runs.extend
+    # Invariant: positions [hi, lo) of the current segment are not yet in any batch.
+    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+        hi, lo = s0, s1
+        while hi < lo:
+            big_end = bisect.bisect_right(view, view[hi] + budget) - 1
+            big_end = max(hi + 1, min(big_end, lo, hi + capn))
+            left = budget - (view[big_end] - view[hi])
+            small_start = lo
+            if left > 0 and big_end < lo and big_end - hi < capn:
+                # the smallest items sit at the segment's end: take the longest suffix that fits
+                small_start = bisect.bisect_left(view, view[lo] - left, big_end, lo)
+                small_start = max(small_start, lo - (capn - (big_end - hi)))
+            add((hi, big_end, small_start, lo))
+            hi, lo = big_end, small_start
+    r = np.asarray(runs, dtype=np.int64).reshape(-1, 4)
+    lengths = np.stack([r[:, 1] - r[:, 0], r[:, 3] - r[:, 2]], axis=1).ravel()
+    firsts = np.stack([r[:, 0], r[:, 2]], axis=1).ravel()
+    order = _concat_ranges(firsts, lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths[0::2] + lengths[1::2])[:-1]]).astype(np.int64)
+    return order, starts if r.size else np.zeros(0, np.int64)
+
+
+def _concat_ranges(firsts: IntArray, lengths: IntArray) -> IntArray:
+    """concatenate(arange(f, f + l) for f, l in zip(firsts, lengths)), vectorised."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    keep = lengths > 0
+    firsts, lengths = firsts[keep], lengths[keep]
+    steps = np.ones(total, dtype=np.int64)
+    heads = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    steps[heads[0]] = firsts[0]
+    steps[heads[1:]] = firsts[1:] - (firsts[:-1] + lengths[:-1] - 1)
+    return np.cumsum(steps)
+
+
+# --------------------------------------------------------------------------- per-batch reductions
+
+
+def batch_reduce(sizes: FloatArray, offsets: IntArray) -> tuple[IntArray, FloatArray, FloatArray]:
+    """(count, max, sum) of each batch of ``sizes`` (already in plan order) cut at ``offsets``."""
+    counts = np.diff(offsets)
+    if counts.size == 0:
+        empty = np.zeros((0, *sizes.shape[1:]))
+        return counts, empty, empty.copy()
+    heads = offsets[:-1]
+    return counts, np.maximum.reduceat(sizes, heads, axis=0), np.add.reduceat(sizes, heads, axis=0)

@@ -1,0 +1,96 @@
+"""Shared argument checks: each names the parameter, the offending value and the way out."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Iterable
+from typing import Any
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def choice(name: str, value: Any, valid: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``valid``, else raise naming all alternatives."""
+    options = tuple(valid)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {options}, got {value!r}")
+    if value not in options:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {options}")
+    return value
+
+
+def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """An int >= 1 (bools are refused), or ``None`` when allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 1{' or None' if allow_none else ''}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return int(value)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return int(value)
+
+
+def fraction(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    if not (low <= float(value) <= high):
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def parse_budget(value: Any, name: str = "budget") -> float:
+    """Coerce a budget to a positive finite float.
+
+    Accepts numbers and strings with an optional byte unit (``"70GiB"``, ``"1.5 GB"``,
+    ``"512MiB"``, ``"16384"``).
+
+    >>> parse_budget("2KiB")
+    2048.0
+    >>> parse_budget(16384)
+    16384.0
+    """
+    if isinstance(value, str):
+        match = _BUDGET_RE.match(value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ValueError(
+                f"{name} {value!r} is not a number with an optional unit; "
+                f"units: {tuple(u for u in _UNITS if u)} (for example '70GiB')"
+            )
+        number = float(match.group(1)) * _UNITS[unit]
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number or a string like '70GiB', got {value!r}")
+    else:
+        number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return number
+
+
+def format_offenders(indices: Any, values: Any, limit: int = 5) -> str:
+    """'index 3 (size 70000), index 9 (size 52000), ...' for the first ``limit`` offenders."""
+    shown = ", ".join(f"index {int(i)} (size {v})" for i, v in zip(indices[:limit], values[:limit]))
+    more = len(indices) - limit
+    return shown + (f" and {more} more" if more > 0 else "")

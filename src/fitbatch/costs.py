@@ -1,0 +1,235 @@
+"""Cost models: what one batch costs, from (count, max size, sum of sizes).
+
+A cost model holds configuration only and evaluates whole arrays at once: the planning kernels
+keep the running totals and ask the model for the cost of many candidate batches in one call.
+Every model must be non-decreasing in count, in each component of the max size and in each
+component of the sum; that is what makes greedy planning and budgets meaningful.
+
+Sizes may be 1-D (one number per sample) or D-dimensional (an ``(N, D)`` array: image shapes,
+encoder/decoder lengths). For D-dimensional sizes ``max_size`` and ``sum_size`` are ``(k, D)``
+arrays and a model reduces them to one padded *length* per batch: the product of the
+per-dimension maxima (a padded volume), or a weighted sum when ``weights`` are given.
+
+>>> import numpy as np
+>>> padded = resolve_cost("padded")
+>>> padded.evaluate(np.array([4, 2]), np.array([10.0, 50.0]), np.array([30.0, 60.0]))
+array([ 40., 100.])
+>>> resolve_cost("sum").evaluate(np.array([4]), np.array([10.0]), np.array([30.0]))
+array([30.])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import choice
+
+FloatArray = NDArray[np.float64]
+
+
+def _reduce_length(max_size: NDArray[Any], weights: tuple[float, ...] | None) -> FloatArray:
+    """One padded length per batch: 1-D as is; D-dim as product, or weighted sum of maxima."""
+    m = np.asarray(max_size, dtype=np.float64)
+    if m.ndim <= 1:
+        return m
+    if weights is None:
+        return np.prod(m, axis=-1)
+    return m @ np.asarray(weights, dtype=np.float64)
+
+
+def _reduce_sum(sum_size: NDArray[Any], weights: tuple[float, ...] | None) -> FloatArray:
+    s = np.asarray(sum_size, dtype=np.float64)
+    if s.ndim <= 1:
+        return s
+    if weights is None:
+        return s.sum(axis=-1)
+    return s @ np.asarray(weights, dtype=np.float64)
+
+
+def _check_weights(weights: Sequence[float] | None) -> tuple[float, ...] | None:
+    if weights is None:
+        return None
+    w = tuple(float(x) for x in weights)
+    if not w or any(not np.isfinite(x) or x < 0 for x in w):
+        raise ValueError(f"weights must be non-negative finite numbers, got {weights!r}")
+    return w
+
+
+class CostModel(ABC):
+    """Base class of cost models.
+
+    Subclasses implement :meth:`evaluate`; a model whose cost does not depend on the sum of
+    sizes may also implement :meth:`max_count` (a closed form the sorted kernels use instead of
+    a search). Models are immutable and compare by value.
+    """
+
+    name: ClassVar[str] = "custom"
+    #: whether the cost grows with the padded (max) size; packing ignores max-only savings
+    uses_max: ClassVar[bool] = True
+
+    @abstractmethod
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        """Cost of each batch, as a float64 array shaped like ``count``."""
+
+    def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray | None:
+        """Largest (real-valued) count whose cost fits ``budget`` for batches of this max size.
+
+        Return ``None`` when the cost depends on the sum of sizes (the kernels then search).
+        """
+        return None
+
+    def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
+        """Cost of each sample alone (a batch of one)."""
+        sizes = np.asarray(sizes, dtype=np.float64)
+        return self.evaluate(np.ones(len(sizes), dtype=np.float64), sizes, sizes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-able description (used in state dicts and reports)."""
+        fields = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        return {"kind": self.name, **fields}
+
+
+@dataclasses.dataclass(frozen=True)
+class SumCost(CostModel):
+    """Sum of sizes: packed / variable-length batches, and the seed tools' semantics."""
+
+    weights: tuple[float, ...] | None = None
+    name: ClassVar[str] = "sum"
+    uses_max: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", _check_weights(self.weights))
+
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        return _reduce_sum(sum_size, self.weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedCost(CostModel):
+    """count x padded length: what a batch padded to its longest sample holds."""
+
+    weights: tuple[float, ...] | None = None
+    name: ClassVar[str] = "padded"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", _check_weights(self.weights))
+
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        return np.asarray(count, dtype=np.float64) * _reduce_length(max_size, self.weights)
+
+    def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
+        length = _reduce_length(max_size, self.weights)
+        with np.errstate(divide="ignore"):
+            return np.where(length > 0, budget / np.where(length > 0, length, 1.0), np.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedPolynomial(CostModel):
+    """``fixed + count * (linear + per_token * L + quadratic * L**2)``, L the padded length.
+
+    The shape of a transformer's training memory: a fixed part (weights, optimizer state), a
+    per-sample part, activations linear in L and attention scores quadratic in L. The memory
+    tools fit these coefficients from measured peaks so that budgets can be bytes.
+
+    >>> import numpy as np
+    >>> m = PaddedPolynomial(fixed=100.0, linear=1.0, per_token=2.0, quadratic=0.5)
+    >>> m.evaluate(np.array([3.0]), np.array([4.0]), np.array([9.0]))
+    array([151.])
+    """
+
+    fixed: float = 0.0
+    linear: float = 0.0
+    per_token: float = 1.0
+    quadratic: float = 0.0
+    weights: tuple[float, ...] | None = None
+    name: ClassVar[str] = "polynomial"
+
+    def __post_init__(self) -> None:
+        for field in ("fixed", "linear", "per_token", "quadratic"):
+            value = float(getattr(self, field))
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"PaddedPolynomial.{field} must be a non-negative finite number, got {value!r}")
+            object.__setattr__(self, field, value)
+        object.__setattr__(self, "weights", _check_weights(self.weights))
+
+    def per_sample(self, length: NDArray[Any]) -> FloatArray:
+        length = np.asarray(length, dtype=np.float64)
+        return self.linear + length * (self.per_token + self.quadratic * length)
+
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        length = _reduce_length(max_size, self.weights)
+        return self.fixed + np.asarray(count, dtype=np.float64) * self.per_sample(length)
+
+    def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
+        unit = self.per_sample(_reduce_length(max_size, self.weights))
+        room = budget - self.fixed
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.where(unit > 0, room / np.where(unit > 0, unit, 1.0), np.inf)
+        return np.where(room < 0, 0.0, out)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionCost(CostModel):
+    """A user function ``fn(count, max_size, sum_size) -> cost`` evaluated on arrays."""
+
+    fn: Callable[[FloatArray, FloatArray, FloatArray], Any]
+    name: ClassVar[str] = "function"
+
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        out = np.asarray(self.fn(np.asarray(count, dtype=np.float64), max_size, sum_size), dtype=np.float64)
+        if out.shape != np.shape(count):
+            raise ValueError(
+                f"cost function returned shape {out.shape}, expected {np.shape(count)} "
+                "(it must be vectorised over batches)"
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.name, "fn": getattr(self.fn, "__qualname__", repr(self.fn))}
+
+
+COST_NAMES = ("padded", "polynomial", "sum")
+
+
+def resolve_cost(cost: str | CostModel | Callable[..., Any]) -> CostModel:
+    """Coerce ``"sum"``, ``"padded"``, a :class:`CostModel` or a function into a cost model.
+
+    User models are probed for monotonicity on a small grid so that a decreasing model fails
+    here rather than producing batches over budget.
+    """
+    if isinstance(cost, CostModel):
+        model = cost
+    elif isinstance(cost, str):
+        name = choice("cost", cost, COST_NAMES)
+        model = {"sum": SumCost, "padded": PaddedCost, "polynomial": PaddedPolynomial}[name]()
+    elif callable(cost):
+        model = FunctionCost(cost)
+    else:
+        raise TypeError(f"cost must be one of {COST_NAMES}, a CostModel or a function, got {cost!r}")
+    if not isinstance(model, (SumCost, PaddedCost, PaddedPolynomial)):
+        _check_monotone(model)
+    return model
+
+
+def _check_monotone(model: CostModel) -> None:
+    grid = np.array([0.0, 1.0, 2.0, 7.0, 100.0, 1e4])
+    c, m, s = (g.ravel() for g in np.meshgrid(np.arange(1.0, 5.0), grid, grid, indexing="ij"))
+    base = model.evaluate(c, m, s)
+    for name, bumped in (
+        ("count", model.evaluate(c + 1, m, s)),
+        ("max size", model.evaluate(c, m + 1, s)),
+        ("sum of sizes", model.evaluate(c, m, s + 1)),
+    ):
+        bad = np.flatnonzero(bumped < base - 1e-9 * np.abs(base))
+        if bad.size:
+            i = bad[0]
+            raise ValueError(
+                f"cost model {model!r} decreases with the {name} at count={c[i]:g}, "
+                f"max={m[i]:g}, sum={s[i]:g}; cost models must be non-decreasing"
+            )

@@ -1,0 +1,393 @@
+"""``plan_batches()`` and ``BatchPlan``: one epoch of batches as index arrays, with costs and stats.
+
+>>> import fitbatch
+>>> plan = fitbatch.plan_batches([6, 10, 7, 57, 9, 7, 10], 60, cost="sum", strategy="sequential")
+>>> [b.tolist() for b in plan]
+[[0, 1, 2], [3], [4, 5, 6]]
+>>> plan.costs.tolist()
+[23.0, 57.0, 26.0]
+>>> plan.stats().lower_bound
+2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _kernels as K
+from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._validate import choice, format_offenders, fraction, non_negative_int, parse_budget, positive_int
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.sizes import Sizes, SizesLike, as_sizes
+from fitbatch.stats import PlanStats
+from fitbatch.strategies import Context, Strategy, resolve_strategy
+
+logger = logging.getLogger(__name__)
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+OVERSIZED = ("error", "single", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """Every planning option, validated once. ``plan_batches`` and the samplers build one.
+
+    Attributes:
+        budget: the most cost one batch may have (number, or a string such as ``"70GiB"``).
+        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
+        strategy: ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"``, ``"packed"`` or a
+            ``Strategy`` instance with its own settings.
+        max_batch_size: at most this many samples per batch (``None``: no limit).
+        batch_size_multiple: batches of at least this many samples are cut to a multiple of it.
+        shuffle: randomise (``None``: the strategy's default; sequential and sorted keep order).
+        seed: int or ``SeedSequence``; ``None`` draws entropy once and keeps it.
+        oversized: a sample whose own cost exceeds the budget: ``"error"`` (default),
+            ``"single"`` (a batch of its own) or ``"skip"`` (left out, counted).
+        drop_last: drop a batch that closed because its segment ran out of samples when its fill
+            is below ``saturation`` (counted in the stats).
+        saturation: see ``drop_last`` (aistore's rule, default 0.8).
+    """
+
+    budget: float
+    cost: CostModel
+    strategy: Strategy
+    max_batch_size: int | None = None
+    batch_size_multiple: int = 1
+    shuffle: bool | None = None
+    seed: int = 0
+    oversized: str = "error"
+    drop_last: bool = False
+    saturation: float = 0.8
+
+    @classmethod
+    def build(
+        cls,
+        budget: float | str,
+        *,
+        cost: str | CostModel | Any = "padded",
+        strategy: str | Strategy = "pooled",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        shuffle: bool | None = None,
+        seed: SeedLike = 0,
+        oversized: str = "error",
+        drop_last: bool = False,
+        saturation: float = 0.8,
+    ) -> PlanOptions:
+        """Validate and coerce every option (raises ``ValueError``/``TypeError`` naming it)."""
+        if shuffle is not None and not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}")
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        return cls(
+            budget=parse_budget(budget),
+            cost=resolve_cost(cost),
+            strategy=resolve_strategy(strategy),
+            max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
+            batch_size_multiple=positive_int("batch_size_multiple", batch_size_multiple) or 1,
+            shuffle=shuffle,
+            seed=resolve_seed(seed),
+            oversized=choice("oversized", oversized, OVERSIZED),
+            drop_last=drop_last,
+            saturation=fraction("saturation", saturation),
+        )
+
+    @property
+    def effective_shuffle(self) -> bool:
+        return self.strategy.default_shuffle if self.shuffle is None else self.shuffle
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description (stored in sampler state to detect a changed configuration)."""
+        return {
+            "budget": self.budget,
+            "cost": self.cost.to_dict(),
+            "strategy": {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)},  # type: ignore[call-overload]
+            "max_batch_size": self.max_batch_size,
+            "batch_size_multiple": self.batch_size_multiple,
+            "shuffle": self.effective_shuffle,
+            "seed": self.seed,
+            "oversized": self.oversized,
+            "drop_last": self.drop_last,
+            "saturation": self.saturation,
+        }
+
+
+class BatchPlan(Sequence[IntArray]):
+    """One epoch's batches: a sequence of int64 index arrays (views of one ``order`` array).
+
+    Attributes:
+        order: sample indices in batch order; ``offsets`` cut it into batches.
+        offsets: int64, ``len(plan) + 1`` entries.
+        costs: cost of each batch under the plan's cost model.
+        counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
+            padded units (count x padded length), for padding statistics and loss normalisation.
+        skipped, dropped: indices of samples left out (oversized, ``drop_last``).
+    """
+
+    def __init__(
+        self,
+        order: IntArray,
+        offsets: IntArray,
+        *,
+        costs: FloatArray,
+        real_units: FloatArray,
+        padded_units: FloatArray,
+        budget: float,
+        cost_name: str,
+        strategy_name: str,
+        lower_bound: int,
+        skipped: IntArray,
+        dropped: IntArray,
+        dropped_batches: int,
+        plan_seconds: float = 0.0,
+        straggler_ratio: float | None = None,
+    ) -> None:
+        self.order = order
+        self.offsets = offsets
+        self.costs = costs
+        self.real_units = real_units
+        self.padded_units = padded_units
+        self.budget = budget
+        self.cost_name = cost_name
+        self.strategy_name = strategy_name
+        self.lower_bound = lower_bound
+        self.skipped = skipped
+        self.dropped = dropped
+        self.dropped_batches = dropped_batches
+        self.plan_seconds = plan_seconds
+        self.straggler_ratio = straggler_ratio
+
+    @property
+    def counts(self) -> IntArray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    @overload
+    def __getitem__(self, i: int) -> IntArray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[IntArray]: ...
+
+    def __getitem__(self, i: int | slice) -> IntArray | list[IntArray]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch {i} out of range for a plan of {n} batches")
+        i %= n
+        return self.order[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[IntArray]:
+        order, offsets = self.order, self.offsets.tolist()
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            yield order[a:b]
+
+    def to_lists(self) -> list[list[int]]:
+        """The batches as lists of Python ints."""
+        flat = self.order.tolist()
+        bounds = self.offsets.tolist()
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def select(self, batches: IntArray, *, straggler_ratio: float | None = None) -> BatchPlan:
+        """A plan of the given batches, in the given order (used to split plans across ranks)."""
+        batches = np.asarray(batches, dtype=np.int64)
+        lengths = self.counts[batches]
+        order = self.order[K._concat_ranges(self.offsets[:-1][batches], lengths)]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        return BatchPlan(
+            order,
+            offsets,
+            costs=self.costs[batches],
+            real_units=self.real_units[batches],
+            padded_units=self.padded_units[batches],
+            budget=self.budget,
+            cost_name=self.cost_name,
+            strategy_name=self.strategy_name,
+            lower_bound=self.lower_bound,
+            skipped=self.skipped,
+            dropped=self.dropped,
+            dropped_batches=self.dropped_batches,
+            plan_seconds=self.plan_seconds,
+            straggler_ratio=straggler_ratio if straggler_ratio is not None else self.straggler_ratio,
+        )
+
+    def stats(self) -> PlanStats:
+        """Statistics of this plan (see :class:`PlanStats`)."""
+        padded = float(self.padded_units.sum())
+        fills = self.costs / self.budget
+        return PlanStats(
+            n_samples=int(self.order.size),
+            n_batches=len(self),
+            lower_bound=self.lower_bound,
+            padding_efficiency=float(self.real_units.sum()) / padded if padded > 0 else 1.0,
+            mean_fill=float(fills.mean()) if fills.size else 0.0,
+            max_fill=float(fills.max()) if fills.size else 0.0,
+            skipped=int(self.skipped.size),
+            dropped=int(self.dropped.size),
+            dropped_batches=self.dropped_batches,
+            oversized_batches=int(np.count_nonzero(self.costs > self.budget)),
+            budget=self.budget,
+            cost=self.cost_name,
+            strategy=self.strategy_name,
+            plan_seconds=self.plan_seconds,
+            straggler_ratio=self.straggler_ratio,
+        )
+
+    def report(self) -> str:
+        """A short human-readable report (the CLI prints the same numbers)."""
+        s = self.stats()
+        rows = [
+            ("strategy / cost", f"{s.strategy} / {s.cost}"),
+            ("budget", f"{s.budget:g}"),
+            ("samples", f"{s.n_samples}"),
+            ("batches", f"{s.n_batches} ({s.batches_vs_lower_bound:.3f}x lower bound {s.lower_bound})"),
+            ("padding efficiency", f"{s.padding_efficiency:.4f}"),
+            ("fill mean / max", f"{s.mean_fill:.3f} / {s.max_fill:.3f}"),
+            ("skipped / dropped", f"{s.skipped} / {s.dropped} ({s.dropped_batches} batches)"),
+            ("plan time", f"{s.plan_seconds * 1e3:.1f} ms"),
+        ]
+        if s.straggler_ratio is not None:
+            rows.append(("straggler ratio", f"{s.straggler_ratio:.4f}"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def __repr__(self) -> str:
+        return f"BatchPlan({len(self)} batches, {self.order.size} samples, strategy={self.strategy_name!r}, cost={self.cost_name!r})"
+
+
+def plan_batches(
+    sizes: SizesLike,
+    budget: float | str,
+    *,
+    cost: str | CostModel | Any = "padded",
+    strategy: str | Strategy = "pooled",
+    epoch: int = 0,
+    **options: Any,
+) -> BatchPlan:
+    """Plan one epoch of batches whose cost fits ``budget``.
+
+    Args:
+        sizes: one size per sample (see :func:`fitbatch.sizes.as_sizes` for accepted forms).
+        budget: the most cost one batch may have.
+        cost: the cost model.
+        strategy: how samples are grouped.
+        epoch: the epoch; with ``seed`` it determines every random choice.
+        **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
+            ``oversized``, ``drop_last``, ``saturation`` (see :class:`PlanOptions`).
+
+    Returns:
+        A :class:`BatchPlan`.
+
+    Raises:
+        ValueError: bad sizes, budget or option values, or oversized samples under
+            ``oversized="error"`` (the message lists them).
+        TypeError: arguments of the wrong type.
+
+    >>> plan = plan_batches([5, 1, 4, 2, 3, 3], 6, strategy="sorted")
+    >>> plan.to_lists()
+    [[1, 3], [5, 4], [2], [0]]
+    """
+    opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
+    return plan_with(as_sizes(sizes), opts, epoch)
+
+
+def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
+    """Plan with already validated sizes and options (the samplers' entry point)."""
+    epoch = non_negative_int("epoch", epoch)
+    t0 = time.perf_counter()
+    values = sizes.values
+    model, budget = opts.cost, opts.budget
+    alone = model.sample_cost(values)
+    over = np.flatnonzero(alone > budget)
+    skipped = np.zeros(0, np.int64)
+    kept: IntArray | None = None
+    if over.size:
+        if opts.oversized == "error":
+            worst = over[np.argsort(-alone[over], kind="stable")]
+            raise ValueError(
+                f"{over.size} sample{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
+                f"even alone; largest: {format_offenders(worst, alone[worst])}. "
+                "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
+                "them out (they are counted in the plan's stats)."
+            )
+        if opts.oversized == "skip":
+            skipped = over.astype(np.int64)
+            kept = np.flatnonzero(alone <= budget).astype(np.int64)
+            logger.warning("skipping %d oversized samples (budget %g)", over.size, budget)
+    sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
+    ctx = Context(
+        sizes=sub,
+        budget=budget,
+        cost=model,
+        cap=opts.max_batch_size,
+        multiple=opts.batch_size_multiple,
+        shuffle=opts.effective_shuffle,
+        seed=opts.seed,
+        epoch=epoch,
+    )
+    result = opts.strategy.plan(ctx)
+    order = result.order if kept is None else kept[result.order]
+    n = order.size
+    offsets = np.append(result.starts, n).astype(np.int64)
+    counts, mx, sm = K.batch_reduce(values[order], offsets)
+    costs = model.evaluate(counts.astype(np.float64), mx, sm)
+    if values.ndim == 1:
+        real, length = sm, mx
+    else:
+        real = np.add.reduceat(sizes.real_units()[order], offsets[:-1]) if n else np.zeros(0)
+        length = np.prod(mx, axis=1)
+    padded = counts * length
+    keep_batch = np.ones(counts.size, dtype=bool)
+    if opts.drop_last:
+        keep_batch = ~(result.tails & (costs < opts.saturation * budget))
+    perm = opts.strategy.batch_order(ctx, int(keep_batch.sum()))
+    batch_ids = np.flatnonzero(keep_batch)
+    if perm is not None:
+        batch_ids = batch_ids[perm]
+    dropped_ids = np.flatnonzero(~keep_batch)
+    dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])] if dropped_ids.size else np.zeros(0, np.int64)
+    full = BatchPlan(
+        order,
+        offsets,
+        costs=costs,
+        real_units=np.asarray(real, dtype=np.float64),
+        padded_units=np.asarray(padded, dtype=np.float64),
+        budget=budget,
+        cost_name=model.name,
+        strategy_name=opts.strategy.name,
+        lower_bound=0,
+        skipped=skipped,
+        dropped=dropped,
+        dropped_batches=int(dropped_ids.size),
+    )
+    plan = full if (perm is None and not dropped_ids.size) else full.select(batch_ids)
+    plan.lower_bound = lower_bound(model, budget, alone[plan.order])
+    plan.plan_seconds = time.perf_counter() - t0
+    return plan
+
+
+def lower_bound(model: CostModel, budget: float, alone: FloatArray) -> int:
+    """``ceil(sum of marginal sample costs / usable budget)`` over samples costing ``alone``.
+
+    The marginal cost of a sample is its cost alone less the cost of an empty batch (the fixed
+    part of a polynomial model); the usable budget is the budget less that fixed part.
+    """
+    if alone.size == 0:
+        return 0
+    base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+    usable = budget - base
+    if usable <= 0:
+        return 0
+    total = float(np.sum(alone) - base * alone.size)
+    return int(math.ceil(total / usable - 1e-9))

@@ -1,0 +1,125 @@
+"""Sizes: one number per sample (or one row of D numbers), validated and converted once.
+
+Accepted forms:
+
+* a 1-D array-like of non-negative finite numbers (ints or floats), numpy/torch/list;
+* a 2-D ``(N, D)`` array for samples with several size dimensions;
+* a mapping ``index -> size`` whose keys are exactly ``0 .. N-1``;
+* a callable ``index -> size`` together with ``n``, the number of samples.
+
+>>> as_sizes([3, 1, 2]).values
+array([3., 1., 2.])
+>>> as_sizes({1: 5, 0: 7}).values
+array([7., 5.])
+>>> as_sizes(lambda i: 10 * i, n=3).values
+array([ 0., 10., 20.])
+>>> as_sizes([1, -2])
+Traceback (most recent call last):
+...
+ValueError: sizes must be non-negative and finite; 1 bad value: index 1 (size -2.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import format_offenders, non_negative_int
+
+SizesLike = Union[NDArray[Any], "list[float]", Mapping[int, float], Callable[[int], float], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Validated sizes: ``values`` is float64, shape ``(N,)`` or ``(N, D)``."""
+
+    values: NDArray[np.float64]
+    integral: bool
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def ndim(self) -> int:
+        """Number of size dimensions D (1 for plain sizes)."""
+        return 1 if self.values.ndim == 1 else int(self.values.shape[1])
+
+    def real_units(self) -> NDArray[np.float64]:
+        """Per-sample real (unpadded) units: the size, or the product of a row's dimensions."""
+        return self.values if self.values.ndim == 1 else np.prod(self.values, axis=1)
+
+
+def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
+    """Validate and convert ``sizes`` (see the module docstring for the accepted forms)."""
+    if isinstance(sizes, Sizes):
+        return sizes
+    if callable(sizes) and not hasattr(sizes, "__len__"):
+        if n is None:
+            raise TypeError("sizes is a callable: pass n, the number of samples, too")
+        count = non_negative_int("n", n)
+        raw: Any = [sizes(i) for i in range(count)]
+    elif isinstance(sizes, Mapping):
+        raw = _from_mapping(sizes)
+    elif isinstance(sizes, (str, bytes)):
+        raise TypeError(f"sizes must be numbers, got a {type(sizes).__name__}")
+    else:
+        raw = sizes.detach().cpu().numpy() if hasattr(sizes, "detach") else sizes
+    if n is not None and not callable(sizes):
+        non_negative_int("n", n)
+    try:
+        arr = np.asarray(raw)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"sizes must be a numeric array-like; could not convert: {exc}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise TypeError(f"sizes must be numeric, got dtype {arr.dtype} (first values {arr.ravel()[:3].tolist()!r})")
+    if arr.dtype == bool:
+        raise TypeError("sizes must be numbers, got booleans")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise TypeError("sizes must be real numbers, got complex values")
+    if arr.ndim == 0 or arr.ndim > 2:
+        raise ValueError(f"sizes must be 1-D (N,) or 2-D (N, D), got shape {arr.shape}")
+    if arr.ndim == 2 and arr.shape[1] == 0:
+        raise ValueError(f"sizes of shape {arr.shape} have no size dimension")
+    if n is not None and arr.shape[0] != n:
+        raise ValueError(f"n={n} but sizes hold {arr.shape[0]} samples")
+    integral = bool(np.issubdtype(arr.dtype, np.integer))
+    values = np.ascontiguousarray(arr, dtype=np.float64)
+    _check_values(values)
+    if not integral and values.size and values.size <= 1 << 26:
+        integral = bool(np.all(values == np.floor(values)))
+    return Sizes(values, integral)
+
+
+def _from_mapping(sizes: Mapping[Any, Any]) -> list[Any]:
+    count = len(sizes)
+    keys = list(sizes.keys())
+    if any(isinstance(k, bool) or not isinstance(k, numbers.Integral) for k in keys):
+        bad = next(k for k in keys if isinstance(k, bool) or not isinstance(k, numbers.Integral))
+        raise TypeError(f"a sizes mapping must have int keys 0..N-1, got key {bad!r}")
+    if sorted(keys) != list(range(count)):
+        missing = sorted(set(range(count)) - set(keys))[:5]
+        raise ValueError(
+            f"a sizes mapping must have keys exactly 0..{count - 1}; missing {missing}"
+            if missing
+            else f"a sizes mapping must have keys exactly 0..{count - 1}; got keys outside it"
+        )
+    return [sizes[i] for i in range(count)]
+
+
+def _check_values(values: NDArray[np.float64]) -> None:
+    flat = values if values.ndim == 1 else values.min(axis=1)
+    ok = np.isfinite(flat) & (flat >= 0)
+    if values.ndim == 2:
+        ok &= np.isfinite(values).all(axis=1)
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        shown = values[bad] if values.ndim == 1 else [tuple(r) for r in values[bad[:5]].tolist()]
+        raise ValueError(
+            f"sizes must be non-negative and finite; {bad.size} bad value{'s' if bad.size > 1 else ''}: "
+            + format_offenders(bad, shown)
+        )

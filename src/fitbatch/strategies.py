@@ -1,0 +1,357 @@
+"""Strategies: which samples go together. Each orders the samples, then calls a kernel.
+
+* :class:`Sequential` — greedy in the given order (or a shuffled one); the seed tools' behaviour.
+* :class:`Sorted` — greedy over samples sorted by size; for evaluation.
+* :class:`Pooled` — shuffle, cut into pools, sort each pool, greedy, shuffle the batch order.
+* :class:`Buckets` — size buckets fitted to the data; shuffle inside buckets, equal-count batches
+  per bucket, the buckets' leftovers planned together; batches interleaved at random.
+* :class:`Packed` — bin packing within pools: for costs that grow with the sum each batch takes
+  the largest remaining samples and fills the rest with the smallest; other costs are already
+  count-bound, so it plans like :class:`Pooled`.
+
+Any strategy works with any cost model. A strategy is a frozen dataclass; the names
+``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"`` and ``"packed"`` give the defaults.
+
+>>> resolve_strategy("pooled")
+Pooled(pool_size=65536)
+>>> resolve_strategy(Buckets(spread=0.05)).spread
+0.05
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _kernels as K
+from fitbatch import _rng
+from fitbatch._validate import choice, fraction, positive_int
+from fitbatch.costs import CostModel, SumCost
+from fitbatch.sizes import Sizes
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+
+@dataclasses.dataclass
+class Context:
+    """Everything a strategy needs for one epoch; sort keys are computed once, on demand."""
+
+    sizes: Sizes
+    budget: float
+    cost: CostModel
+    cap: int | None
+    multiple: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    _keys: tuple[NDArray[np.uint16], FloatArray] | None = None
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        return _rng.generator(self.seed, self.epoch, purpose)
+
+    def keys(self) -> tuple[NDArray[np.uint16], FloatArray]:
+        """16-bit size keys (by sample cost for D-dimensional sizes) and each key's upper edge."""
+        if self._keys is None:
+            v = self.sizes.values
+            if v.ndim == 1:
+                self._keys = K.size_keys(v, self.sizes.integral)
+            else:
+                self._keys = K.size_keys(self.cost.sample_cost(v), False)
+        return self._keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A strategy's output: sample positions in batch order, batch starts, and tail batches."""
+
+    order: IntArray
+    starts: IntArray
+    tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
+
+
+class Strategy(ABC):
+    """Base class: subclasses order samples (:meth:`layout`) and may reorder batches."""
+
+    name: ClassVar[str]
+    default_shuffle: ClassVar[bool] = True
+
+    @abstractmethod
+    def plan(self, ctx: Context) -> Result:
+        """Plan one epoch of batches over ``ctx.sizes``."""
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        """A permutation of the planned batches, or None to keep them as planned."""
+        if ctx.shuffle and n_batches > 1:
+            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64)
+        return None
+
+
+def _tails(starts: IntArray, seg_starts: IntArray, n: int) -> NDArray[np.bool_]:
+    ends = np.append(starts[1:], n)
+    return np.isin(ends, np.append(seg_starts[1:], n))
+
+
+def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, edge: FloatArray | None) -> Result:
+    """Run the right kernel over samples laid out in ``order`` with the given segments."""
+    values = ctx.sizes.values[order]
+    if edge is not None and values.ndim == 1:
+        starts = K.descending_starts(
+            edge, values, seg_starts, ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple
+        )
+    else:
+        force = None
+        if seg_starts.size > 1:
+            force = np.zeros(order.size, dtype=bool)
+            force[seg_starts] = True
+        starts, _ = K.greedy_starts(
+            values, ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple, force=force
+        )
+    return Result(order, starts, _tails(starts, seg_starts, order.size))
+
+
+def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
+    """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
+    if n <= 1 << 16:
+        return rng.permutation(n).astype(np.int64)
+    return K.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+
+
+def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, FloatArray]:
+    """Shuffle (if asked), cut into pools, sort each pool by descending size key."""
+    n = len(ctx.sizes)
+    keys, edges = ctx.keys()
+    base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+    down = np.uint16(K.KEY_LEVELS - 1) - keys[base]
+    order = base[K.sort_within_segments(down, pool_size)]
+    seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
+    return order, seg_starts, edges[keys[order]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequential(Strategy):
+    """Greedy in the given order (shuffled first when ``shuffle=True``)."""
+
+    name: ClassVar[str] = "sequential"
+    default_shuffle: ClassVar[bool] = False
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        order = ctx.rng("order").permutation(n).astype(np.int64) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        return _greedy(ctx, order, np.zeros(min(n, 1), np.int64), None)
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sorted(Strategy):
+    """Greedy over samples sorted by size: ascending (default) or descending batches.
+
+    Batches are planned from the longest samples down; ``descending=False`` then reverses them.
+    With ``shuffle=True`` equal sizes are tied at random instead of by index.
+    """
+
+    descending: bool = False
+    name: ClassVar[str] = "sorted"
+    default_shuffle: ClassVar[bool] = False
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        order, _, edge = _pooled_layout(ctx, max(n, 1))
+        result = _greedy(ctx, order, np.zeros(min(n, 1), np.int64), edge if ctx.sizes.ndim == 1 else None)
+        if self.descending or result.starts.size == 0:
+            return result
+        # Reversing the whole order reverses the batches and the samples inside each batch.
+        ends = np.append(result.starts[1:], n)
+        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy())
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled(Strategy):
+    """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
+
+    Larger pools pad less; smaller pools are more random (samples meet other partners each epoch).
+    """
+
+    pool_size: int = 65536
+    name: ClassVar[str] = "pooled"
+
+    def __post_init__(self) -> None:
+        positive_int("pool_size", self.pool_size)
+
+    def plan(self, ctx: Context) -> Result:
+        order, seg_starts, edge = _pooled_layout(ctx, self.pool_size)
+        return _greedy(ctx, order, seg_starts, edge if ctx.sizes.ndim == 1 else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed(Strategy):
+    """Bin packing within pools (see the module docstring)."""
+
+    pool_size: int = 65536
+    name: ClassVar[str] = "packed"
+
+    def __post_init__(self) -> None:
+        positive_int("pool_size", self.pool_size)
+
+    def plan(self, ctx: Context) -> Result:
+        order, seg_starts, edge = _pooled_layout(ctx, self.pool_size)
+        sum_cost = isinstance(ctx.cost, SumCost) and ctx.cost.weights is None
+        if not (sum_cost and ctx.sizes.ndim == 1 and ctx.multiple == 1):
+            return _greedy(ctx, order, seg_starts, edge if ctx.sizes.ndim == 1 else None)
+        values = ctx.sizes.values[order]
+        inner, starts = K.two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        order = order[inner]
+        # Packing keeps each segment's samples together, so segment borders stay where they were.
+        return Result(order, starts, _tails(starts, seg_starts, order.size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets(Strategy):
+    """Size buckets fitted to the data, or given as ``boundaries`` (upper edges, ascending).
+
+    Fitted buckets are as narrow as ``spread`` (relative width, which bounds padding) while each
+    holds at least ``min_batches`` full batches (which bounds how often the same samples meet).
+    Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's
+    largest sample; every bucket's leftover is planned together, sorted, at the end.
+    """
+
+    boundaries: tuple[float, ...] | None = None
+    spread: float = 0.02
+    min_batches: int = 16
+    name: ClassVar[str] = "buckets"
+
+    def __post_init__(self) -> None:
+        fraction("spread", self.spread, low=0.0, high=math.inf)
+        positive_int("min_batches", self.min_batches)
+        if self.boundaries is not None:
+            b = np.asarray(self.boundaries, dtype=np.float64)
+            if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0):
+                raise ValueError(f"boundaries must be a non-empty strictly increasing sequence, got {self.boundaries!r}")
+            object.__setattr__(self, "boundaries", tuple(float(x) for x in b))
+
+    def bucket_ids(self, ctx: Context) -> tuple[NDArray[np.int64], FloatArray]:
+        """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
+        keys, edges = ctx.keys()
+        if self.boundaries is not None:
+            values = ctx.sizes.values if ctx.sizes.ndim == 1 else ctx.cost.sample_cost(ctx.sizes.values)
+            ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
+            top = np.zeros(len(self.boundaries) + 1)
+            np.maximum.at(top, ids, values)
+            return ids, top
+        lut, top = fit_buckets(keys, edges, ctx.budget, ctx.cost, ctx.cap, self.spread, self.min_batches, ctx.sizes.ndim)
+        return lut[keys], top
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        if n == 0:
+            return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+        ids, top = self.bucket_ids(ctx)
+        base = _random_positions(n, ctx.rng("buckets")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        n_buckets = top.size
+        down = (n_buckets - 1 - ids[base]).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
+        order = base[np.argsort(down, kind="stable")]
+        counts = np.bincount(ids, minlength=n_buckets)[::-1]
+        seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
+        if ctx.sizes.ndim > 1:
+            return _greedy(ctx, order, seg_starts, None)
+        edge = top[ids[order]]
+        first = _greedy(ctx, order, seg_starts, edge)
+        return self._replan_leftovers(ctx, first)
+
+    def _replan_leftovers(self, ctx: Context, first: Result) -> Result:
+        """Plan the short last batch of every bucket together, sorted, for fewer batches."""
+        n = first.order.size
+        lengths = np.diff(np.append(first.starts, n))
+        loose = first.tails & (lengths > 0)
+        loose_idx = np.flatnonzero(loose)
+        if loose_idx.size <= 1:
+            return first
+        keep = ~loose
+        kept_pos = K._concat_ranges(first.starts[keep], lengths[keep])
+        loose_pos = K._concat_ranges(first.starts[loose], lengths[loose])
+        rest = first.order[loose_pos]
+        keys, edges = ctx.keys()
+        sub_order = rest[np.argsort(np.uint16(K.KEY_LEVELS - 1) - keys[rest], kind="stable")]
+        again = _greedy(ctx, sub_order, np.zeros(1, np.int64), edges[keys[sub_order]])
+        order = np.concatenate([first.order[kept_pos], again.order])
+        kept_starts = np.concatenate([[0], np.cumsum(lengths[keep])[:-1]]) if keep.any() else np.zeros(0)
+        starts = np.concatenate([kept_starts, kept_pos.size + again.starts]).astype(np.int64)
+        tails = np.concatenate([np.zeros(int(keep.sum()), bool), again.tails])
+        return Result(order, starts, tails)
+
+
+def fit_buckets(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    spread: float,
+    min_batches: int,
+    ndim: int = 1,
+) -> tuple[NDArray[np.int64], FloatArray]:
+    """Bucket boundaries over the key histogram, from the largest sizes down.
+
+    Returns a lookup table key -> bucket id (0 = smallest) and each bucket's upper edge.
+    """
+    hist = np.bincount(keys, minlength=K.KEY_LEVELS)
+    present = np.flatnonzero(hist)[::-1]
+    lows = np.concatenate([[0.0], edges[:-1]])  # every value with key k is > edges[k-1]
+    if ndim == 1:
+        per_batch = cost.max_count(edges[present], budget)
+        if per_batch is None:
+            per_batch = budget / np.maximum(cost.sample_cost(edges[present]), 1e-300)
+    else:
+        per_batch = budget / np.maximum(edges[present], 1e-300)
+    per_batch = np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
+    bucket_of = np.zeros(K.KEY_LEVELS, dtype=np.int64)
+    tops: list[float] = []
+    pop = 0
+    top = 0.0
+    need = 0.0
+    # Invariant: keys already visited are assigned to buckets; the open bucket has upper edge
+    # `top`, `pop` samples, and needs `need` samples to hold min_batches full batches.
+    for j, k in enumerate(present.tolist()):
+        if pop and pop >= need and lows[k] * (1.0 + spread) < top:
+            pop = 0
+        if pop == 0:
+            tops.append(float(edges[k]))
+            top = float(edges[k])
+            need = min_batches * float(per_batch[j])
+        bucket_of[k] = len(tops) - 1
+        pop += int(hist[k])
+    n_buckets = len(tops)
+    lut = (n_buckets - 1 - bucket_of).astype(np.int64)
+    return lut, np.asarray(tops[::-1], dtype=np.float64)
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "buckets": Buckets,
+    "packed": Packed,
+    "pooled": Pooled,
+    "sequential": Sequential,
+    "sorted": Sorted,
+}
+
+
+def resolve_strategy(strategy: str | Strategy) -> Strategy:
+    """Coerce a strategy name or instance into a :class:`Strategy`."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = choice("strategy", strategy, tuple(STRATEGIES))
+    return STRATEGIES[name]()
+
+
+def strategy_names() -> Sequence[str]:
+    return tuple(STRATEGIES)
