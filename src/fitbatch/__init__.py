@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 from fitbatch._validate import parse_budget
+from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
 from fitbatch.costs import CostModel, FunctionCost, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
+from fitbatch.sampler import BudgetBatchSampler
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted, Strategy, resolve_strategy
@@ -20,9 +22,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchPlan",
     "Buckets",
+    "BudgetBatchSampler",
     "CostModel",
     "FunctionCost",
     "Packed",
+    "PaddedBatch",
     "PaddedCost",
     "PaddedPolynomial",
     "PlanOptions",
@@ -35,6 +39,8 @@ __all__ = [
     "SumCost",
     "__version__",
     "as_sizes",
+    "make_pad_collate",
+    "pad_collate",
     "parse_budget",
     "plan_batches",
     "resolve_cost",

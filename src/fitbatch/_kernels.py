@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -308,18 +309,6 @@ def segment_ends(seg_starts: IntArray, n: int) -> IntArray:
     return np.repeat(bounds[1:], np.diff(bounds))
 
 
-def _follow(jump: IntArray, n: int) -> IntArray:
-    """Walk the chain 0 -> jump[0] -> ... below n: the batch starts (one step per batch)."""
-    view = memoryview(jump)
-    out: list[int] = []
-    add = out.append
-    i = 0
-    while i < n:
-        add(i)
-        i = view[i]
-    return np.asarray(out, dtype=np.int64)
-
-
 def _counts_by_search(
     edge: FloatArray, sizes: FloatArray, room: IntArray, budget: float, cost: CostModel
 ) -> IntArray:
@@ -342,35 +331,49 @@ def _counts_by_search(
         hi = np.where(open_ & ~fits, mid - 1, hi)
 
 
-def batch_counts(
-    edge: FloatArray,
-    sizes: FloatArray,
-    seg_end: IntArray,
-    budget: float,
-    cost: CostModel,
-    cap: int | None,
-    multiple: int,
-) -> IntArray:
-    """Greedy batch length for a batch starting at each position (edge non-increasing)."""
-    pos = np.arange(edge.size, dtype=np.int64)
-    seg_room = seg_end - pos
-    room = seg_room if cap is None else np.minimum(seg_room, cap)
-    limit = cost.max_count(edge, budget)
+def level_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray | None:
+    """Greedy batch length for batches whose max is each level's edge (cost not using the sum).
+
+    Returns ``None`` when the cost depends on the sum of sizes.
+    """
+    limit = cost.max_count(edges, budget)
     if limit is None:
-        counts = _counts_by_search(edge, sizes, room, budget, cost)
-    else:
-        counts = np.clip(np.floor(np.minimum(limit, 2.0**62)), 1, room).astype(np.int64)
-        # Guard against a floor that float rounding pushed one over the budget.
-        over = cost.evaluate(counts.astype(np.float64), edge, edge * counts) > budget
-        counts = np.where(over & (counts > 1), counts - 1, counts)
-    if multiple > 1:
-        cut = counts - counts % multiple
-        counts = np.where((counts >= multiple) & (counts < seg_room), cut, counts)
-    return counts
+        return None
+    hi = float(cap) if cap is not None else 2.0**62
+    counts = np.clip(np.floor(np.minimum(limit, hi)), 1, hi).astype(np.int64)
+    # Guard against a floor that float rounding pushed one over the budget.
+    over = cost.evaluate(counts.astype(np.float64), edges, edges * counts) > budget
+    return np.where(over & (counts > 1), counts - 1, counts)
+
+
+def _walk(seg_starts: IntArray, n: int, step: Callable[[int, int], int]) -> IntArray:
+    out: list[int] = []
+    add = out.append
+    bounds = seg_starts.tolist() + [n]
+    for a, end in zip(bounds[:-1], bounds[1:]):
+        i = a
+        while i < end:
+            add(i)
+            i = step(i, end)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _walk_table(seg_starts: IntArray, n: int, lv: memoryview, tab: list[int]) -> IntArray:
+    """The common walk, inlined: batch starts follow ``i += tab[lv[i]]`` inside each segment."""
+    out: list[int] = []
+    add = out.append
+    bounds = seg_starts.tolist() + [n]
+    for a, end in zip(bounds[:-1], bounds[1:]):
+        i = a
+        while i < end:
+            add(i)
+            i += tab[lv[i]]
+    return np.asarray(out, dtype=np.int64)
 
 
 def descending_starts(
-    edge: FloatArray,
+    level: NDArray[Any],
+    edges: FloatArray,
     sizes: FloatArray,
     seg_starts: IntArray,
     budget: float,
@@ -379,14 +382,43 @@ def descending_starts(
     cap: int | None = None,
     multiple: int = 1,
 ) -> IntArray:
-    """Greedy batch starts when ``edge`` (>= the true size) is non-increasing in each segment."""
-    n = edge.size
+    """Greedy batch starts when the planning max ``edges[level]`` is non-increasing per segment.
+
+    ``edges[level[i]]`` bounds the size of position ``i`` and of every later position of its
+    segment, so it bounds the max of a batch starting at ``i``: the batch length is known at
+    once. For costs with a closed form (padded, polynomial) lengths come from one small table
+    per level; otherwise from a vectorised search over the real sums.
+    """
+    n = level.size
     if n == 0:
         return np.zeros(0, np.int64)
-    seg_end = segment_ends(seg_starts, n)
-    counts = batch_counts(edge, sizes, seg_end, budget, cost, cap, multiple)
-    jump = np.arange(n, dtype=np.int64) + counts
-    return _follow(jump, n)
+    table = level_counts(edges, budget, cost, cap)
+    if table is None:  # cost uses the sum: one length per position, searched
+        room = segment_ends(seg_starts, n) - np.arange(n, dtype=np.int64)
+        if cap is not None:
+            room = np.minimum(room, cap)
+        per_pos = _counts_by_search(edges[level], sizes, room, budget, cost)
+        if multiple > 1:
+            per_pos = np.where(per_pos >= multiple, per_pos - per_pos % multiple, per_pos)
+        view = memoryview(per_pos)
+
+        def step(i: int, end: int) -> int:
+            return min(i + view[i], end)
+
+        return _walk(seg_starts, n, step)
+    lv = memoryview(np.ascontiguousarray(level))
+    tab = table.tolist()
+    if multiple > 1:
+        cut = [c - c % multiple if c >= multiple else c for c in tab]
+
+        def step(i: int, end: int) -> int:
+            k = lv[i]
+            return end if i + tab[k] >= end else i + cut[k]
+
+    else:
+        return _walk_table(seg_starts, n, lv, tab)
+
+    return _walk(seg_starts, n, step)
 
 
 def two_ended_starts(

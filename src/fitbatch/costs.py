@@ -87,7 +87,7 @@ class CostModel(ABC):
     def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
         """Cost of each sample alone (a batch of one)."""
         sizes = np.asarray(sizes, dtype=np.float64)
-        return self.evaluate(np.ones(len(sizes), dtype=np.float64), sizes, sizes)
+        return self.evaluate(np.broadcast_to(np.float64(1.0), sizes.shape[:1]), sizes, sizes)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able description (used in state dicts and reports)."""

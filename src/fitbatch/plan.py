@@ -121,6 +121,15 @@ class PlanOptions:
         }
 
 
+def _scatter(values: FloatArray, ids: IntArray | None, size: int) -> FloatArray:
+    """Per-batch values of a selection, put back at their base batch positions."""
+    if ids is None:
+        return values
+    out = np.zeros(size, dtype=values.dtype)
+    out[ids] = values
+    return out
+
+
 class BatchPlan(Sequence[IntArray]):
     """One epoch's batches: a sequence of int64 index arrays (views of one ``order`` array).
 
@@ -144,34 +153,56 @@ class BatchPlan(Sequence[IntArray]):
         budget: float,
         cost_name: str,
         strategy_name: str,
-        lower_bound: int,
-        skipped: IntArray,
-        dropped: IntArray,
-        dropped_batches: int,
+        lower_bound: int = 0,
+        skipped: IntArray | None = None,
+        dropped: IntArray | None = None,
+        dropped_batches: int = 0,
         plan_seconds: float = 0.0,
         straggler_ratio: float | None = None,
+        batch_ids: IntArray | None = None,
     ) -> None:
-        self.order = order
-        self.offsets = offsets
-        self.costs = costs
-        self.real_units = real_units
-        self.padded_units = padded_units
+        # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
+        # here describe (order, offsets) and are selected once.
+        self._base_order = order
+        self._base_offsets = offsets
+        self._ids = batch_ids
+        pick = (lambda a: a) if batch_ids is None else (lambda a: a[batch_ids])
+        self.costs: FloatArray = pick(costs)
+        self.real_units: FloatArray = pick(real_units)
+        self.padded_units: FloatArray = pick(padded_units)
+        self.counts: IntArray = pick(np.diff(offsets))
+        self._heads: IntArray = pick(offsets[:-1])
         self.budget = budget
         self.cost_name = cost_name
         self.strategy_name = strategy_name
         self.lower_bound = lower_bound
-        self.skipped = skipped
-        self.dropped = dropped
+        self.skipped = np.zeros(0, np.int64) if skipped is None else skipped
+        self.dropped = np.zeros(0, np.int64) if dropped is None else dropped
         self.dropped_batches = dropped_batches
         self.plan_seconds = plan_seconds
         self.straggler_ratio = straggler_ratio
+        self._order: IntArray | None = order if batch_ids is None else None
 
     @property
-    def counts(self) -> IntArray:
-        return np.diff(self.offsets)
+    def order(self) -> IntArray:
+        """Sample indices in batch order (materialised on first use)."""
+        if self._order is None:
+            self._order = self._base_order[K._concat_ranges(self._heads, self.counts)]
+        return self._order
+
+    @property
+    def offsets(self) -> IntArray:
+        """Batch boundaries in :attr:`order` (``len(plan) + 1`` entries)."""
+        if self._ids is None:
+            return self._base_offsets
+        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.counts.sum())
 
     def __len__(self) -> int:
-        return int(self.offsets.size - 1)
+        return int(self.counts.size)
 
     @overload
     def __getitem__(self, i: int) -> IntArray: ...
@@ -183,15 +214,18 @@ class BatchPlan(Sequence[IntArray]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = len(self)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"batch index must be an int or a slice, got {i!r}")
         if not -n <= i < n:
             raise IndexError(f"batch {i} out of range for a plan of {n} batches")
-        i %= n
-        return self.order[self.offsets[i] : self.offsets[i + 1]]
+        i = int(i) % n
+        head = int(self._heads[i])
+        return self._base_order[head : head + int(self.counts[i])]
 
     def __iter__(self) -> Iterator[IntArray]:
-        order, offsets = self.order, self.offsets.tolist()
-        for a, b in zip(offsets[:-1], offsets[1:]):
-            yield order[a:b]
+        order = self._base_order
+        for head, count in zip(self._heads.tolist(), self.counts.tolist()):
+            yield order[head : head + count]
 
     def to_lists(self) -> list[list[int]]:
         """The batches as lists of Python ints."""
@@ -200,17 +234,16 @@ class BatchPlan(Sequence[IntArray]):
         return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
     def select(self, batches: IntArray, *, straggler_ratio: float | None = None) -> BatchPlan:
-        """A plan of the given batches, in the given order (used to split plans across ranks)."""
+        """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
         batches = np.asarray(batches, dtype=np.int64)
-        lengths = self.counts[batches]
-        order = self.order[K._concat_ranges(self.offsets[:-1][batches], lengths)]
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        base_ids = batches if self._ids is None else self._ids[batches]
+        base_counts = np.diff(self._base_offsets)
         return BatchPlan(
-            order,
-            offsets,
-            costs=self.costs[batches],
-            real_units=self.real_units[batches],
-            padded_units=self.padded_units[batches],
+            self._base_order,
+            self._base_offsets,
+            costs=_scatter(self.costs, self._ids, base_counts.size),
+            real_units=_scatter(self.real_units, self._ids, base_counts.size),
+            padded_units=_scatter(self.padded_units, self._ids, base_counts.size),
             budget=self.budget,
             cost_name=self.cost_name,
             strategy_name=self.strategy_name,
@@ -220,6 +253,7 @@ class BatchPlan(Sequence[IntArray]):
             dropped_batches=self.dropped_batches,
             plan_seconds=self.plan_seconds,
             straggler_ratio=straggler_ratio if straggler_ratio is not None else self.straggler_ratio,
+            batch_ids=base_ids,
         )
 
     def stats(self) -> PlanStats:
@@ -227,7 +261,7 @@ class BatchPlan(Sequence[IntArray]):
         padded = float(self.padded_units.sum())
         fills = self.costs / self.budget
         return PlanStats(
-            n_samples=int(self.order.size),
+            n_samples=self.n_samples,
             n_batches=len(self),
             lower_bound=self.lower_bound,
             padding_efficiency=float(self.real_units.sum()) / padded if padded > 0 else 1.0,
@@ -263,7 +297,7 @@ class BatchPlan(Sequence[IntArray]):
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
     def __repr__(self) -> str:
-        return f"BatchPlan({len(self)} batches, {self.order.size} samples, strategy={self.strategy_name!r}, cost={self.cost_name!r})"
+        return f"BatchPlan({len(self)} batches, {self.n_samples} samples, strategy={self.strategy_name!r}, cost={self.cost_name!r})"
 
 
 def plan_batches(
@@ -340,54 +374,64 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     order = result.order if kept is None else kept[result.order]
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64)
+    counts, costs, real, padded = measure_batches(sizes, model, order, offsets)
+    keep_batch = np.ones(counts.size, dtype=bool)
+    if opts.drop_last:
+        keep_batch = ~(result.tails & (costs < opts.saturation * budget))
+    batch_ids = np.flatnonzero(keep_batch)
+    perm = opts.strategy.batch_order(ctx, batch_ids.size)
+    if perm is not None:
+        batch_ids = batch_ids[perm]
+    dropped_ids = np.flatnonzero(~keep_batch)
+    dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
+    total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
+    plan = BatchPlan(
+        order,
+        offsets,
+        costs=costs,
+        real_units=real,
+        padded_units=padded,
+        budget=budget,
+        cost_name=model.name,
+        strategy_name=opts.strategy.name,
+        lower_bound=lower_bound(model, budget, total_alone, n - dropped.size),
+        skipped=skipped,
+        dropped=dropped,
+        dropped_batches=int(dropped_ids.size),
+        batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
+    )
+    plan.plan_seconds = time.perf_counter() - t0
+    if dropped.size:
+        logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
+    return plan
+
+
+def measure_batches(
+    sizes: Sizes, model: CostModel, order: IntArray, offsets: IntArray
+) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+    """Per batch: count, cost, real (unpadded) units and padded units (count x padded length)."""
+    values = sizes.values
     counts, mx, sm = K.batch_reduce(values[order], offsets)
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
         real, length = sm, mx
     else:
-        real = np.add.reduceat(sizes.real_units()[order], offsets[:-1]) if n else np.zeros(0)
+        real = np.add.reduceat(sizes.real_units()[order], offsets[:-1]) if order.size else np.zeros(0)
         length = np.prod(mx, axis=1)
-    padded = counts * length
-    keep_batch = np.ones(counts.size, dtype=bool)
-    if opts.drop_last:
-        keep_batch = ~(result.tails & (costs < opts.saturation * budget))
-    perm = opts.strategy.batch_order(ctx, int(keep_batch.sum()))
-    batch_ids = np.flatnonzero(keep_batch)
-    if perm is not None:
-        batch_ids = batch_ids[perm]
-    dropped_ids = np.flatnonzero(~keep_batch)
-    dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])] if dropped_ids.size else np.zeros(0, np.int64)
-    full = BatchPlan(
-        order,
-        offsets,
-        costs=costs,
-        real_units=np.asarray(real, dtype=np.float64),
-        padded_units=np.asarray(padded, dtype=np.float64),
-        budget=budget,
-        cost_name=model.name,
-        strategy_name=opts.strategy.name,
-        lower_bound=0,
-        skipped=skipped,
-        dropped=dropped,
-        dropped_batches=int(dropped_ids.size),
-    )
-    plan = full if (perm is None and not dropped_ids.size) else full.select(batch_ids)
-    plan.lower_bound = lower_bound(model, budget, alone[plan.order])
-    plan.plan_seconds = time.perf_counter() - t0
-    return plan
+    return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)
 
 
-def lower_bound(model: CostModel, budget: float, alone: FloatArray) -> int:
-    """``ceil(sum of marginal sample costs / usable budget)`` over samples costing ``alone``.
+def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: int) -> int:
+    """``ceil(sum of marginal sample costs / usable budget)``.
 
-    The marginal cost of a sample is its cost alone less the cost of an empty batch (the fixed
-    part of a polynomial model); the usable budget is the budget less that fixed part.
+    The marginal cost of a sample is its cost alone (``total_alone`` sums them) less the cost
+    of an empty batch (the fixed part of a polynomial model); the usable budget is the budget
+    less that fixed part.
     """
-    if alone.size == 0:
+    if n_samples == 0:
         return 0
     base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
     usable = budget - base
     if usable <= 0:
         return 0
-    total = float(np.sum(alone) - base * alone.size)
-    return int(math.ceil(total / usable - 1e-9))
+    return int(math.ceil((total_alone - base * n_samples) / usable - 1e-9))

@@ -24,7 +24,7 @@ import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -98,12 +98,19 @@ def _tails(starts: IntArray, seg_starts: IntArray, n: int) -> NDArray[np.bool_]:
     return np.isin(ends, np.append(seg_starts[1:], n))
 
 
-def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, edge: FloatArray | None) -> Result:
-    """Run the right kernel over samples laid out in ``order`` with the given segments."""
-    values = ctx.sizes.values[order]
-    if edge is not None and values.ndim == 1:
+Levels = tuple[NDArray[Any], FloatArray]  # (level per position, upper edge per level)
+
+
+def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, levels: Levels | None) -> Result:
+    """Run the right kernel over samples laid out in ``order`` with the given segments.
+
+    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment.
+    """
+    if levels is not None and ctx.sizes.ndim == 1:
+        level, edges = levels
+        values = ctx.sizes.values[order] if ctx.cost.max_count(edges[:1], ctx.budget) is None else ctx.sizes.values[:0]
         starts = K.descending_starts(
-            edge, values, seg_starts, ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple
+            level, edges, values, seg_starts, ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple
         )
     else:
         force = None
@@ -111,7 +118,7 @@ def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, edge: FloatArra
             force = np.zeros(order.size, dtype=bool)
             force[seg_starts] = True
         starts, _ = K.greedy_starts(
-            values, ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple, force=force
+            ctx.sizes.values[order], ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple, force=force
         )
     return Result(order, starts, _tails(starts, seg_starts, order.size))
 
@@ -123,7 +130,7 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     return K.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
 
 
-def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, FloatArray]:
+def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
     """Shuffle (if asked), cut into pools, sort each pool by descending size key."""
     n = len(ctx.sizes)
     keys, edges = ctx.keys()
@@ -131,7 +138,7 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Fl
     down = np.uint16(K.KEY_LEVELS - 1) - keys[base]
     order = base[K.sort_within_segments(down, pool_size)]
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
-    return order, seg_starts, edges[keys[order]]
+    return order, seg_starts, (keys[order], edges)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +171,8 @@ class Sorted(Strategy):
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
-        order, _, edge = _pooled_layout(ctx, max(n, 1))
-        result = _greedy(ctx, order, np.zeros(min(n, 1), np.int64), edge if ctx.sizes.ndim == 1 else None)
+        order, _, levels = _pooled_layout(ctx, max(n, 1))
+        result = _greedy(ctx, order, np.zeros(min(n, 1), np.int64), levels)
         if self.descending or result.starts.size == 0:
             return result
         # Reversing the whole order reverses the batches and the samples inside each batch.
@@ -190,8 +197,8 @@ class Pooled(Strategy):
         positive_int("pool_size", self.pool_size)
 
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, edge = _pooled_layout(ctx, self.pool_size)
-        return _greedy(ctx, order, seg_starts, edge if ctx.sizes.ndim == 1 else None)
+        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
+        return _greedy(ctx, order, seg_starts, levels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +212,10 @@ class Packed(Strategy):
         positive_int("pool_size", self.pool_size)
 
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, edge = _pooled_layout(ctx, self.pool_size)
+        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
         sum_cost = isinstance(ctx.cost, SumCost) and ctx.cost.weights is None
         if not (sum_cost and ctx.sizes.ndim == 1 and ctx.multiple == 1):
-            return _greedy(ctx, order, seg_starts, edge if ctx.sizes.ndim == 1 else None)
+            return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = K.two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
         order = order[inner]
@@ -240,15 +247,15 @@ class Buckets(Strategy):
                 raise ValueError(f"boundaries must be a non-empty strictly increasing sequence, got {self.boundaries!r}")
             object.__setattr__(self, "boundaries", tuple(float(x) for x in b))
 
-    def bucket_ids(self, ctx: Context) -> tuple[NDArray[np.int64], FloatArray]:
+    def bucket_ids(self, ctx: Context) -> tuple[NDArray[Any], FloatArray]:
         """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
-        keys, edges = ctx.keys()
         if self.boundaries is not None:
             values = ctx.sizes.values if ctx.sizes.ndim == 1 else ctx.cost.sample_cost(ctx.sizes.values)
             ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
             top = np.zeros(len(self.boundaries) + 1)
             np.maximum.at(top, ids, values)
             return ids, top
+        keys, edges = ctx.keys()
         lut, top = fit_buckets(keys, edges, ctx.budget, ctx.cost, ctx.cap, self.spread, self.min_batches, ctx.sizes.ndim)
         return lut[keys], top
 
@@ -259,35 +266,33 @@ class Buckets(Strategy):
         ids, top = self.bucket_ids(ctx)
         base = _random_positions(n, ctx.rng("buckets")) if ctx.shuffle else np.arange(n, dtype=np.int64)
         n_buckets = top.size
-        down = (n_buckets - 1 - ids[base]).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
-        order = base[np.argsort(down, kind="stable")]
+        # descending bucket id, as 16-bit keys where possible (an O(n) radix sort)
+        down = (n_buckets - 1) - ids[base]
+        order = base[np.argsort(down.astype(np.uint16) if n_buckets <= 1 << 16 else down, kind="stable")]
         counts = np.bincount(ids, minlength=n_buckets)[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.ndim > 1:
             return _greedy(ctx, order, seg_starts, None)
-        edge = top[ids[order]]
-        first = _greedy(ctx, order, seg_starts, edge)
+        first = _greedy(ctx, order, seg_starts, (ids[order], top))
         return self._replan_leftovers(ctx, first)
 
     def _replan_leftovers(self, ctx: Context, first: Result) -> Result:
         """Plan the short last batch of every bucket together, sorted, for fewer batches."""
         n = first.order.size
         lengths = np.diff(np.append(first.starts, n))
-        loose = first.tails & (lengths > 0)
-        loose_idx = np.flatnonzero(loose)
-        if loose_idx.size <= 1:
+        loose = first.tails
+        if np.count_nonzero(loose) <= 1:
             return first
-        keep = ~loose
-        kept_pos = K._concat_ranges(first.starts[keep], lengths[keep])
-        loose_pos = K._concat_ranges(first.starts[loose], lengths[loose])
-        rest = first.order[loose_pos]
+        in_loose = np.repeat(loose, lengths)
+        rest = first.order[in_loose]
         keys, edges = ctx.keys()
         sub_order = rest[np.argsort(np.uint16(K.KEY_LEVELS - 1) - keys[rest], kind="stable")]
-        again = _greedy(ctx, sub_order, np.zeros(1, np.int64), edges[keys[sub_order]])
-        order = np.concatenate([first.order[kept_pos], again.order])
-        kept_starts = np.concatenate([[0], np.cumsum(lengths[keep])[:-1]]) if keep.any() else np.zeros(0)
-        starts = np.concatenate([kept_starts, kept_pos.size + again.starts]).astype(np.int64)
-        tails = np.concatenate([np.zeros(int(keep.sum()), bool), again.tails])
+        again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
+        kept = first.order[~in_loose]
+        order = np.concatenate([kept, again.order])
+        kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
+        starts = np.concatenate([kept_starts, kept.size + again.starts]).astype(np.int64)
+        tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
         return Result(order, starts, tails)
 
 
@@ -300,7 +305,7 @@ def fit_buckets(
     spread: float,
     min_batches: int,
     ndim: int = 1,
-) -> tuple[NDArray[np.int64], FloatArray]:
+) -> tuple[NDArray[Any], FloatArray]:
     """Bucket boundaries over the key histogram, from the largest sizes down.
 
     Returns a lookup table key -> bucket id (0 = smallest) and each bucket's upper edge.
@@ -332,7 +337,7 @@ def fit_buckets(
         bucket_of[k] = len(tops) - 1
         pop += int(hist[k])
     n_buckets = len(tops)
-    lut = (n_buckets - 1 - bucket_of).astype(np.int64)
+    lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
     return lut, np.asarray(tops[::-1], dtype=np.float64)
 
 

@@ -1,0 +1,1 @@
+"""Private implementation of :mod:`fitbatch.pipeline`; import the public names from there."""

@@ -1,0 +1,108 @@
+"""Padding collate functions for a ``DataLoader`` fed by a budget sampler.
+
+``pad_collate`` pads each sequence (a tensor or array whose first axis is its length) to the
+batch's longest, and returns the padded values, the lengths and a boolean mask (True on real
+positions). Samples may also be tuples or dicts: every sequence field is padded, every scalar
+field is stacked. Works with torch tensors, and with numpy arrays when torch is absent.
+
+>>> import numpy as np
+>>> batch = pad_collate([np.array([1, 2, 3]), np.array([4])])
+>>> batch.values.tolist(), batch.lengths.tolist(), batch.mask.tolist()
+([[1, 2, 3], [4, 0, 0]], [3, 1], [[True, True, True], [True, False, False]])
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class PaddedBatch(NamedTuple):
+    """Padded sequences: ``values`` (B, L, ...), ``lengths`` (B,), ``mask`` (B, L) True = real."""
+
+    values: Any
+    lengths: Any
+    mask: Any
+
+
+def _torch() -> Any:
+    try:
+        import torch
+
+        return torch
+    except ImportError:  # pragma: no cover - exercised only without torch
+        return None
+
+
+def _is_sequence(x: Any) -> bool:
+    return hasattr(x, "shape") and len(x.shape) >= 1
+
+
+def _pad(items: Sequence[Any], value: float, multiple: int) -> PaddedBatch:
+    torch = _torch()
+    as_torch = torch is not None and isinstance(items[0], torch.Tensor)
+    lengths = [int(x.shape[0]) for x in items]
+    tails = {tuple(x.shape[1:]) for x in items}
+    if len(tails) > 1:
+        raise ValueError(f"samples differ beyond their first (length) axis: shapes {sorted(tails)}")
+    longest = max(lengths) if lengths else 0
+    if multiple > 1:
+        longest = -(-longest // multiple) * multiple
+    tail = tails.pop()
+    if as_torch:
+        out = items[0].new_full((len(items), longest, *tail), value)
+        for i, x in enumerate(items):
+            out[i, : x.shape[0]] = x
+        lens = torch.tensor(lengths, dtype=torch.long)
+        mask = torch.arange(longest)[None, :] < lens[:, None]
+        return PaddedBatch(out, lens, mask)
+    arrays = [np.asarray(x) for x in items]
+    out_np = np.full((len(arrays), longest, *tail), value, dtype=np.result_type(*arrays))
+    for i, x in enumerate(arrays):
+        out_np[i, : x.shape[0]] = x
+    lens_np = np.asarray(lengths, dtype=np.int64)
+    mask_np = np.arange(longest)[None, :] < lens_np[:, None]
+    if torch is not None:
+        return PaddedBatch(torch.from_numpy(out_np), torch.from_numpy(lens_np), torch.from_numpy(mask_np))
+    return PaddedBatch(out_np, lens_np, mask_np)
+
+
+def _stack(items: Sequence[Any]) -> Any:
+    torch = _torch()
+    if torch is not None:
+        if isinstance(items[0], torch.Tensor):
+            return torch.stack(list(items))
+        return torch.as_tensor(np.asarray(items))
+    return np.asarray(items)
+
+
+def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -> Callable[[Sequence[Any]], Any]:
+    """A collate function padding with ``padding_value`` to a multiple of ``pad_to_multiple_of``."""
+    if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, numbers.Integral) or pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}")
+
+    def collate(batch: Sequence[Any]) -> Any:
+        if len(batch) == 0:
+            raise ValueError("cannot collate an empty batch")
+        first = batch[0]
+        if isinstance(first, Mapping):
+            return {k: collate([b[k] for b in batch]) for k in first}
+        if isinstance(first, tuple):
+            return type(first)(*(collate([b[i] for b in batch]) for i in range(len(first)))) if hasattr(first, "_fields") else tuple(
+                collate([b[i] for b in batch]) for i in range(len(first))
+            )
+        if isinstance(first, list) or _is_sequence(first):
+            items = [np.asarray(b) if isinstance(b, list) else b for b in batch]
+            return _pad(items, padding_value, int(pad_to_multiple_of))
+        if isinstance(first, (numbers.Number, np.generic)) or hasattr(first, "shape"):
+            return _stack(batch)
+        return list(batch)
+
+    return collate
+
+
+pad_collate = make_pad_collate()
+"""Pad with zeros; see :func:`make_pad_collate` for other padding values."""

@@ -1,0 +1,286 @@
+"""Data-parallel plans: the same number of cost-balanced batches on every rank, nothing lost.
+
+Every rank computes the same global plan from ``(seed, epoch)`` with no communication, then
+:func:`arrange` cuts it into *steps* of ``world`` batches, one per rank:
+
+1. **Equal counts.** When the batch count is not a multiple of the world size, the leftover is
+   handled by ``policy``: ``"split"`` (default) halves the most expensive batches until the
+   count divides evenly, so every sample is still seen exactly once and no batch grows;
+   ``"drop"`` drops the last batches of the epoch and counts their samples in the stats.
+2. **Balance.** Batches are sorted by cost (ties broken at random) and grouped ``world`` at a
+   time, so the batches of one step cost nearly the same; the step order and the rank of each
+   batch inside its step are then shuffled, which keeps the epoch random.
+3. **Per-step totals.** For each step, the samples and real (unpadded) size units summed over
+   all ranks, for exact loss normalisation without communication.
+
+Per-rank budgets (ranks with different memory): :func:`arrange_budgets` deals the samples to
+ranks in proportion to their budgets, plans each rank's share with its own budget and then
+splits batches on the ranks that have fewer, so that step counts are equal again.
+
+>>> import fitbatch
+>>> from fitbatch.distributed import arrange
+>>> sizes = fitbatch.as_sizes([5, 3, 8, 2, 7, 4, 6, 1, 9])
+>>> plan = fitbatch.plan_batches(sizes, 10, strategy="sorted")
+>>> steps = arrange(plan, sizes, fitbatch.resolve_cost("padded"), 2, seed=0, epoch=0)
+>>> steps.grid.shape[1], len(steps.rank_plan(0)) == len(steps.rank_plan(1))
+(2, True)
+>>> sorted(int(i) for r in range(2) for b in steps.rank_plan(r) for i in b)
+[0, 1, 2, 3, 4, 5, 6, 7, 8]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _rng
+from fitbatch._validate import choice, parse_budget, positive_int
+from fitbatch.costs import CostModel
+from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
+from fitbatch.sizes import Sizes
+
+logger = logging.getLogger(__name__)
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+POLICIES = ("split", "drop")
+
+
+def world_info(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
+    """``(num_replicas, rank)``: as given, else from an initialised ``torch.distributed``, else (1, 0)."""
+    if num_replicas is None or rank is None:
+        detected = (1, 0)
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                detected = (dist.get_world_size(), dist.get_rank())
+        except ImportError:
+            pass
+        num_replicas = detected[0] if num_replicas is None else num_replicas
+        rank = detected[1] if rank is None else rank
+    world = int(positive_int("num_replicas", num_replicas) or 1)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
+        raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
+    return world, int(rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """A plan arranged into steps: ``grid[k, r]`` is the batch of ``plan`` that rank r runs at step k."""
+
+    plan: BatchPlan
+    grid: IntArray
+    step_samples: IntArray
+    step_units: FloatArray
+    straggler_ratio: float
+    #: per-rank budgets when ranks differ (fills are then cost / own budget)
+    budgets: tuple[float, ...] | None = None
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.grid.shape[0])
+
+    def rank_plan(self, rank: int) -> BatchPlan:
+        """The batches of one rank, in step order (its stats carry the straggler ratio)."""
+        return self.plan.select(self.grid[:, rank], straggler_ratio=self.straggler_ratio)
+
+    def consumed_samples(self, steps_done: int) -> IntArray:
+        """Indices of the samples in the first ``steps_done`` steps, all ranks together."""
+        done = self.grid[:steps_done].ravel()
+        return self.plan.select(done).order if done.size else np.zeros(0, np.int64)
+
+
+def straggler_ratio(costs: FloatArray) -> float:
+    """Mean over steps (rows) of max rank cost / mean rank cost; 1.0 is perfect balance."""
+    if costs.size == 0:
+        return 1.0
+    mean = costs.mean(axis=1)
+    ok = mean > 0
+    return float(np.mean(costs.max(axis=1)[ok] / mean[ok])) if ok.any() else 1.0
+
+
+def split_batches(plan: BatchPlan, sizes: Sizes, model: CostModel, extra: int) -> BatchPlan:
+    """Add ``extra`` batches by halving the most expensive batches (repeatedly if needed).
+
+    Every sample stays in exactly one batch and no batch costs more than before (cost models
+    are non-decreasing). Raises ``ValueError`` if there are too few samples.
+    """
+    if extra > plan.n_samples - len(plan):
+        raise ValueError(
+            f"cannot give every rank a batch: {plan.n_samples} samples in {len(plan)} batches need "
+            f"{extra} more batches; use fewer ranks, a smaller budget, or policy='drop'"
+        )
+    order, offsets = plan.order, plan.offsets
+    # Invariant: (order, offsets) holds every planned sample once; `extra` batches are missing.
+    while extra > 0:
+        counts = np.diff(offsets)
+        _, costs, _, _ = measure_batches(sizes, model, order, offsets)
+        can = np.flatnonzero(counts >= 2)
+        pick = can[np.argsort(-costs[can], kind="stable")[:extra]]
+        mids = offsets[pick] + (counts[pick] + 1) // 2
+        offsets = np.sort(np.concatenate([offsets, mids]))
+        extra -= pick.size
+    counts, costs, real, padded = measure_batches(sizes, model, order, offsets)
+    return BatchPlan(
+        order,
+        offsets,
+        costs=costs,
+        real_units=real,
+        padded_units=padded,
+        budget=plan.budget,
+        cost_name=plan.cost_name,
+        strategy_name=plan.strategy_name,
+        lower_bound=plan.lower_bound,
+        skipped=plan.skipped,
+        dropped=plan.dropped,
+        dropped_batches=plan.dropped_batches,
+        plan_seconds=plan.plan_seconds,
+    )
+
+
+def _even_count(plan: BatchPlan, sizes: Sizes, model: CostModel, world: int, policy: str) -> BatchPlan:
+    left = len(plan) % world
+    if left == 0:
+        return plan
+    if policy == "split":
+        return split_batches(plan, sizes, model, world - left)
+    keep = len(plan) - left
+    gone = plan.select(np.arange(keep, len(plan)))
+    out = plan.select(np.arange(keep))
+    out.dropped = np.concatenate([plan.dropped, gone.order])
+    out.dropped_batches = plan.dropped_batches + left
+    logger.info("policy='drop': dropped %d batches (%d samples) to even out %d ranks", left, gone.n_samples, world)
+    return out
+
+
+def arrange(
+    plan: BatchPlan,
+    sizes: Sizes,
+    model: CostModel,
+    world: int,
+    *,
+    seed: int,
+    epoch: int,
+    policy: str = "split",
+    purpose: str = "steps",
+) -> Steps:
+    """Arrange a global plan into cost-balanced steps of ``world`` batches (see the module doc)."""
+    choice("policy", policy, POLICIES)
+    plan = _even_count(plan, sizes, model, world, policy)
+    n_steps = len(plan) // world
+    rng = _rng.generator(seed, epoch, purpose)
+    tie = rng.permutation(len(plan))
+    by_cost = tie[np.argsort(plan.costs[tie], kind="stable")]
+    grid = by_cost.reshape(n_steps, world) if n_steps else np.zeros((0, world), np.int64)
+    grid = grid[rng.permutation(n_steps)]
+    grid = np.take_along_axis(grid, np.argsort(rng.random(grid.shape), axis=1), axis=1)
+    return _steps(plan, grid.astype(np.int64), plan.costs[grid])
+
+
+def _steps(plan: BatchPlan, grid: IntArray, step_costs: FloatArray, budgets: tuple[float, ...] | None = None) -> Steps:
+    return Steps(
+        plan=plan,
+        grid=grid,
+        step_samples=plan.counts[grid].sum(axis=1).astype(np.int64),
+        step_units=plan.real_units[grid].sum(axis=1),
+        straggler_ratio=straggler_ratio(step_costs),
+        budgets=budgets,
+    )
+
+
+def arrange_budgets(
+    sizes: Sizes, opts: PlanOptions, budgets: Sequence[float | str], epoch: int
+) -> Steps:
+    """Steps for ranks with their own budgets (see the module docstring).
+
+    Samples are dealt to ranks at random in proportion to their budgets; every rank plans all
+    shares (the work is one plan of all samples, whatever the world size).
+    """
+    world = len(budgets)
+    caps = np.array([parse_budget(b, "budgets[i]") for b in budgets])
+    n = len(sizes)
+    alone = opts.cost.sample_cost(sizes.values)
+    deal = _rng.generator(opts.seed, epoch, "rank-deal").permutation(n)
+    share = np.cumsum(alone[deal]) / max(float(alone.sum()), 1e-300)
+    bounds = np.searchsorted(share, np.cumsum(caps)[:-1] / caps.sum(), side="right")
+    parts = np.split(deal, bounds)
+    plans = []
+    for rank, (part, cap) in enumerate(zip(parts, caps)):
+        sub = Sizes(sizes.values[part], sizes.integral)
+        local = plan_with(sub, dataclasses.replace(opts, budget=float(cap), seed=opts.seed), epoch * world + rank)
+        plans.append((part, local))
+    target = max(len(p) for _, p in plans)
+    ranked: list[BatchPlan] = []
+    for part, local in plans:
+        sub = Sizes(sizes.values[part], sizes.integral)
+        if len(local) < target:
+            local = split_batches(local, sub, opts.cost, target - len(local))
+        ranked.append(_reindex(local, part))
+    return _stack(ranked, caps)
+
+
+def _reindex(plan: BatchPlan, part: IntArray) -> BatchPlan:
+    out = plan.select(np.arange(len(plan)))
+    return BatchPlan(
+        part[out.order],
+        out.offsets,
+        costs=out.costs,
+        real_units=out.real_units,
+        padded_units=out.padded_units,
+        budget=plan.budget,
+        cost_name=plan.cost_name,
+        strategy_name=plan.strategy_name,
+        lower_bound=plan.lower_bound,
+        skipped=part[plan.skipped],
+        dropped=part[plan.dropped],
+        dropped_batches=plan.dropped_batches,
+        plan_seconds=plan.plan_seconds,
+    )
+
+
+def _stack(ranked: list[BatchPlan], caps: FloatArray) -> Steps:
+    """One plan holding every rank's batches, rank-major, and the grid of steps over it."""
+    world, n_steps = len(ranked), len(ranked[0])
+    order = np.concatenate([p.order for p in ranked])
+    lengths = np.concatenate([p.counts for p in ranked])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    cat: dict[str, Any] = {k: np.concatenate([getattr(p, k) for p in ranked]) for k in ("costs", "real_units", "padded_units")}
+    plan = BatchPlan(
+        order,
+        offsets,
+        **cat,
+        budget=float(caps.min()),
+        cost_name=ranked[0].cost_name,
+        strategy_name=ranked[0].strategy_name,
+        lower_bound=sum(p.lower_bound for p in ranked),
+        skipped=np.concatenate([p.skipped for p in ranked]),
+        dropped=np.concatenate([p.dropped for p in ranked]),
+        dropped_batches=sum(p.dropped_batches for p in ranked),
+    )
+    grid = (np.arange(world)[None, :] * n_steps + np.arange(n_steps)[:, None]).astype(np.int64)
+    fills = plan.costs[grid] / caps[None, :]
+    return _steps(plan, grid, fills, tuple(float(c) for c in caps))
+
+
+def remaining_plan(steps: Steps, steps_done: int) -> BatchPlan:
+    """The batches not yet run after ``steps_done`` steps (to re-arrange for a new world size)."""
+    rest = steps.grid[steps_done:].ravel()
+    return steps.plan.select(np.sort(rest))
+
+
+__all__ = [
+    "POLICIES",
+    "Steps",
+    "arrange",
+    "arrange_budgets",
+    "remaining_plan",
+    "split_batches",
+    "straggler_ratio",
+    "world_info",
+]

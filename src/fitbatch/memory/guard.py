@@ -1,0 +1,465 @@
+"""OOMGuard: a training step that survives running out of memory without losing a sample.
+
+``guard.step(batch, loss_fn)`` zeroes the gradients, computes ``loss_fn(batch)`` and its
+backward, and steps the optimizer. When that runs out of memory it frees what it can, discards
+the partial gradients and recomputes the *same* gradient as 2, 4, 8, ... micro-batches with
+gradient accumulation, each micro-batch's loss scaled by its share of the batch's real size
+units (tokens, say), so that for a ``loss_fn`` returning the mean loss per unit the result
+equals the whole batch's gradient. It then feeds the failure back: a fitted
+:class:`~fitbatch.memory.BatchMemoryModel` given as ``cost`` is refitted with the failing
+batch (handed to ``sampler.set_cost`` when the sampler has one); otherwise
+``sampler.set_budget`` lowers the budget. A sample that does not fit even alone raises
+:class:`SampleTooLargeError` naming it.
+
+In data-parallel runs (``torch.distributed`` initialised, world size > 1) every rank runs its
+micro-batches without communication (``no_sync`` for ``DistributedDataParallel``), then all
+ranks agree, with one small all-reduce, whether any of them failed and into how many parts to
+split; only when all succeeded does the guard average the gradients itself. A rank that fails
+therefore never leaves the others waiting in a collective, and all ranks take the same
+decisions (same budget, same refitted model). The price is that gradient communication no
+longer overlaps the backward pass.
+
+>>> import torch
+>>> net = torch.nn.Linear(4, 1)
+>>> guard = OOMGuard(net, torch.optim.SGD(net.parameters(), lr=0.1))
+>>> batch = torch.ones(8, 4)
+>>> loss = guard.step(batch, lambda rows: net(rows).pow(2).mean())
+>>> guard.steps, guard.ooms
+(1, 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import fraction, parse_budget, positive_int
+from fitbatch.costs import CostModel
+from fitbatch.memory.model import BatchMemoryModel, load_memory_model
+from fitbatch.memory.profile import PeakTracker, free_memory, is_oom_error
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+_GROW_TARGET = 0.95  # grow the budget while peaks stay below this fraction of the capacity
+_GROW_STEP = 1.10  # at most +10 % per window
+
+
+class SampleTooLargeError(RuntimeError):
+    """A single sample runs out of memory on its own: splitting cannot help.
+
+    Attributes:
+        position: its position in the batch given to :meth:`OOMGuard.step` (``None`` when it
+            was on another rank).
+        sample_id: its id from ``ids=`` (or the position when no ids were given).
+        units: its size in real size units.
+    """
+
+    def __init__(self, message: str, *, position: int | None = None, sample_id: Any = None,
+                 units: float | None = None) -> None:
+        super().__init__(message)
+        self.position, self.sample_id, self.units = position, sample_id, units
+
+
+@dataclasses.dataclass(frozen=True)
+class OOMEvent:
+    """One step that ran out of memory and was recovered (kept in ``OOMGuard.events``).
+
+    Attributes:
+        step: the guard's step number (0-based).
+        count: samples in this rank's batch.
+        units: their total real size units.
+        max_units: the largest sample's units (the padded length when units are lengths).
+        parts: micro-batches the step finally used.
+        budget_before: the sampler's budget before feedback (``None``: no sampler budget).
+        budget_after: after feedback.
+        refit: whether the memory model was refitted.
+    """
+
+    step: int
+    count: int
+    units: float
+    max_units: float
+    parts: int
+    budget_before: float | None
+    budget_after: float | None
+    refit: bool
+
+
+class OOMGuard:
+    """Runs training steps that split themselves on out-of-memory errors.
+
+    Args:
+        model: the ``torch.nn.Module`` trained (possibly ``DistributedDataParallel``); its
+            gradients are zeroed at the start of every step.
+        optimizer: stepped after the gradient is complete; ``None`` leaves that to the caller.
+        sampler: an object with ``budget`` and ``set_budget(new)`` (and optionally
+            ``set_cost(model)``), told about failures and, with ``grow_after``, headroom.
+        size_fn: real size units of one sample (tokens, say), used to weight micro-batch
+            losses; ``None`` counts every sample as 1 (for a per-sample mean loss).
+        cost: the cost model the batches were planned with; a fitted
+            :class:`~fitbatch.memory.BatchMemoryModel` is refitted with each failing batch.
+        capacity: bytes the steps may use; the failing point's peak when refitting (default:
+            the sampler's budget) and the ceiling for ``grow_after``.
+        backoff: factor applied to the budget (or to the failing batch's cost, if lower)
+            when a batch runs out of memory.
+        grow_after: after this many consecutive steps without failure whose peaks stayed
+            under 95 % of ``capacity``, raise the sampler's budget (by at most 10 %). Needs
+            ``capacity``; ``None`` never grows.
+
+    Raises:
+        TypeError: if ``model`` is not a ``torch.nn.Module`` or ``size_fn`` not callable.
+        ValueError: for a ``backoff`` outside (0, 1), or ``grow_after`` without ``capacity``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        sampler: Any = None,
+        size_fn: Callable[[Any], float] | None = None,
+        cost: CostModel | None = None,
+        capacity: float | str | None = None,
+        backoff: float = 0.9,
+        grow_after: int | None = None,
+    ) -> None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if size_fn is not None and not callable(size_fn):
+            raise TypeError(f"size_fn must be callable or None, got {size_fn!r}")
+        if cost is not None and not isinstance(cost, CostModel):
+            raise TypeError(f"cost must be a fitbatch CostModel or None, got {cost!r}")
+        backoff = fraction("backoff", backoff)
+        if not 0.0 < backoff < 1.0:
+            raise ValueError(f"backoff must be strictly between 0 and 1, got {backoff!r}")
+        self.capacity = None if capacity is None else parse_budget(capacity, "capacity")
+        self.grow_after = positive_int("grow_after", grow_after, allow_none=True)
+        if self.grow_after is not None and self.capacity is None:
+            raise ValueError("grow_after needs capacity= (bytes or '70GiB') to know how much room there is")
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.size_fn, self.cost, self.backoff = size_fn, cost, backoff
+        self.events: list[OOMEvent] = []
+        self.steps = 0
+        self.ooms = 0
+        self._clean_steps = 0
+        self._window_peak = 0.0
+        param = next(iter(model.parameters()), None)
+        self.device = param.device if param is not None else torch.device("cpu")
+        if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
+            logger.warning("OOMGuard: DistributedDataParallel(broadcast_buffers=True) broadcasts buffers in "
+                           "every forward, so ranks that split differently would desynchronise; "
+                           "wrap the model with broadcast_buffers=False")
+
+    # ------------------------------------------------------------------ public protocol
+
+    def step(self, batch: Any, loss_fn: Callable[[Any], torch.Tensor], *, ids: Sequence[Any] | None = None) -> torch.Tensor:
+        """One training step on ``batch``, split into micro-batches if it runs out of memory.
+
+        Args:
+            batch: a list or tuple of samples, a tensor (split along dim 0) or a mapping of
+                per-row tensors or lists (split along their first dimension). Pass samples
+                uncollated and collate inside ``loss_fn`` so that micro-batches are padded
+                only to their own longest sample.
+            loss_fn: ``loss_fn(micro_batch)`` returns the scalar mean loss per size unit of
+                the samples it is given (the usual mean over tokens, or over samples when
+                ``size_fn`` is ``None``).
+            ids: dataset ids of the samples, used in messages only.
+
+        Returns:
+            The whole batch's loss (detached).
+
+        Raises:
+            SampleTooLargeError: if a single sample runs out of memory on its own.
+        """
+        n = _batch_len(batch)
+        units = self._units(batch, n)
+        total = float(units.sum())
+        order = np.argsort(-units, kind="stable")  # similar sizes together: less padding
+        tracker = PeakTracker(self.device) if self.grow_after is not None else contextlib.nullcontext()
+        parts, retried, whole_failed = 1, False, False
+        with tracker:
+            while True:
+                self.model.zero_grad(set_to_none=True)
+                loss, failed = self._attempt(batch, loss_fn, units, total, order, parts)
+                fatal, request = self._agree(failed, parts, n)
+                if not fatal and request == 0:
+                    break
+                loss = None
+                self.model.zero_grad(set_to_none=True)
+                free_memory(self.device)
+                if fatal:
+                    self._raise_too_large(failed, units, ids)
+                logger.info("OOMGuard: step %d ran out of memory as %d part(s); retrying as %d",
+                            self.steps, parts, request)
+                whole_failed = whole_failed or (parts == 1 and failed is not None)
+                retried, parts = True, request
+        if retried:
+            self._feedback(n, units, parts, failed_here=whole_failed)
+        self._reduce_gradients()
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if isinstance(tracker, PeakTracker):
+            self._track(float(tracker.baseline + tracker.peak), clean=not retried)
+        self.steps += 1
+        return loss  # type: ignore[no-any-return]  # the loop leaves only on success
+
+    __call__ = step
+
+    def wrap(self, loss_fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], torch.Tensor]:
+        """``guard.wrap(loss_fn)(batch)`` is ``guard.step(batch, loss_fn)``: a guarded step function."""
+
+        def guarded(batch: Any) -> torch.Tensor:
+            return self.step(batch, loss_fn)
+
+        return guarded
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, the growth window and a refitted memory model, as plain data."""
+        return {
+            "version": STATE_VERSION,
+            "steps": self.steps,
+            "ooms": self.ooms,
+            "clean_steps": self._clean_steps,
+            "window_peak": self._window_peak,
+            "cost": self.cost.to_dict() if isinstance(self.cost, BatchMemoryModel) else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (events are not kept in state)."""
+        keys = {"version", "steps", "ooms", "clean_steps", "window_peak", "cost"}
+        if not isinstance(state, Mapping) or set(state) != keys:
+            raise ValueError(f"OOMGuard state must have keys {sorted(keys)}, got {sorted(state) if isinstance(state, Mapping) else state!r}")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"unsupported OOMGuard state version {state['version']!r}; expected {STATE_VERSION}")
+        self.steps, self.ooms = int(state["steps"]), int(state["ooms"])
+        self._clean_steps, self._window_peak = int(state["clean_steps"]), float(state["window_peak"])
+        if state["cost"] is not None:
+            self.cost = load_memory_model(dict(state["cost"]))
+
+    # ---------------------------------------------------------------------- internals
+
+    def _units(self, batch: Any, n: int) -> NDArray[np.float64]:
+        if self.size_fn is None:
+            return np.ones(n)
+        units = np.array([float(self.size_fn(_item(batch, i))) for i in range(n)], dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(units) | (units <= 0))
+        if bad.size:
+            raise ValueError(f"size_fn must return positive finite units; sample {int(bad[0])} has {units[bad[0]]!r}")
+        return units
+
+    def _attempt(self, batch: Any, loss_fn: Callable[[Any], torch.Tensor], units: NDArray[np.float64],
+                 total: float, order: NDArray[np.int64], parts: int) -> tuple[Any, NDArray[np.int64] | None]:
+        """Accumulate the gradient in ``parts`` micro-batches: (detached loss, None) or (None, failing positions)."""
+        chunks = [np.sort(c) for c in np.array_split(order, min(parts, len(order)))]
+        total_loss: Any = 0.0
+        failed: NDArray[np.int64] | None = None
+        with self._no_sync():
+            for chunk in chunks:
+                micro = batch if parts == 1 else _take(batch, chunk)
+                try:
+                    scaled = _check_loss(loss_fn(micro)) * (float(units[chunk].sum()) / total)
+                    scaled.backward()
+                except Exception as exc:
+                    if not is_oom_error(exc):
+                        raise
+                    failed = chunk
+                    break  # leaving the except block drops the traceback that holds activations
+                total_loss = total_loss + scaled.detach()
+                del micro, scaled
+        return (None, failed) if failed is not None else (total_loss, None)
+
+    def _distributed(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
+        no_sync = getattr(self.model, "no_sync", None)
+        if no_sync is not None and self._distributed():
+            return no_sync()  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+    def _comm_tensor(self, values: list[float]) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
+        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        return torch.tensor(values, dtype=torch.float64, device=device)
+
+    def _agree(self, failed: NDArray[np.int64] | None, parts: int, n: int) -> tuple[bool, int]:
+        """(any rank hit a lone sample, parts to retry with or 0), identical on all ranks."""
+        fatal = failed is not None and len(failed) == 1
+        request = 0 if failed is None else min(2 * parts, n)
+        if failed is not None and request <= parts:
+            fatal = True
+        if self._distributed():
+            import torch.distributed as dist
+
+            flags = self._comm_tensor([float(fatal), float(request)])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            fatal, request = bool(flags[0].item()), int(flags[1].item())
+        if request and not fatal:
+            request = max(request, 2 * parts)  # another rank with fewer samples must still progress
+        return fatal, request
+
+    def _raise_too_large(self, failed: NDArray[np.int64] | None, units: NDArray[np.float64],
+                         ids: Sequence[Any] | None) -> None:
+        if failed is None or len(failed) != 1:
+            raise SampleTooLargeError("OOMGuard: a sample on another rank runs out of memory even alone; "
+                                      "see that rank's error")
+        pos = int(failed[0])
+        sample_id = ids[pos] if ids is not None else pos
+        raise SampleTooLargeError(
+            f"OOMGuard: sample {sample_id!r} (position {pos} of the batch, {units[pos]:g} size units) "
+            "runs out of memory even alone; drop or truncate such samples before batching, "
+            "or give the step more memory",
+            position=pos, sample_id=sample_id, units=float(units[pos]),
+        )
+
+    def _gather_failure(self, row: list[float]) -> NDArray[np.float64]:
+        """Rows (failed, count, max units, sum units) of every rank (just this one when alone)."""
+        if not self._distributed():
+            return np.asarray([row], dtype=np.float64)
+        import torch.distributed as dist
+
+        table = [[0.0] * 4 for _ in range(dist.get_world_size())]
+        table[dist.get_rank()] = row
+        tensor = self._comm_tensor(sum(table, []))
+        dist.all_reduce(tensor)
+        return np.asarray(tensor.cpu().tolist(), dtype=np.float64).reshape(-1, 4)
+
+    def _feedback(self, n: int, units: NDArray[np.float64], parts: int, *, failed_here: bool) -> None:
+        """Refit the model or lower the budget, from the failures of all ranks (same result everywhere)."""
+        self.ooms += 1
+        self._clean_steps, self._window_peak = 0, 0.0
+        rows = self._gather_failure([float(failed_here), n, float(units.max()), float(units.sum())])
+        rows = rows[rows[:, 0] > 0]
+        budget = getattr(self.sampler, "budget", None)
+        new_budget = budget
+        refit = False
+        peak = self.capacity if self.capacity is not None else budget
+        if isinstance(self.cost, BatchMemoryModel) and peak is not None and len(rows):
+            self.cost = self.cost.refit(rows[:, 1], rows[:, 2], np.full(len(rows), float(peak)))
+            set_cost = getattr(self.sampler, "set_cost", None)
+            if callable(set_cost):
+                set_cost(self.cost)
+                refit = True
+        if not refit and budget is not None and callable(getattr(self.sampler, "set_budget", None)):
+            target = float(budget)
+            if self.cost is not None and len(rows):
+                failing = self.cost.evaluate(rows[:, 1], rows[:, 2], rows[:, 3])
+                target = min(target, float(failing.min()))
+            new_budget = target * self.backoff
+            self.sampler.set_budget(new_budget)
+        event = OOMEvent(self.steps, n, float(units.sum()), float(units.max()), parts,
+                         None if budget is None else float(budget),
+                         None if new_budget is None else float(new_budget), refit)
+        self.events.append(event)
+        logger.warning(
+            "OOMGuard: step %d (%d samples, %g units, longest %g) ran out of memory; recovered as %d "
+            "micro-batches, no sample lost; budget %s -> %s%s",
+            event.step, n, event.units, event.max_units, parts, budget, new_budget,
+            ", memory model refitted" if refit else "",
+        )
+
+    def _reduce_gradients(self) -> None:
+        if not self._distributed():
+            return
+        import torch
+        import torch.distributed as dist
+
+        world = dist.get_world_size()
+        for p in self.model.parameters():
+            if not p.requires_grad:
+                continue
+            if p.grad is None:  # a rank whose batch did not touch p still joins the reduction
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+
+    def _track(self, peak: float, *, clean: bool) -> None:
+        """Grow the budget after ``grow_after`` clean steps with steady headroom."""
+        if not clean:
+            return
+        self._clean_steps += 1
+        self._window_peak = max(self._window_peak, peak)
+        if self.grow_after is None or self._clean_steps < self.grow_after:
+            return
+        window_peak = self._window_peak
+        if self._distributed():
+            import torch.distributed as dist
+
+            flag = self._comm_tensor([window_peak])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            window_peak = float(flag[0].item())
+        self._clean_steps, self._window_peak = 0, 0.0
+        budget = getattr(self.sampler, "budget", None)
+        assert self.capacity is not None  # checked in __init__ with grow_after
+        target = _GROW_TARGET * self.capacity
+        if budget is None or not callable(getattr(self.sampler, "set_budget", None)) or window_peak <= 0:
+            return
+        factor = min(_GROW_STEP, target / window_peak)
+        if factor > 1.01:
+            new_budget = float(budget) * factor
+            self.sampler.set_budget(new_budget)
+            logger.info("OOMGuard: peaks stayed under %.4g bytes for %d steps; budget %s -> %.6g",
+                        window_peak, self.grow_after, budget, new_budget)
+
+
+# ------------------------------------------------------------------- batch plumbing
+
+
+def _check_loss(loss: Any) -> torch.Tensor:
+    import torch
+
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
+                        f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}")
+    return loss
+
+
+def _batch_len(batch: Any) -> int:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        n = int(batch.shape[0]) if batch.dim() else 0
+    elif isinstance(batch, Mapping):
+        lengths = {k: (int(v.shape[0]) if isinstance(v, torch.Tensor) else len(v)) for k, v in batch.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"mapping batch values must share their first dimension, got {lengths}")
+        n = next(iter(lengths.values()))
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
+        n = len(batch)
+    else:
+        raise TypeError(f"batch must be a list or tuple of samples, a tensor or a mapping of tensors, got {type(batch).__name__}")
+    if n == 0:
+        raise ValueError("batch is empty; OOMGuard.step needs at least one sample")
+    return n
+
+
+def _item(batch: Any, i: int) -> Any:
+    if isinstance(batch, Mapping):
+        return {k: v[i] for k, v in batch.items()}
+    return batch[i]
+
+
+def _take(batch: Any, idx: NDArray[np.int64]) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch[torch.as_tensor(idx, device=batch.device)]
+    if isinstance(batch, Mapping):
+        return {k: _take(v, idx) for k, v in batch.items()}
+    return [batch[int(i)] for i in idx]
