@@ -228,7 +228,9 @@ class Buckets(Strategy):
     """Size buckets fitted to the data, or given as ``boundaries`` (upper edges, ascending).
 
     Fitted buckets are as narrow as ``spread`` (relative width, which bounds padding) while each
-    holds at least ``min_batches`` full batches (which bounds how often the same samples meet).
+    holds at least ``min_batches`` full batches (which bounds how often the same samples meet);
+    on small datasets the minimum shrinks to 1/64 of the epoch's batches (at least 2) so that
+    buckets stay narrow.
     Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's
     largest sample; every bucket's leftover is planned together, sorted, at the end.
     """
@@ -320,6 +322,8 @@ def fit_buckets(
     else:
         per_batch = budget / np.maximum(edges[present], 1e-300)
     per_batch = np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
+    epoch_batches = float(np.sum(hist[present] / per_batch))
+    min_batches = int(np.clip(epoch_batches / 64, 2, max(min_batches, 2)))
     bucket_of = np.zeros(K.KEY_LEVELS, dtype=np.int64)
     tops: list[float] = []
     pop = 0

@@ -1,0 +1,220 @@
+"""Planning benchmark: speed, memory and quality of every strategy on real length sets.
+
+Run from the repository root:
+
+    python bench/plan.py                 # real size, 1M and 10M samples (a few minutes)
+    python bench/plan.py --sizes 1000000 # one size only
+    python bench/plan.py --quick         # real size and 1M, no 10M, no memory runs
+
+It prints markdown tables:
+
+1. Speed (per length set and sample count): plan time (best of ``--repeat``), batches vs the
+   lower bound, padding efficiency and max fill for each strategy, beside a fixed batch size
+   (the largest that never exceeds the budget) and the seed tools' pure-Python greedy loop
+   (sum budget, a ``sizeof`` call per index, as equibatch/bionemo/aistore do), timed in the
+   same run, with the speed-up over that loop; peak extra memory per sample (tracemalloc).
+2. Quality at 1M samples (budget 16384, padded cost): padding efficiency, batches vs the
+   optimal count (greedy over globally sorted sizes), max fill, co-batch repeat rate between
+   epochs 0 and 1 and the Spearman correlation of batch position vs mean size, for integer and
+   continuous (+U[0,1)) sizes, beside lhotse's DynamicBucketingSampler when it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import platform
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fitbatch  # noqa: E402
+from _metrics import optimal_padded_batches, repeat_rate, spearman_position_size  # noqa: E402
+from fitbatch.plan import fixed_size_plan, largest_safe_batch_size  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LOCAL = Path(__file__).resolve().parents[1] / "tests" / "data"
+SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
+STRATEGIES = ("sequential", "sorted", "pooled", "buckets", "packed")
+BUDGET = 16384.0
+
+
+def load(name: str) -> np.ndarray:
+    for root in (DATA, LOCAL):
+        path = root / f"{name}.npy"
+        if path.exists():
+            return np.load(path)
+    raise FileNotFoundError(f"{name}.npy not found in {DATA} or {LOCAL}")
+
+
+def resample(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    if n == base.size:
+        return base
+    return base[np.random.default_rng(seed).integers(0, base.size, n)]
+
+
+def seed_greedy(sampler, sizeof, max_total):
+    """The seed tools' loop (bionemo SizeAwareBatchSampler / equibatch / aistore), verbatim in spirit."""
+    batch, total = [], 0
+    for idx in sampler:
+        size = sizeof(idx)
+        if batch and total + size > max_total:
+            yield batch
+            batch, total = [], 0
+        batch.append(idx)
+        total += size
+    if batch:
+        yield batch
+
+
+def best_time(fn, repeat: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def peak_bytes(fn) -> int:
+    gc.collect()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    out = fn()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    del out
+    return peak
+
+
+def speed_table(name: str, sizes: np.ndarray, repeat: int, memory: bool) -> str:
+    n = sizes.size
+    oversized = "skip" if sizes.max() > BUDGET else "error"
+    sizes_list = sizes.tolist()
+    t_seed, seed_batches = best_time(lambda: sum(1 for _ in seed_greedy(range(n), sizes_list.__getitem__, BUDGET)), 1)
+    safe = largest_safe_batch_size(sizes[sizes <= BUDGET], BUDGET)
+    rows = []
+    fixed = fixed_size_plan(sizes[sizes <= BUDGET], safe, budget=BUDGET).stats()
+    rows.append(
+        f"| fixed batch size {safe} | {fixed.plan_seconds:.3f} | – | {fixed.n_batches} | "
+        f"{fixed.batches_vs_lower_bound:.3f} | {fixed.padding_efficiency:.3f} | {fixed.max_fill:.2f} | – |"
+    )
+    rows.append(f"| seed tools' pure-Python greedy (sum) | {t_seed:.3f} | 1.0x | {seed_batches} | – | – | – | – |")
+    configs = [(s, "padded") for s in STRATEGIES] + [("sequential", "sum"), ("packed", "sum")]
+    for strategy, cost in configs:
+        def run(strategy=strategy, cost=cost):
+            return fitbatch.plan_batches(sizes, BUDGET, cost=cost, strategy=strategy, oversized=oversized)
+
+        t, plan = best_time(run, repeat)
+        st = plan.stats()
+        mem = f"{peak_bytes(run) / n:.1f}" if memory else "–"
+        rows.append(
+            f"| {strategy} ({cost}) | {t:.3f} | {t_seed / t:.1f}x | {st.n_batches} | {st.batches_vs_lower_bound:.4f} | "
+            f"{st.padding_efficiency:.4f} | {st.max_fill:.2f} | {mem} |"
+        )
+        del plan
+    head = (
+        f"\n### {name}, {n:,} samples (budget {BUDGET:g}, oversized={oversized})\n\n"
+        "| plan | time s | vs seed loop | batches | vs lower bound | padding eff | max fill | peak B/sample |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([head, *rows])
+
+
+def lhotse_metrics(sizes: np.ndarray) -> tuple[float, float, float, float] | None:
+    """Padding efficiency, batches vs optimal, repeat rate and position/size rho of lhotse's sampler."""
+    try:
+        from lhotse import CutSet
+        from lhotse.dataset.sampling.dynamic_bucketing import DynamicBucketingSampler
+        from lhotse.testing.dummies import dummy_cut
+    except Exception:  # noqa: BLE001 - any import problem means "not available"
+        return None
+    # lhotse budgets durations (a sum): one second per token, max_duration = budget.
+    cuts = CutSet.from_cuts(dummy_cut(i, duration=float(d)) for i, d in enumerate(sizes))
+    plans = []
+    for epoch in (0, 1):
+        sampler = DynamicBucketingSampler(cuts, max_duration=BUDGET, shuffle=True, seed=0, num_buckets=30)
+        sampler.set_epoch(epoch)
+        batches = [[int(c.id.split("-")[-1]) if "-" in c.id else int(c.id) for c in b] for b in sampler]
+        order = np.asarray([i for b in batches for i in b], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+        plans.append((order, offsets))
+    sz = fitbatch.as_sizes(sizes)
+    model = fitbatch.resolve_cost("padded")
+    out = []
+    for order, offsets in plans:
+        counts, costs, real, padded = fitbatch.plan.measure_batches(sz, model, order, offsets)
+        out.append(fitbatch.BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, budget=BUDGET, cost_name="padded", strategy_name="lhotse"))
+    p0, p1 = out
+    opt = optimal_padded_batches(sizes, BUDGET)
+    eff = float(p0.real_units.sum() / p0.padded_units.sum())
+    return eff, len(p0) / opt, repeat_rate(p0, p1, sizes.size), spearman_position_size(p0, sizes)
+
+
+def quality_table(n: int, with_lhotse: bool) -> str:
+    rows = []
+    rng = np.random.default_rng(1)
+    for name in SETS:
+        base = resample(load(name), n)
+        for continuous in (False, True):
+            sizes = base + rng.random(base.size) if continuous else base.astype(np.float64)
+            keep = sizes[sizes <= BUDGET]
+            opt = optimal_padded_batches(keep, BUDGET)
+            for strategy in ("pooled", "buckets"):
+                p0 = fitbatch.plan_batches(keep, BUDGET, strategy=strategy, epoch=0)
+                p1 = fitbatch.plan_batches(keep, BUDGET, strategy=strategy, epoch=1)
+                st = p0.stats()
+                rows.append(
+                    f"| {name} | {'continuous' if continuous else 'integer'} | fitbatch {strategy} | "
+                    f"{st.padding_efficiency:.4f} | {len(p0) / opt:.4f} | {st.max_fill:.3f} | "
+                    f"{repeat_rate(p0, p1, keep.size):.3f} | {spearman_position_size(p0, keep):+.3f} |"
+                )
+            if with_lhotse:
+                got = lhotse_metrics(keep)
+                if got is None:
+                    rows.append(f"| {name} | {'continuous' if continuous else 'integer'} | lhotse | not installed | | | | |")
+                else:
+                    eff, ratio, rep, rho = got
+                    rows.append(
+                        f"| {name} | {'continuous' if continuous else 'integer'} | lhotse DynamicBucketingSampler | "
+                        f"{eff:.4f} | {ratio:.4f} | – | {rep:.3f} | {rho:+.3f} |"
+                    )
+    head = (
+        f"\n### Quality at {n:,} samples (budget {BUDGET:g}, padded cost; pytokens samples over budget left out)\n\n"
+        "| set | sizes | sampler | padding eff | batches vs optimal | max fill | repeat rate | position/size rho |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([head, *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="*", default=None, help="sample counts (0 = real size)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-lhotse", action="store_true")
+    parser.add_argument("--quality-n", type=int, default=1_000_000)
+    args = parser.parse_args()
+    logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
+    counts = args.sizes if args.sizes is not None else ([0, 1_000_000] if args.quick else [0, 1_000_000, 10_000_000])
+    print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
+          f"{platform.machine()}, {os.cpu_count()} cores")
+    for name in SETS:
+        base = load(name)
+        for count in counts:
+            sizes = resample(base, count or base.size)
+            print(speed_table(name, sizes, args.repeat, memory=not args.quick), flush=True)
+    print(quality_table(args.quality_n, not args.no_lhotse), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+from fitbatch.cli import main
+import sys
+
+sys.exit(main())
