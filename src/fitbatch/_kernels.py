@@ -47,25 +47,41 @@ class OpenBatch(NamedTuple):
 def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], FloatArray]:
     """Monotone 16-bit sort keys for non-negative values, and an upper edge per key.
 
-    Integers below 2**16 are their own key (an exact sort); anything else is binned on a
-    ``log1p`` scale fine enough (about 1e-4 relative for a 1e4 range) that sorting by key is
-    sorting by size for planning purposes. ``edges[k]`` bounds every value with key ``k``.
+    Integers below 2**16 are their own key (an exact sort); integers below about 2**20 are exact
+    below 32768 and binned linearly above it (bins of at most 16, under 0.05 % relative); anything
+    else is binned on a ``log1p`` scale (about 1e-4 relative for a 1e4 range). ``edges[k]``
+    bounds every value with key ``k``, so planning with edges never exceeds a budget.
     """
     if values.size == 0:
         return np.zeros(0, np.uint16), np.zeros(KEY_LEVELS)
     vmax = float(values.max())
     if integral and vmax < KEY_LEVELS:
         return values.astype(np.uint16), np.arange(KEY_LEVELS, dtype=np.float64)
+    half = KEY_LEVELS // 2
+    if integral and vmax < half + (half << 4):
+        shift = max(0, int(math.ceil(math.log2((vmax - half + 1) / half))))
+        ints = values.astype(np.int64)
+        keys = np.where(ints < half, ints, half + ((ints - half) >> shift)).astype(np.uint16)
+        k = np.arange(KEY_LEVELS, dtype=np.float64)
+        edges = np.where(k < half, k, half + (k - half + 1) * (1 << shift) - 1)
+        return keys, edges
     positive = values[values > 0]
     unit = float(positive.min()) if positive.size else 1.0
     top = math.log1p(vmax / unit)
     scale = (KEY_LEVELS - 1) / top if top > 0 else 1.0
-    keys = np.minimum(np.log1p(values / unit) * scale, KEY_LEVELS - 1).astype(np.uint16)
+    # float32 is ample for a 16-bit key; bins touched by rounding are widened below
+    t = np.multiply(values, 1.0 / unit, dtype=np.float32)
+    np.log1p(t, out=t)
+    t *= np.float32(scale)
+    np.minimum(t, np.float32(KEY_LEVELS - 1), out=t)
+    keys = t.astype(np.uint16)
+    del t
     edges = unit * np.expm1(np.arange(1, KEY_LEVELS + 1, dtype=np.float64) / scale)
     edges[-1] = max(edges[-1], vmax)
-    low = values > edges[keys]  # float rounding at bin borders: widen those bins
+    low = values > edges[keys]
     if low.any():
         np.maximum.at(edges, keys[low], values[low])
+    # keys are monotone in values up to float32 rounding: make edges cover every lower key too
     return keys, np.maximum.accumulate(edges)
 
 
@@ -287,7 +303,7 @@ def _walk_windows(
             break
         size = q - batch_start
         cut = batch_start + size - size % multiple
-        if size >= multiple and cut > max(batch_start, 0) and (force is None or not force[q]):
+        if size >= multiple and cut >= 0 and (force is None or not force[q]):
             q = cut
         if batch_start >= 0:
             starts.append(batch_start)
@@ -358,16 +374,30 @@ def _walk(seg_starts: IntArray, n: int, step: Callable[[int, int], int]) -> IntA
     return np.asarray(out, dtype=np.int64)
 
 
-def _walk_table(seg_starts: IntArray, n: int, lv: memoryview, tab: list[int]) -> IntArray:
-    """The common walk, inlined: batch starts follow ``i += tab[lv[i]]`` inside each segment."""
+def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int]) -> IntArray:
+    """The common walk: batch starts follow ``i += tab[level[i]]`` inside each segment.
+
+    Positions of one level form runs (levels are non-increasing in a segment), and inside a
+    run every batch has the same length, so each run is stepped through with one ``range``.
+    """
+    change = np.flatnonzero(np.diff(level.astype(np.int64, copy=False)) != 0) + 1
+    cuts = np.union1d(change, seg_starts)
+    run_end = np.append(cuts[1:], n).tolist()
+    is_seg = np.zeros(cuts.size, dtype=bool)
+    is_seg[np.searchsorted(cuts, seg_starts)] = True
+    lv = memoryview(np.ascontiguousarray(level))
     out: list[int] = []
-    add = out.append
-    bounds = seg_starts.tolist() + [n]
-    for a, end in zip(bounds[:-1], bounds[1:]):
-        i = a
-        while i < end:
-            add(i)
-            i += tab[lv[i]]
+    extend = out.extend
+    i = 0
+    # Invariant: i is the next batch start (>= the current run's first position).
+    for a, b, new_seg in zip(cuts.tolist(), run_end, is_seg.tolist()):
+        if new_seg:
+            i = a
+        if i >= b:
+            continue
+        c = tab[lv[i]]
+        extend(range(i, b, c))
+        i += c * (-(-(b - i) // c))
     return np.asarray(out, dtype=np.int64)
 
 
@@ -394,12 +424,12 @@ def descending_starts(
         return np.zeros(0, np.int64)
     table = level_counts(edges, budget, cost, cap)
     if table is None:  # cost uses the sum: one length per position, searched
-        room = segment_ends(seg_starts, n) - np.arange(n, dtype=np.int64)
-        if cap is not None:
-            room = np.minimum(room, cap)
+        to_end = segment_ends(seg_starts, n) - np.arange(n, dtype=np.int64)
+        room = to_end if cap is None else np.minimum(to_end, cap)
         per_pos = _counts_by_search(edges[level], sizes, room, budget, cost)
-        if multiple > 1:
-            per_pos = np.where(per_pos >= multiple, per_pos - per_pos % multiple, per_pos)
+        if multiple > 1:  # the last batch of a segment is not cut
+            cut = (per_pos >= multiple) & (per_pos < to_end)
+            per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)
         view = memoryview(per_pos)
 
         def step(i: int, end: int) -> int:
@@ -416,7 +446,7 @@ def descending_starts(
             return end if i + tab[k] >= end else i + cut[k]
 
     else:
-        return _walk_table(seg_starts, n, lv, tab)
+        return _walk_table(seg_starts, n, level, tab)
 
     return _walk(seg_starts, n, step)
 

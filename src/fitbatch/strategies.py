@@ -94,8 +94,12 @@ class Strategy(ABC):
 
 
 def _tails(starts: IntArray, seg_starts: IntArray, n: int) -> NDArray[np.bool_]:
-    ends = np.append(starts[1:], n)
-    return np.isin(ends, np.append(seg_starts[1:], n))
+    """Batches holding the last position of a segment (closed because the segment ran out)."""
+    tails = np.zeros(starts.size, dtype=bool)
+    if starts.size:
+        last = np.append(seg_starts[1:], n) - 1
+        tails[np.searchsorted(starts, last, side="right") - 1] = True
+    return tails
 
 
 Levels = tuple[NDArray[Any], FloatArray]  # (level per position, upper edge per level)
@@ -340,6 +344,10 @@ def fit_buckets(
             need = min_batches * float(per_batch[j])
         bucket_of[k] = len(tops) - 1
         pop += int(hist[k])
+    if len(tops) > 1 and pop < need:
+        # the smallest sizes ran out before filling min_batches batches: join the bucket above
+        bucket_of[present] = np.minimum(bucket_of[present], len(tops) - 2)
+        tops.pop()
     n_buckets = len(tops)
     lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
     return lut, np.asarray(tops[::-1], dtype=np.float64)
