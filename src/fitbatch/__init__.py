@@ -3,7 +3,7 @@
 >>> import fitbatch
 >>> plan = fitbatch.plan_batches([12, 3, 7, 9, 4, 15], 24, cost="padded", strategy="sorted")
 >>> plan.to_lists()
-[[1, 4], [2, 3], [0], [5]]
+[[1, 4, 2], [3, 0], [5]]
 """
 
 from __future__ import annotations

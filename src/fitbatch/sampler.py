@@ -156,12 +156,14 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
         return max(0, self.steps().n_steps - self._start)
 
     def __iter__(self) -> Iterator[list[int]]:
-        steps = self.steps()
-        start, self._start = self._start, 0
-        plan = steps.rank_plan(self.rank)
-        return self._generate(plan, start)
+        plan = self.steps().rank_plan(self.rank)
+        self._position = self._start
+        return self._generate(plan)
 
-    def _generate(self, plan: BatchPlan, start: int) -> Iterator[list[int]]:
+    def _generate(self, plan: BatchPlan) -> Iterator[list[int]]:
+        # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
+        # DataLoader calls iter() twice per epoch and only runs the second iterator.
+        start, self._start = self._start, 0
         order = plan.order
         bounds = plan.offsets.tolist()
         self._position = start
