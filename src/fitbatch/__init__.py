@@ -8,23 +8,46 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from fitbatch._validate import parse_budget
 from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
 from fitbatch.costs import CostModel, FunctionCost, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
+from fitbatch.memory import (
+    BatchMemoryModel,
+    OOMGuard,
+    SizeMemoryModel,
+    calibrate,
+    collect_peak_memory,
+    measure_peak,
+)
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
-from fitbatch.sampler import BudgetBatchSampler
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted, Strategy, resolve_strategy
 
+if TYPE_CHECKING:  # imported lazily below: the sampler subclasses torch's BatchSampler
+    from fitbatch.sampler import BudgetBatchSampler
+
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> Any:
+    # Importing torch takes seconds; numpy-only users of the planner never pay for it.
+    if name == "BudgetBatchSampler":
+        from fitbatch.sampler import BudgetBatchSampler
+
+        return BudgetBatchSampler
+    raise AttributeError(f"module 'fitbatch' has no attribute {name!r}")
+
 __all__ = [
+    "BatchMemoryModel",
     "BatchPlan",
     "Buckets",
     "BudgetBatchSampler",
     "CostModel",
     "FunctionCost",
+    "OOMGuard",
     "Packed",
     "PaddedBatch",
     "PaddedCost",
@@ -33,13 +56,17 @@ __all__ = [
     "PlanStats",
     "Pooled",
     "Sequential",
+    "SizeMemoryModel",
     "Sizes",
     "Sorted",
     "Strategy",
     "SumCost",
     "__version__",
     "as_sizes",
+    "calibrate",
+    "collect_peak_memory",
     "make_pad_collate",
+    "measure_peak",
     "pad_collate",
     "parse_budget",
     "plan_batches",

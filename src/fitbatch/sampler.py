@@ -106,6 +106,16 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
         self._cache = None
         logger.info("budget set to %g from epoch %d on", self._opts.budget, self.epoch + 1)
 
+    def set_cost(self, cost: Any) -> None:
+        """Change the cost model from the next epoch on (e.g. a memory model refitted after OOM)."""
+        import dataclasses
+
+        from fitbatch.costs import resolve_cost
+
+        self._opts = dataclasses.replace(self._opts, cost=resolve_cost(cost))
+        self._cache = None
+        logger.info("cost model set to %s from epoch %d on", self._opts.cost.to_dict(), self.epoch + 1)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration plans (every rank must call it alike)."""
         epoch = non_negative_int("epoch", epoch)

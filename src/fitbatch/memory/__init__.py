@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitbatch.memory.calibrate import Calibration, Probe, calibrate
+from fitbatch.memory.guard import OOMEvent, OOMGuard, SampleTooLargeError
 from fitbatch.memory.model import (
     BatchMemoryModel,
     SizeMemoryModel,
@@ -25,10 +27,16 @@ from fitbatch.memory.profile import (
 
 __all__ = [
     "BatchMemoryModel",
+    "Calibration",
     "MemoryProfile",
+    "OOMEvent",
+    "OOMGuard",
     "PeakTracker",
     "PolynomialRegression",
+    "Probe",
+    "SampleTooLargeError",
     "SizeMemoryModel",
+    "calibrate",
     "collect_peak_memory",
     "detect_capacity",
     "fit_batch_model",

@@ -43,6 +43,8 @@ from fitbatch.memory.profile import (
 
 logger = logging.getLogger(__name__)
 
+_FIT_FROM = 0.2  # probes peaking under this fraction of the capacity are measured, not fitted
+
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
@@ -105,8 +107,14 @@ class _TimeUp(Exception):
 class _Prober:
     """Runs (or replays from the log) one probe per (count, length)."""
 
-    def __init__(self, step_fn: Callable[[Any], Any], make_batch: Callable[[int, int], Any],
-                 device: Any, log: str | os.PathLike[str] | None, deadline: float | None) -> None:
+    def __init__(
+        self,
+        step_fn: Callable[[Any], Any],
+        make_batch: Callable[[int, int], Any],
+        device: Any,
+        log: str | os.PathLike[str] | None,
+        deadline: float | None,
+    ) -> None:
         self.step_fn, self.make_batch, self.device = step_fn, make_batch, device
         self.log, self.deadline = log, deadline
         self.cache = _read_log(log)
@@ -156,14 +164,18 @@ def _read_log(log: str | os.PathLike[str] | None) -> dict[tuple[int, int], Probe
             try:
                 probe = Probe(**json.loads(line))
             except (ValueError, TypeError):
-                logger.warning("calibrate: skipping unreadable line %d of probe log %s", number, log)
+                logger.warning(
+                    "calibrate: skipping unreadable line %d of probe log %s", number, log
+                )
                 continue
             cache[(probe.count, probe.length)] = probe
     logger.info("calibrate: %d probes read from %s", len(cache), log)
     return cache
 
 
-def _search(probe: Callable[[int, int], Probe], length: int, capacity: float, max_count: int) -> int:
+def _search(
+    probe: Callable[[int, int], Probe], length: int, capacity: float, max_count: int
+) -> int:
     """Largest count that fits at ``length`` (0 if none), by doubling then bisection."""
     lo, hi, count = 0, 0, 1
     # invariant: counts <= lo fit (lo = 0: none known), counts >= hi do not (hi = 0: none known)
@@ -180,6 +192,30 @@ def _search(probe: Callable[[int, int], Probe], length: int, capacity: float, ma
             return lo
         else:
             count = (lo + hi) // 2
+
+
+def _fit(probes: list[Probe], capacity: float) -> BatchMemoryModel:
+    """Fit the probes that matter for planning: those whose peak is at least a fraction of the capacity.
+
+    Small batches peak where fixed costs do (optimizer temporaries, workspaces): a *maximum*
+    of two regimes that no sum of terms fits. Leaving those probes out is safe, since their
+    measured peak is already far below the capacity.
+    """
+    measured = {(p.count, p.length): p for p in probes if p.peak is not None}
+    if len(measured) < 4:
+        raise RuntimeError(
+            f"calibrate completed only {len(measured)} steps, too few to fit the memory model (4 needed); "
+            "raise time_limit or capacity, or probe shorter lengths"
+        )
+    top = min(capacity, max(float(p.peak or 0.0) for p in measured.values()))
+    chosen = [p for p in measured.values() if float(p.peak or 0.0) >= _FIT_FROM * top]
+    if len(chosen) < 6 or len({p.length for p in chosen}) < 2:
+        chosen = list(measured.values())
+    return fit_batch_model(
+        [p.count for p in chosen],
+        [p.length for p in chosen],
+        [float(p.peak or 0.0) for p in chosen],
+    )
 
 
 def calibrate(
@@ -213,6 +249,9 @@ def calibrate(
         log: JSON-lines file of probes; existing probes in it are reused, new ones appended.
         progress: show a tqdm bar (over lengths) when tqdm is installed.
 
+    Probes whose peak is under a fifth of the capacity are kept in ``probes`` but not fitted
+    (the model serves batches near the budget; see ``_fit``).
+
     Returns:
         A :class:`Calibration` with ``model`` and ``budget`` to pass to the planner:
         ``plan_batches(sizes, cal.budget, cost=cal.model)``.
@@ -229,31 +268,40 @@ def calibrate(
     max_count = int(positive_int("max_count", max_count) or 1)
     headroom = fraction("headroom", headroom, low=0.0, high=0.9)
     if time_limit is not None and (isinstance(time_limit, bool) or not time_limit > 0):
-        raise ValueError(f"time_limit must be a positive number of seconds or None, got {time_limit!r}")
+        raise ValueError(
+            f"time_limit must be a positive number of seconds or None, got {time_limit!r}"
+        )
     deadline = None if time_limit is None else time.monotonic() + float(time_limit)
     prober = _Prober(step_fn, make_batch, dev, log, deadline)
     max_counts: dict[int, int] = {}
     complete = True
     try:
-        for length in _progress(probe_lengths, total=len(probe_lengths), desc="calibrate", enabled=progress):
+        for length in _progress(
+            probe_lengths, total=len(probe_lengths), desc="calibrate", enabled=progress
+        ):
             max_counts[length] = _search(prober, length, cap, max_count)
             if max_counts[length] == 0:
-                logger.warning("calibrate: not even one sample of length %d fits in %.4g bytes; "
-                               "longer lengths skipped", length, cap)
+                logger.warning(
+                    "calibrate: not even one sample of length %d fits in %.4g bytes; "
+                    "longer lengths skipped",
+                    length,
+                    cap,
+                )
                 break
     except _TimeUp:
         complete = False
-        logger.warning("calibrate: time limit of %ss reached after %d probes; fitting what was measured",
-                       time_limit, len(prober.probes))
-    measured = [p for p in prober.probes if p.peak is not None]
-    if len({(p.count, p.length) for p in measured}) < 4:
-        raise RuntimeError(
-            f"calibrate completed only {len(measured)} steps, too few to fit the memory model (4 needed); "
-            "raise time_limit or capacity, or probe shorter lengths"
+        logger.warning(
+            "calibrate: time limit of %ss reached after %d probes; fitting what was measured",
+            time_limit,
+            len(prober.probes),
         )
-    model = fit_batch_model([p.count for p in measured], [p.length for p in measured],
-                            [float(p.peak or 0.0) for p in measured])
+    model = _fit(prober.probes, cap)
     budget = cap * (1.0 - headroom)
-    logger.info("calibrate: %d probes, margin %.2f%%, budget %.4g of capacity %.4g bytes",
-                len(prober.probes), 100 * model.margin, budget, cap)
+    logger.info(
+        "calibrate: %d probes, margin %.2f%%, budget %.4g of capacity %.4g bytes",
+        len(prober.probes),
+        100 * model.margin,
+        budget,
+        cap,
+    )
     return Calibration(model, budget, cap, tuple(prober.probes), max_counts, complete)

@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 _GROW_TARGET = 0.95  # grow the budget while peaks stay below this fraction of the capacity
 _GROW_STEP = 1.10  # at most +10 % per window
+_BUCKET_BYTES = 32 * 2**20  # gradient all-reduce bucket
 
 
 class SampleTooLargeError(RuntimeError):
@@ -64,8 +65,14 @@ class SampleTooLargeError(RuntimeError):
         units: its size in real size units.
     """
 
-    def __init__(self, message: str, *, position: int | None = None, sample_id: Any = None,
-                 units: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        position: int | None = None,
+        sample_id: Any = None,
+        units: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.position, self.sample_id, self.units = position, sample_id, units
 
@@ -147,7 +154,9 @@ class OOMGuard:
         self.capacity = None if capacity is None else parse_budget(capacity, "capacity")
         self.grow_after = positive_int("grow_after", grow_after, allow_none=True)
         if self.grow_after is not None and self.capacity is None:
-            raise ValueError("grow_after needs capacity= (bytes or '70GiB') to know how much room there is")
+            raise ValueError(
+                "grow_after needs capacity= (bytes or '70GiB') to know how much room there is"
+            )
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.size_fn, self.cost, self.backoff = size_fn, cost, backoff
         self.events: list[OOMEvent] = []
@@ -158,13 +167,21 @@ class OOMGuard:
         param = next(iter(model.parameters()), None)
         self.device = param.device if param is not None else torch.device("cpu")
         if getattr(model, "broadcast_buffers", False) and any(True for _ in model.buffers()):
-            logger.warning("OOMGuard: DistributedDataParallel(broadcast_buffers=True) broadcasts buffers in "
-                           "every forward, so ranks that split differently would desynchronise; "
-                           "wrap the model with broadcast_buffers=False")
+            logger.warning(
+                "OOMGuard: DistributedDataParallel(broadcast_buffers=True) broadcasts buffers in "
+                "every forward, so ranks that split differently would desynchronise; "
+                "wrap the model with broadcast_buffers=False"
+            )
 
     # ------------------------------------------------------------------ public protocol
 
-    def step(self, batch: Any, loss_fn: Callable[[Any], torch.Tensor], *, ids: Sequence[Any] | None = None) -> torch.Tensor:
+    def step(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], torch.Tensor],
+        *,
+        ids: Sequence[Any] | None = None,
+    ) -> torch.Tensor:
         """One training step on ``batch``, split into micro-batches if it runs out of memory.
 
         Args:
@@ -187,7 +204,9 @@ class OOMGuard:
         units = self._units(batch, n)
         total = float(units.sum())
         order = np.argsort(-units, kind="stable")  # similar sizes together: less padding
-        tracker = PeakTracker(self.device) if self.grow_after is not None else contextlib.nullcontext()
+        tracker = (
+            PeakTracker(self.device) if self.grow_after is not None else contextlib.nullcontext()
+        )
         parts, retried, whole_failed = 1, False, False
         with tracker:
             while True:
@@ -201,8 +220,12 @@ class OOMGuard:
                 free_memory(self.device)
                 if fatal:
                     self._raise_too_large(failed, units, ids)
-                logger.info("OOMGuard: step %d ran out of memory as %d part(s); retrying as %d",
-                            self.steps, parts, request)
+                logger.info(
+                    "OOMGuard: step %d ran out of memory as %d part(s); retrying as %d",
+                    self.steps,
+                    parts,
+                    request,
+                )
                 whole_failed = whole_failed or (parts == 1 and failed is not None)
                 retried, parts = True, request
         if retried:
@@ -240,11 +263,18 @@ class OOMGuard:
         """Restore :meth:`state_dict` (events are not kept in state)."""
         keys = {"version", "steps", "ooms", "clean_steps", "window_peak", "cost"}
         if not isinstance(state, Mapping) or set(state) != keys:
-            raise ValueError(f"OOMGuard state must have keys {sorted(keys)}, got {sorted(state) if isinstance(state, Mapping) else state!r}")
+            raise ValueError(
+                f"OOMGuard state must have keys {sorted(keys)}, got {sorted(state) if isinstance(state, Mapping) else state!r}"
+            )
         if state["version"] != STATE_VERSION:
-            raise ValueError(f"unsupported OOMGuard state version {state['version']!r}; expected {STATE_VERSION}")
+            raise ValueError(
+                f"unsupported OOMGuard state version {state['version']!r}; expected {STATE_VERSION}"
+            )
         self.steps, self.ooms = int(state["steps"]), int(state["ooms"])
-        self._clean_steps, self._window_peak = int(state["clean_steps"]), float(state["window_peak"])
+        self._clean_steps, self._window_peak = (
+            int(state["clean_steps"]),
+            float(state["window_peak"]),
+        )
         if state["cost"] is not None:
             self.cost = load_memory_model(dict(state["cost"]))
 
@@ -256,11 +286,20 @@ class OOMGuard:
         units = np.array([float(self.size_fn(_item(batch, i))) for i in range(n)], dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(units) | (units <= 0))
         if bad.size:
-            raise ValueError(f"size_fn must return positive finite units; sample {int(bad[0])} has {units[bad[0]]!r}")
+            raise ValueError(
+                f"size_fn must return positive finite units; sample {int(bad[0])} has {units[bad[0]]!r}"
+            )
         return units
 
-    def _attempt(self, batch: Any, loss_fn: Callable[[Any], torch.Tensor], units: NDArray[np.float64],
-                 total: float, order: NDArray[np.int64], parts: int) -> tuple[Any, NDArray[np.int64] | None]:
+    def _attempt(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], torch.Tensor],
+        units: NDArray[np.float64],
+        total: float,
+        order: NDArray[np.int64],
+        parts: int,
+    ) -> tuple[Any, NDArray[np.int64] | None]:
         """Accumulate the gradient in ``parts`` micro-batches: (detached loss, None) or (None, failing positions)."""
         chunks = [np.sort(c) for c in np.array_split(order, min(parts, len(order)))]
         total_loss: Any = 0.0
@@ -314,18 +353,26 @@ class OOMGuard:
             request = max(request, 2 * parts)  # another rank with fewer samples must still progress
         return fatal, request
 
-    def _raise_too_large(self, failed: NDArray[np.int64] | None, units: NDArray[np.float64],
-                         ids: Sequence[Any] | None) -> None:
+    def _raise_too_large(
+        self,
+        failed: NDArray[np.int64] | None,
+        units: NDArray[np.float64],
+        ids: Sequence[Any] | None,
+    ) -> None:
         if failed is None or len(failed) != 1:
-            raise SampleTooLargeError("OOMGuard: a sample on another rank runs out of memory even alone; "
-                                      "see that rank's error")
+            raise SampleTooLargeError(
+                "OOMGuard: a sample on another rank runs out of memory even alone; "
+                "see that rank's error"
+            )
         pos = int(failed[0])
         sample_id = ids[pos] if ids is not None else pos
         raise SampleTooLargeError(
             f"OOMGuard: sample {sample_id!r} (position {pos} of the batch, {units[pos]:g} size units) "
             "runs out of memory even alone; drop or truncate such samples before batching, "
             "or give the step more memory",
-            position=pos, sample_id=sample_id, units=float(units[pos]),
+            position=pos,
+            sample_id=sample_id,
+            units=float(units[pos]),
         )
 
     def _gather_failure(self, row: list[float]) -> NDArray[np.float64]:
@@ -340,7 +387,9 @@ class OOMGuard:
         dist.all_reduce(tensor)
         return np.asarray(tensor.cpu().tolist(), dtype=np.float64).reshape(-1, 4)
 
-    def _feedback(self, n: int, units: NDArray[np.float64], parts: int, *, failed_here: bool) -> None:
+    def _feedback(
+        self, n: int, units: NDArray[np.float64], parts: int, *, failed_here: bool
+    ) -> None:
         """Refit the model or lower the budget, from the failures of all ranks (same result everywhere)."""
         self.ooms += 1
         self._clean_steps, self._window_peak = 0, 0.0
@@ -363,14 +412,27 @@ class OOMGuard:
                 target = min(target, float(failing.min()))
             new_budget = target * self.backoff
             self.sampler.set_budget(new_budget)
-        event = OOMEvent(self.steps, n, float(units.sum()), float(units.max()), parts,
-                         None if budget is None else float(budget),
-                         None if new_budget is None else float(new_budget), refit)
+        event = OOMEvent(
+            self.steps,
+            n,
+            float(units.sum()),
+            float(units.max()),
+            parts,
+            None if budget is None else float(budget),
+            None if new_budget is None else float(new_budget),
+            refit,
+        )
         self.events.append(event)
         logger.warning(
             "OOMGuard: step %d (%d samples, %g units, longest %g) ran out of memory; recovered as %d "
             "micro-batches, no sample lost; budget %s -> %s%s",
-            event.step, n, event.units, event.max_units, parts, budget, new_budget,
+            event.step,
+            n,
+            event.units,
+            event.max_units,
+            parts,
+            budget,
+            new_budget,
             ", memory model refitted" if refit else "",
         )
 
@@ -379,15 +441,35 @@ class OOMGuard:
             return
         import torch
         import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
         world = dist.get_world_size()
+        grads = []
         for p in self.model.parameters():
-            if not p.requires_grad:
-                continue
-            if p.grad is None:  # a rank whose batch did not touch p still joins the reduction
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
-            p.grad.div_(world)
+            if p.requires_grad:
+                if p.grad is None:  # a rank whose batch did not touch p still joins the reduction
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+        # buckets of one dtype and device, up to _BUCKET_BYTES: few collectives, bounded extra memory
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for i, g in enumerate(grads):
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+            last = i + 1 == len(grads)
+            if (
+                last
+                or size >= _BUCKET_BYTES
+                or (grads[i + 1].dtype, grads[i + 1].device) != (g.dtype, g.device)
+            ):
+                flat = _flatten_dense_tensors(bucket)
+                dist.all_reduce(flat)
+                flat.div_(world)
+                for g_out, reduced in zip(
+                    bucket, _unflatten_dense_tensors(flat, bucket), strict=True
+                ):
+                    g_out.copy_(reduced)
+                bucket, size = [], 0
 
     def _track(self, peak: float, *, clean: bool) -> None:
         """Grow the budget after ``grow_after`` clean steps with steady headroom."""
@@ -408,14 +490,23 @@ class OOMGuard:
         budget = getattr(self.sampler, "budget", None)
         assert self.capacity is not None  # checked in __init__ with grow_after
         target = _GROW_TARGET * self.capacity
-        if budget is None or not callable(getattr(self.sampler, "set_budget", None)) or window_peak <= 0:
+        if (
+            budget is None
+            or not callable(getattr(self.sampler, "set_budget", None))
+            or window_peak <= 0
+        ):
             return
         factor = min(_GROW_STEP, target / window_peak)
         if factor > 1.01:
             new_budget = float(budget) * factor
             self.sampler.set_budget(new_budget)
-            logger.info("OOMGuard: peaks stayed under %.4g bytes for %d steps; budget %s -> %.6g",
-                        window_peak, self.grow_after, budget, new_budget)
+            logger.info(
+                "OOMGuard: peaks stayed under %.4g bytes for %d steps; budget %s -> %.6g",
+                window_peak,
+                self.grow_after,
+                budget,
+                new_budget,
+            )
 
 
 # ------------------------------------------------------------------- batch plumbing
@@ -425,8 +516,10 @@ def _check_loss(loss: Any) -> torch.Tensor:
     import torch
 
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
-                        f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}")
+        raise TypeError(
+            f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
+            f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}"
+        )
     return loss
 
 
@@ -436,14 +529,21 @@ def _batch_len(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         n = int(batch.shape[0]) if batch.dim() else 0
     elif isinstance(batch, Mapping):
-        lengths = {k: (int(v.shape[0]) if isinstance(v, torch.Tensor) else len(v)) for k, v in batch.items()}
+        lengths = {
+            k: (int(v.shape[0]) if isinstance(v, torch.Tensor) else len(v))
+            for k, v in batch.items()
+        }
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"mapping batch values must share their first dimension, got {lengths}")
+            raise ValueError(
+                f"mapping batch values must share their first dimension, got {lengths}"
+            )
         n = next(iter(lengths.values()))
     elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         n = len(batch)
     else:
-        raise TypeError(f"batch must be a list or tuple of samples, a tensor or a mapping of tensors, got {type(batch).__name__}")
+        raise TypeError(
+            f"batch must be a list or tuple of samples, a tensor or a mapping of tensors, got {type(batch).__name__}"
+        )
     if n == 0:
         raise ValueError("batch is empty; OOMGuard.step needs at least one sample")
     return n

@@ -105,7 +105,11 @@ def _margin(peaks: FloatArray, predicted: FloatArray, n_params: int, confidence:
         s = math.sqrt(float(np.sum(((peaks - pred) / peaks) ** 2)) / dof)
         stat = _t_quantile(confidence, dof) * s * math.sqrt(1 + n_params / n)
     else:
-        logger.warning("memory model fitted with %d points for %d coefficients: no residual margin", n, n_params)
+        logger.warning(
+            "memory model fitted with %d points for %d coefficients: no residual margin",
+            n,
+            n_params,
+        )
     margin = max(stat, float(np.max(peaks / pred - 1.0)), 0.0)
     # round *up* to 1e-9 (a byte per GB) so exact fits read 0.0 and the bound still covers them
     return 0.0 if margin < 1e-12 else math.ceil(margin * 1e9) / 1e9
@@ -116,14 +120,18 @@ def _tidy(value: float) -> float:
     return float(f"{value:.12g}")
 
 
-def _points(name: str, values: ArrayLike, n: int | None = None, *, positive: bool = False) -> FloatArray:
+def _points(
+    name: str, values: ArrayLike, n: int | None = None, *, positive: bool = False
+) -> FloatArray:
     arr = np.asarray(values, dtype=np.float64).reshape(-1)
     if n is not None and len(arr) != n:
         raise ValueError(f"{name} has {len(arr)} values, expected {n} (one per measurement)")
     bad = np.flatnonzero(~np.isfinite(arr) | ((arr <= 0) if positive else (arr < 0)))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}; {name}[{i}] = {arr[i]!r}")
+        raise ValueError(
+            f"{name} must be finite and {'> 0' if positive else '>= 0'}; {name}[{i}] = {float(arr[i])!r}"
+        )
     return arr
 
 
@@ -164,7 +172,11 @@ class _FittedModel:
         ax.plot([0, top], [0, top], color="grey", lw=1, label="exact")
         ax.scatter(measured, mean, s=12, label="mean prediction")
         ax.scatter(measured, upper, s=12, marker="^", label=f"upper bound (+{self.margin:.1%})")  # type: ignore[attr-defined]
-        ax.set(xlabel="measured peak (bytes)", ylabel="predicted peak (bytes)", title=title or self.name)
+        ax.set(
+            xlabel="measured peak (bytes)",
+            ylabel="predicted peak (bytes)",
+            title=title or self.name,
+        )
         ax.legend()
         fig.savefig(path, dpi=100, bbox_inches="tight")
 
@@ -210,7 +222,9 @@ class BatchMemoryModel(_FittedModel, PaddedPolynomial):
     def mean(self) -> PaddedPolynomial:
         """The mean fit, without the margin."""
         k = 1.0 + self.margin
-        return PaddedPolynomial(self.fixed / k, self.linear / k, self.per_token / k, self.quadratic / k)
+        return PaddedPolynomial(
+            self.fixed / k, self.linear / k, self.per_token / k, self.quadratic / k
+        )
 
     def predict(self, counts: ArrayLike, lengths: ArrayLike, *, upper: bool = True) -> FloatArray:
         """Predicted peak bytes of batches of ``counts`` samples padded to ``lengths``."""
@@ -280,7 +294,9 @@ def fit_batch_model(
     if confidence >= 1.0 or confidence <= 0.5:
         raise ValueError(f"confidence must be strictly between 0.5 and 1, got {confidence!r}")
     if len(y) < 4:
-        raise ValueError(f"fit_batch_model needs at least 4 measurements (5+ for a margin), got {len(y)}")
+        raise ValueError(
+            f"fit_batch_model needs at least 4 measurements (5+ for a margin), got {len(y)}"
+        )
     design = np.column_stack([np.ones_like(c), c, c * length, c * length**2])
     coef = _relative_nnls(design, y)
     margin = _margin(y, design @ coef, int(np.count_nonzero(coef)), confidence)
@@ -355,7 +371,9 @@ class SizeMemoryModel(_FittedModel, CostModel):
         poly = np.polynomial.Polynomial(coef, domain=[lo, hi], window=[-1, 1])
         d1 = float(poly.deriv(1)(hi)) if len(coef) > 1 else 0.0
         d2 = float(poly.deriv(2)(hi)) if len(coef) > 2 else 0.0
-        object.__setattr__(self, "_envelope", (points, running, top, max(d1, 0.0), max(d2 / 2, 0.0)))
+        object.__setattr__(
+            self, "_envelope", (points, running, top, max(d1, 0.0), max(d2 / 2, 0.0))
+        )
 
     @property
     def degree(self) -> int:
@@ -365,7 +383,10 @@ class SizeMemoryModel(_FittedModel, CostModel):
         """The fitted mean polynomial itself (no envelope, no margin), as the seed evaluates it."""
         x = np.asarray(sizes, dtype=np.float64)
         lo, hi = self.domain
-        return np.asarray(np.polynomial.polynomial.polyval((2 * x - lo - hi) / (hi - lo), self.coef), dtype=np.float64)
+        return np.asarray(
+            np.polynomial.polynomial.polyval((2 * x - lo - hi) / (hi - lo), self.coef),
+            dtype=np.float64,
+        )
 
     def predict(self, sizes: ArrayLike, *, upper: bool = True) -> FloatArray:
         """Predicted peak bytes of one sample of each size (non-decreasing in size)."""
@@ -379,7 +400,9 @@ class SizeMemoryModel(_FittedModel, CostModel):
         out = np.where(x > hi, top + d * (slope + curve * d), out)
         return out * (1.0 + self.margin) if upper else out
 
-    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+    def evaluate(
+        self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]
+    ) -> FloatArray:
         return np.asarray(count, dtype=np.float64) * self.predict(_reduce_length(max_size, None))
 
     def refit(self, sizes: ArrayLike, peaks: ArrayLike) -> SizeMemoryModel:
@@ -404,7 +427,9 @@ class SizeMemoryModel(_FittedModel, CostModel):
         state = module.state_dict()
         missing = {"coef", "domain", "margin", "confidence"} - set(state)
         if missing:
-            raise ValueError(f"module {type(module).__name__} has no buffers {sorted(missing)}; expected a PolynomialRegression")
+            raise ValueError(
+                f"module {type(module).__name__} has no buffers {sorted(missing)}; expected a PolynomialRegression"
+            )
         return cls(
             coef=tuple(state["coef"].tolist()),
             domain=tuple(state["domain"].tolist()),  # type: ignore[arg-type]
@@ -460,16 +485,22 @@ def fit_size_model(
     if confidence >= 1.0 or confidence <= 0.5:
         raise ValueError(f"confidence must be strictly between 0.5 and 1, got {confidence!r}")
     if len(y) < degree + 1:
-        raise ValueError(f"a degree-{degree} fit needs at least {degree + 1} measurements, got {len(y)}")
+        raise ValueError(
+            f"a degree-{degree} fit needs at least {degree + 1} measurements, got {len(y)}"
+        )
     if len(np.unique(x)) < 2:
-        raise ValueError(f"fit_size_model needs at least two distinct sizes, got only {np.unique(x).tolist()}")
+        raise ValueError(
+            f"fit_size_model needs at least two distinct sizes, got only {np.unique(x).tolist()}"
+        )
     poly = np.polynomial.Polynomial.fit(x, y, degree, w=1.0 / y)
     coef = np.zeros(degree + 1)
     coef[: len(poly.coef)] = poly.coef
     lo, hi = (float(v) for v in poly.domain)
     model = SizeMemoryModel(coef=tuple(coef.tolist()), domain=(lo, hi), confidence=confidence)
     margin = _margin(y, model.predict(x, upper=False), degree + 1, confidence)
-    return dataclasses.replace(model, margin=margin, samples=tuple(zip(x.tolist(), y.tolist(), strict=True)))
+    return dataclasses.replace(
+        model, margin=margin, samples=tuple(zip(x.tolist(), y.tolist(), strict=True))
+    )
 
 
 # ------------------------------------------------------------------- loading and torch glue
@@ -481,18 +512,27 @@ def _check_dict(data: dict[str, Any], cls: type) -> dict[str, Any]:
     if data.get("kind") != cls.name:  # type: ignore[attr-defined]
         raise ValueError(f"expected kind {cls.name!r}, got {data.get('kind')!r}")  # type: ignore[attr-defined]
     if data.get("version") != MODEL_VERSION:
-        raise ValueError(f"unsupported memory model version {data.get('version')!r}; expected {MODEL_VERSION}")
+        raise ValueError(
+            f"unsupported memory model version {data.get('version')!r}; expected {MODEL_VERSION}"
+        )
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names - {"kind", "version"}
     if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)} for {cls.__name__}; expected {sorted(names)}")
+        raise ValueError(
+            f"unknown keys {sorted(unknown)} for {cls.__name__}; expected {sorted(names)}"
+        )
     return {k: v for k, v in data.items() if k in names}
 
 
-_MODELS: dict[str, Any] = {BatchMemoryModel.name: BatchMemoryModel, SizeMemoryModel.name: SizeMemoryModel}
+_MODELS: dict[str, Any] = {
+    BatchMemoryModel.name: BatchMemoryModel,
+    SizeMemoryModel.name: SizeMemoryModel,
+}
 
 
-def load_memory_model(source: str | os.PathLike[str] | dict[str, Any]) -> BatchMemoryModel | SizeMemoryModel:
+def load_memory_model(
+    source: str | os.PathLike[str] | dict[str, Any],
+) -> BatchMemoryModel | SizeMemoryModel:
     """Load a model saved with ``model.save(path)`` (or given as its ``to_dict()``).
 
     >>> m = fit_size_model([1, 2, 3], [2, 4, 6], degree=1)
@@ -552,11 +592,17 @@ def _polynomial_regression_class() -> Any:
             return out
 
         def fit(self, x: torch.Tensor, y: torch.Tensor) -> None:
-            self.load_model(fit_size_model(x.detach().cpu().numpy(), y.detach().cpu().numpy(), degree=self.degree))
+            self.load_model(
+                fit_size_model(
+                    x.detach().cpu().numpy(), y.detach().cpu().numpy(), degree=self.degree
+                )
+            )
 
         def load_model(self, model: SizeMemoryModel) -> None:
             if model.degree != self.degree:
-                raise ValueError(f"model has degree {model.degree}, this module degree {self.degree}")
+                raise ValueError(
+                    f"model has degree {model.degree}, this module degree {self.degree}"
+                )
             with torch.no_grad():
                 self.coef.copy_(torch.tensor(model.coef, dtype=torch.float64))
                 self.domain.copy_(torch.tensor(model.domain, dtype=torch.float64))

@@ -49,7 +49,9 @@ def as_device(device: Any) -> torch.device:
         try:
             return torch.device(device)
         except RuntimeError as exc:
-            raise ValueError(f"device {device!r} is not a torch device name such as 'cpu' or 'cuda:0'") from exc
+            raise ValueError(
+                f"device {device!r} is not a torch device name such as 'cpu' or 'cuda:0'"
+            ) from exc
     raise TypeError(f"device must be a str or torch.device, got {device!r}")
 
 
@@ -70,7 +72,9 @@ def is_oom_error(exc: BaseException) -> bool:
     if isinstance(exc, oom_types + (MemoryError,)):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
 
 
 def free_memory(device: Any = "cpu") -> None:
@@ -119,7 +123,9 @@ def detect_capacity(device: Any) -> float:
         return capacity
     if dev.type == "cpu" and hasattr(os, "sysconf"):
         return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    raise ValueError(f"cannot detect the memory capacity of device {str(dev)!r}; pass capacity= (bytes or '70GiB')")
+    raise ValueError(
+        f"cannot detect the memory capacity of device {str(dev)!r}; pass capacity= (bytes or '70GiB')"
+    )
 
 
 class PeakTracker:
@@ -134,8 +140,8 @@ class PeakTracker:
 
     Attributes:
         device: the device measured.
-        peak: the largest number of bytes added at any moment (set on exit, live on non-CUDA).
-        current: bytes added and still alive.
+        peak: the largest number of bytes added at any moment (final on exit).
+        current: bytes added and still alive (final on exit: frees after it are not seen).
         baseline: bytes allocated on the device on entry (CUDA only; 0 elsewhere).
 
     >>> import torch
@@ -206,13 +212,17 @@ def _live_tensor_mode_class() -> type:
     from torch.utils._pytree import tree_flatten
     from torch.utils.weak import WeakIdKeyDictionary
 
-    def storages(tree: Any) -> list[Any]:
+    def storages(tree: Any) -> list[tuple[Any, str]]:
+        # (storage, the tensor's device type): a fake tensor's storage lives on "meta"
         out = []
         for leaf in tree_flatten(tree)[0]:
             if isinstance(leaf, torch.Tensor):
                 try:
-                    out.append(leaf.untyped_storage())
-                except (RuntimeError, NotImplementedError):  # sparse, nested and other storage-less tensors
+                    out.append((leaf.untyped_storage(), leaf.device.type))
+                except (
+                    RuntimeError,
+                    NotImplementedError,
+                ):  # sparse, nested and other storage-less tensors
                     continue
         return out
 
@@ -224,13 +234,15 @@ def _live_tensor_mode_class() -> type:
             # storage -> (weakref whose callback subtracts the bytes, [bytes counted])
             self.seen: Any = WeakIdKeyDictionary()
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             # storages of the inputs existed before this op: an output sharing one is a view or
             # an in-place result, not new memory (unless we already track it and it was resized)
-            before = {id(s) for s in storages((args, kwargs))}
+            before = {id(s) for s, _ in storages((args, kwargs))}
             out = func(*args, **(kwargs or {}))
-            for st in storages(out):
-                if st.device.type != self.device_type:
+            for st, device_type in storages(out):
+                if device_type != self.device_type:
                     continue
                 entry = self.seen.get(st)
                 if entry is not None:
@@ -359,7 +371,9 @@ def collect_peak_memory(
     failed: list[int] = []
     errors: list[str] = []
     total = len(dataset) if hasattr(dataset, "__len__") else None  # type: ignore[arg-type]
-    for index, item in enumerate(_progress(dataset, total=total, desc="peak memory", enabled=progress)):
+    for index, item in enumerate(
+        _progress(dataset, total=total, desc="peak memory", enabled=progress)
+    ):
         if index == 0:
             for _ in range(warmup):
                 _run_once(work, item, dev, cleanup)
@@ -374,7 +388,11 @@ def collect_peak_memory(
     if failed:
         logger.warning(
             "collect_peak_memory: %d of %d items ran out of memory on %s (positions %s%s)",
-            len(failed), len(failed) + len(features), dev, failed[:5], " ..." if len(failed) > 5 else "",
+            len(failed),
+            len(failed) + len(features),
+            dev,
+            failed[:5],
+            " ..." if len(failed) > 5 else "",
         )
     return MemoryProfile(
         features=features,
