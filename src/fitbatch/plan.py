@@ -361,9 +361,11 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
             kept = np.flatnonzero(alone <= budget).astype(np.int64)
             logger.warning("skipping %d oversized samples (budget %g)", over.size, budget)
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
+    # Kernels add sizes in another order than measure_batches does: with fractional sizes,
+    # plan against a budget one part in 1e12 lower so no batch overshoots by rounding.
     ctx = Context(
         sizes=sub,
-        budget=budget,
+        budget=budget if sizes.integral else budget * (1.0 - 1e-12),
         cost=model,
         cap=opts.max_batch_size,
         multiple=opts.batch_size_multiple,

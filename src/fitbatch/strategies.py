@@ -191,7 +191,10 @@ class Sorted(Strategy):
 class Pooled(Strategy):
     """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
 
-    Larger pools pad less; smaller pools are more random (samples meet other partners each epoch).
+    Larger pools pad less; smaller pools are more random (samples meet other partners each
+    epoch). The default (65536) reaches padding efficiency >= 0.98 with a co-batch repeat rate
+    <= 0.15 from about a million samples on; on smaller datasets, ``pool_size`` near n / 16
+    trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
     """
 
     pool_size: int = 65536

@@ -1,0 +1,227 @@
+"""Invariants every plan must satisfy, shared by the test modules (STYLE 13).
+
+:func:`check_plan` recomputes everything it checks from the sizes and the cost model alone, one
+batch at a time (through :mod:`reference`), never from the plan's own per-batch arrays. The
+plan-quality metrics at the bottom are copied from ``bench/_metrics.py`` so tests never import
+``bench/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import reference as R
+
+import fitbatch
+
+# Every strategy by name, plus instances with small pools so that small inputs cross several
+# pool (segment) borders.
+STRATEGY_NAMES = ("sequential", "sorted", "pooled", "buckets", "packed")
+SMALL_POOL = 64
+STRATEGIES: dict[str, Any] = {
+    "sequential": "sequential",
+    "sorted": "sorted",
+    "sorted-desc": fitbatch.Sorted(descending=True),
+    "pooled": fitbatch.Pooled(pool_size=SMALL_POOL),
+    "buckets": "buckets",
+    "buckets-fixed": fitbatch.Buckets(boundaries=(4.0, 16.0, 64.0)),
+    "packed": fitbatch.Packed(pool_size=SMALL_POOL),
+}
+
+
+def _user_cost(count: np.ndarray, max_size: np.ndarray, sum_size: np.ndarray) -> np.ndarray:
+    """A monotone user cost: padded tokens plus a quarter of the real ones plus 2 per sample."""
+    m = np.asarray(max_size, dtype=np.float64)
+    s = np.asarray(sum_size, dtype=np.float64)
+    if m.ndim > 1:  # D-dimensional sizes: reduce like a padded volume
+        m, s = m.prod(axis=-1), s.sum(axis=-1)
+    return count * (m + 2.0) + 0.25 * s
+
+
+COSTS: dict[str, Any] = {
+    "sum": fitbatch.SumCost(),
+    "padded": fitbatch.PaddedCost(),
+    "polynomial": fitbatch.PaddedPolynomial(fixed=5.0, linear=1.0, per_token=1.0, quadratic=0.01),
+    "function": fitbatch.FunctionCost(_user_cost),
+}
+
+# Float sums are rounded differently by the kernels (prefix sums) and by measure_batches
+# (reduceat), so for non-integral sizes a batch may exceed the budget by a few ulps.
+FLOAT_SLACK = 1e-12
+
+
+def sample_cost(model: Any, sizes: Sequence[Any]) -> list[float]:
+    """Cost of each sample alone, one at a time."""
+    cost = R.model_cost(model)
+    return [cost(1, x, x) for x in sizes]
+
+
+def check_plan(
+    plan: fitbatch.BatchPlan,
+    sizes: Any,
+    budget: float,
+    model: Any,
+    *,
+    oversized: str = "error",
+    max_batch_size: int | None = None,
+    multiple: int = 1,
+    max_unaligned: int | None = None,
+    exact: bool | None = None,
+) -> None:
+    """Assert the contract of one epoch's plan over ``sizes`` (a numpy (n,) or (n, D) array).
+
+    * every index appears exactly once among the batches, ``plan.skipped`` and ``plan.dropped``;
+    * ``plan.skipped`` is exactly the samples over budget alone when ``oversized="skip"``;
+    * every batch costs at most ``budget``, except a lone oversized sample under "single";
+    * ``plan.costs`` equals the cost model evaluated on each batch from scratch;
+    * ``max_batch_size`` holds; at most ``max_unaligned`` batches of >= ``multiple`` samples are
+      not a multiple of it (the batches that ended a segment);
+    * indexing, iteration, ``to_lists`` and ``order``/``offsets`` agree;
+    * the statistics agree with independently computed values.
+    """
+    values = np.asarray(sizes, dtype=np.float64)
+    n = values.shape[0]
+    py = R.as_python(values)
+    cost = R.model_cost(model)
+    if exact is None:
+        exact = bool(np.all(values == np.floor(values)))
+    slack = 0.0 if exact else FLOAT_SLACK * budget
+
+    # --- structure: indexing, iteration and lists agree
+    lists = plan.to_lists()
+    assert len(lists) == len(plan)
+    assert [b.tolist() for b in plan] == lists
+    assert [plan[i].tolist() for i in range(len(plan))] == lists
+    if len(plan):
+        assert plan[-1].tolist() == lists[-1]
+        assert plan[-len(plan)].tolist() == lists[0]
+    assert all(b.dtype == np.int64 for b in plan)
+    assert plan.offsets.tolist() == np.concatenate([[0], np.cumsum([len(b) for b in lists])]).tolist()
+    assert plan.order.tolist() == [i for b in lists for i in b]
+    assert all(len(b) >= 1 for b in lists), "no empty batch"
+
+    # --- coverage: each index exactly once, among batches, skipped and dropped
+    placed = [i for b in lists for i in b]
+    skipped = plan.skipped.tolist()
+    dropped = plan.dropped.tolist()
+    everything = sorted(placed + skipped + dropped)
+    assert everything == list(range(n)), "every sample exactly once (placed, skipped or dropped)"
+    alone = sample_cost(model, py)
+    over = [i for i in range(n) if alone[i] > budget]
+    if oversized == "skip":
+        assert sorted(skipped) == over
+    else:
+        assert skipped == []
+    if oversized == "error":
+        assert over == []
+
+    # --- budget, costs, caps
+    costs = [R.batch_cost(b, py, cost) for b in lists]
+    np.testing.assert_allclose(plan.costs, costs, rtol=1e-12, atol=0)
+    lone_over = 0
+    for b, c in zip(lists, costs, strict=True):
+        if len(b) == 1 and alone[b[0]] > budget:
+            assert oversized == "single", f"lone oversized sample {b} under oversized={oversized!r}"
+            lone_over += 1
+            continue
+        assert c <= budget + slack, f"batch {b[:8]}... costs {c!r} > budget {budget!r}"
+        if max_batch_size is not None:
+            assert len(b) <= max_batch_size
+    if max_unaligned is not None and multiple > 1:
+        unaligned = [len(b) for b in lists if len(b) >= multiple and len(b) % multiple]
+        assert len(unaligned) <= max_unaligned, f"batch sizes not a multiple of {multiple}: {unaligned[:10]}"
+
+    # --- statistics, recomputed
+    st = plan.stats()
+    assert st.n_batches == len(plan)
+    assert st.n_samples == len(placed)
+    assert st.skipped == len(skipped)
+    assert st.dropped == len(dropped)
+    if not dropped:
+        assert st.dropped_batches == 0
+    assert st.oversized_batches == sum(1 for c in costs if c > budget)
+    if lone_over and exact:
+        assert st.oversized_batches == lone_over
+    real = padded = 0.0
+    for b in lists:
+        rows = values[b]
+        if values.ndim == 1:
+            real += float(rows.sum())
+            padded += len(b) * float(rows.max())
+        else:
+            real += float(np.prod(rows, axis=1).sum())
+            padded += len(b) * float(np.prod(rows.max(axis=0)))
+    expected_eff = real / padded if padded > 0 else 1.0
+    assert math.isclose(st.padding_efficiency, expected_eff, rel_tol=1e-9, abs_tol=1e-12)
+    if lists:
+        assert math.isclose(st.mean_fill, sum(costs) / len(costs) / budget, rel_tol=1e-9)
+        assert math.isclose(st.max_fill, max(costs) / budget, rel_tol=1e-9)
+    else:
+        assert st.mean_fill == 0.0 and st.max_fill == 0.0
+    if model.name in ("sum", "padded") and exact and model.weights is None:
+        total = sum(alone[i] for i in placed)
+        assert st.lower_bound == (math.ceil(total / budget) if placed else 0)
+        if not lone_over:
+            assert st.lower_bound <= st.n_batches
+
+
+def plan_hash(plan: fitbatch.BatchPlan) -> str:
+    """A digest of the batches (order and boundaries) and of the left-out samples."""
+    h = hashlib.sha256()
+    for arr in (plan.order, plan.offsets, plan.skipped, plan.dropped):
+        h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def batch_sets(plan: fitbatch.BatchPlan) -> set[tuple[int, ...]]:
+    """The batches as a set of sorted tuples (ignores batch order and order inside batches)."""
+    return {tuple(sorted(b.tolist())) for b in plan}
+
+
+# --------------------------------------------------------------------------- quality metrics
+# Copied from bench/_metrics.py (tests must not depend on bench/).
+
+
+def batch_ids(plan: fitbatch.BatchPlan, n: int) -> np.ndarray:
+    """Batch id of every sample (-1 for samples not in the plan)."""
+    ids = np.full(n, -1, dtype=np.int64)
+    ids[plan.order] = np.repeat(np.arange(len(plan)), plan.counts)
+    return ids
+
+
+def repeat_rate(plan_a: fitbatch.BatchPlan, plan_b: fitbatch.BatchPlan, n: int) -> float:
+    """Share of sample pairs sharing a batch in plan_a that share one again in plan_b."""
+    a, b = batch_ids(plan_a, n), batch_ids(plan_b, n)
+    counts = plan_a.counts.astype(np.float64)
+    pairs_a = float((counts * (counts - 1) / 2).sum())
+    if pairs_a == 0:
+        return 0.0
+    ok = (a >= 0) & (b >= 0)
+    key = a[ok] * (int(b.max()) + 1) + b[ok]
+    _, cell = np.unique(key, return_counts=True)
+    cell = cell.astype(np.float64)
+    return float((cell * (cell - 1) / 2).sum()) / pairs_a
+
+
+def spearman_position_size(plan: fitbatch.BatchPlan, sizes: np.ndarray) -> float:
+    """Spearman correlation between a batch's position in the epoch and its mean size."""
+    if len(plan) < 3:
+        return 0.0
+    mean = np.add.reduceat(sizes[plan.order].astype(np.float64), plan.offsets[:-1]) / plan.counts
+    rx = np.arange(len(plan), dtype=np.float64)
+    ry = _rank(mean)
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(x.size)
+    ranks[order] = np.arange(x.size)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    return sums[inv] / counts[inv]

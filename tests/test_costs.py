@@ -1,0 +1,139 @@
+"""Cost models: values, closed forms, validation and resolution."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fitbatch
+from fitbatch.costs import COST_NAMES
+
+
+def ev(model, count, mx, sm):
+    return model.evaluate(np.asarray(count, dtype=np.float64), np.asarray(mx, dtype=np.float64),
+                          np.asarray(sm, dtype=np.float64)).tolist()
+
+
+def test_builtin_values_one_dimensional():
+    assert ev(fitbatch.SumCost(), [4, 2], [10, 50], [30, 60]) == [30.0, 60.0]
+    assert ev(fitbatch.PaddedCost(), [4, 2], [10, 50], [30, 60]) == [40.0, 100.0]
+    poly = fitbatch.PaddedPolynomial(fixed=100.0, linear=1.0, per_token=2.0, quadratic=0.5)
+    assert ev(poly, [3, 1], [4, 0], [9, 0]) == [100 + 3 * (1 + 8 + 8), 101.0]
+
+
+def test_builtin_values_two_dimensional():
+    mx = [[3.0, 4.0], [2.0, 10.0]]
+    sm = [[5.0, 6.0], [2.0, 10.0]]
+    assert ev(fitbatch.PaddedCost(), [2, 1], mx, sm) == [2 * 12.0, 20.0]
+    assert ev(fitbatch.PaddedCost(weights=(1.0, 0.5)), [2, 1], mx, sm) == [2 * (3 + 2), 2 + 5.0]
+    assert ev(fitbatch.SumCost(), [2, 1], mx, sm) == [11.0, 12.0]
+    assert ev(fitbatch.SumCost(weights=(2.0, 0.0)), [2, 1], mx, sm) == [10.0, 4.0]
+    poly = fitbatch.PaddedPolynomial(fixed=1.0, per_token=1.0, quadratic=1.0)
+    assert ev(poly, [2], [[3.0, 4.0]], [[5.0, 6.0]]) == [1 + 2 * (12 + 144)]
+
+
+def test_sample_cost_is_a_batch_of_one():
+    sizes = np.array([0.0, 3.0, 8.0])
+    for model in (fitbatch.SumCost(), fitbatch.PaddedCost(), fitbatch.PaddedPolynomial(fixed=2.0, linear=1.0)):
+        assert model.sample_cost(sizes).tolist() == ev(model, [1, 1, 1], sizes, sizes)
+    assert fitbatch.PaddedCost().sample_cost(np.array([[2.0, 3.0]])).tolist() == [6.0]
+
+
+@given(edge=st.floats(0, 1e5), budget=st.floats(1, 1e7),
+       coefs=st.tuples(*(st.one_of(st.just(0.0), st.floats(1e-6, hi)) for hi in (50, 5, 5, 0.01))))
+def test_max_count_is_the_largest_fitting_count(edge, budget, coefs):
+    fixed, linear, per_token, quadratic = coefs
+    for model in (fitbatch.PaddedCost(), fitbatch.PaddedPolynomial(fixed, linear, per_token, quadratic)):
+        limit = float(model.max_count(np.array([edge]), budget)[0])
+        if math.isinf(limit):
+            assert ev(model, [1e12], [edge], [edge])[0] <= budget
+            continue
+        c = math.floor(limit)
+        if c >= 1:
+            assert ev(model, [c], [edge], [c * edge])[0] <= budget * (1 + 1e-9)
+        assert ev(model, [c + 1], [edge], [(c + 1) * edge])[0] > budget * (1 - 1e-9)
+
+
+def test_max_count_none_when_the_sum_matters():
+    assert fitbatch.SumCost().max_count(np.array([1.0]), 10.0) is None
+    assert fitbatch.FunctionCost(lambda c, m, s: s).max_count(np.array([1.0]), 10.0) is None
+    assert fitbatch.PaddedPolynomial(fixed=20.0).max_count(np.array([1.0]), 10.0).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("field", ["fixed", "linear", "per_token", "quadratic"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_polynomial_rejects_bad_coefficients(field, value):
+    with pytest.raises(ValueError, match=field):
+        fitbatch.PaddedPolynomial(**{field: value})
+
+
+@pytest.mark.parametrize("weights", [(), (-1.0, 1.0), (float("nan"),), (1.0, float("inf"))])
+def test_bad_weights(weights):
+    for cls in (fitbatch.SumCost, fitbatch.PaddedCost, fitbatch.PaddedPolynomial):
+        with pytest.raises(ValueError, match="weights"):
+            cls(weights=weights)
+
+
+def test_resolve_cost():
+    assert fitbatch.resolve_cost("sum") == fitbatch.SumCost()
+    assert fitbatch.resolve_cost("padded") == fitbatch.PaddedCost()
+    assert fitbatch.resolve_cost("polynomial") == fitbatch.PaddedPolynomial()
+    model = fitbatch.PaddedCost(weights=(1.0, 2.0))
+    assert fitbatch.resolve_cost(model) is model
+    fn = fitbatch.resolve_cost(lambda c, m, s: c * m)
+    assert isinstance(fn, fitbatch.FunctionCost)
+    assert ev(fn, [3], [4], [5]) == [12.0]
+    assert set(COST_NAMES) == {"sum", "padded", "polynomial"}
+
+
+def test_resolve_cost_errors_list_the_alternatives():
+    with pytest.raises(ValueError) as err:
+        fitbatch.resolve_cost("tokens")
+    for name in COST_NAMES:
+        assert repr(name) in str(err.value)
+    with pytest.raises(TypeError, match="cost"):
+        fitbatch.resolve_cost(3)
+
+
+@pytest.mark.parametrize("fn, dimension", [
+    (lambda c, m, s: 100.0 - c, "count"),
+    (lambda c, m, s: c * (1e6 - m), "max size"),
+    (lambda c, m, s: c * m - s, "sum of sizes"),
+])
+def test_decreasing_function_is_refused_naming_the_dimension(fn, dimension):
+    with pytest.raises(ValueError, match=f"decreases with the {dimension}"):
+        fitbatch.resolve_cost(fn)
+
+
+def test_decreasing_custom_model_is_refused():
+    class Bad(fitbatch.CostModel):
+        def evaluate(self, count, max_size, sum_size):
+            return 10.0 - np.asarray(count, dtype=np.float64)
+
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fitbatch.resolve_cost(Bad())
+
+
+def test_function_cost_must_be_vectorised():
+    model = fitbatch.FunctionCost(lambda c, m, s: 1.0)
+    with pytest.raises(ValueError, match="vectorised"):
+        model.evaluate(np.ones(3), np.ones(3), np.ones(3))
+
+
+def test_models_are_frozen_and_compare_by_value():
+    assert fitbatch.PaddedPolynomial(fixed=1) == fitbatch.PaddedPolynomial(fixed=1.0)
+    assert fitbatch.PaddedCost() != fitbatch.PaddedCost(weights=(1.0,))
+    with pytest.raises(AttributeError):
+        fitbatch.PaddedPolynomial().fixed = 3.0  # type: ignore[misc]
+    assert fitbatch.PaddedPolynomial(fixed=2).to_dict() == {
+        "kind": "polynomial", "fixed": 2.0, "linear": 0.0, "per_token": 1.0, "quadratic": 0.0, "weights": None}
+    assert fitbatch.SumCost().to_dict() == {"kind": "sum", "weights": None}
+
+    def my_cost(c, m, s):
+        return s
+
+    assert fitbatch.FunctionCost(my_cost).to_dict()["fn"].endswith("my_cost")
