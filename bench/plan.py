@@ -35,8 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fitbatch  # noqa: E402
 from _metrics import optimal_padded_batches, repeat_rate, spearman_position_size  # noqa: E402
+
+import fitbatch  # noqa: E402
 from fitbatch.plan import fixed_size_plan, largest_safe_batch_size  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

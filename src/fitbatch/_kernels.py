@@ -36,7 +36,7 @@ KEY_LEVELS = 1 << 16
 class OpenBatch(NamedTuple):
     """The batch still open at the end of a sequence: carried into the next call (streaming)."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count; the name is public API
     max_size: FloatArray  # shape () for 1-D sizes, (D,) for D-dimensional ones
     sum_size: FloatArray
 
@@ -385,7 +385,7 @@ def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int
     run_end = np.append(cuts[1:], n).tolist()
     is_seg = np.zeros(cuts.size, dtype=bool)
     is_seg[np.searchsorted(cuts, seg_starts)] = True
-    lv = memoryview(np.ascontiguousarray(level))
+    lv = np.ascontiguousarray(level).data
     out: list[int] = []
     extend = out.extend
     i = 0
@@ -430,20 +430,20 @@ def descending_starts(
         if multiple > 1:  # the last batch of a segment is not cut
             cut = (per_pos >= multiple) & (per_pos < to_end)
             per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)
-        view = memoryview(per_pos)
+        view = per_pos.data
 
         def step(i: int, end: int) -> int:
             return min(i + view[i], end)
 
         return _walk(seg_starts, n, step)
-    lv = memoryview(np.ascontiguousarray(level))
+    lv = np.ascontiguousarray(level).data
     tab = table.tolist()
     if multiple > 1:
-        cut = [c - c % multiple if c >= multiple else c for c in tab]
+        cut_tab = [c - c % multiple if c >= multiple else c for c in tab]
 
         def step(i: int, end: int) -> int:
             k = lv[i]
-            return end if i + tab[k] >= end else i + cut[k]
+            return end if i + tab[k] >= end else i + cut_tab[k]
 
     else:
         return _walk_table(seg_starts, n, level, tab)
@@ -467,7 +467,7 @@ def two_ended_starts(
     csum = np.concatenate([np.zeros(1), np.cumsum(sizes, dtype=np.float64)])
     capn = n if cap is None else cap
     bounds = seg_starts.tolist() + [n]
-    view = memoryview(csum)
+    view = csum.data
     runs: list[int] = []  # per batch: hi, big_end, small_start, lo
     add = runs.extend
     # Invariant: positions [hi, lo) of the current segment are not yet in any batch.

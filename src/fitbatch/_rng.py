@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numbers
 import zlib
-from typing import Union
 
 import numpy as np
 
-SeedLike = Union[int, np.random.SeedSequence, None]
+SeedLike = int | np.random.SeedSequence | None
 
 # Purposes are hashed to stable ints so adding a purpose never shifts another's stream.
 _PURPOSE_CACHE: dict[str, int] = {}

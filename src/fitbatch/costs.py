@@ -91,7 +91,7 @@ class CostModel(ABC):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able description (used in state dicts and reports)."""
-        fields = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        fields: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
         return {"kind": self.name, **fields}
 
 

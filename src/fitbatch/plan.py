@@ -25,7 +25,14 @@ from numpy.typing import NDArray
 from fitbatch import _kernels as K
 from fitbatch import _rng
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import choice, format_offenders, fraction, non_negative_int, parse_budget, positive_int
+from fitbatch._validate import (
+    choice,
+    format_offenders,
+    fraction,
+    non_negative_int,
+    parse_budget,
+    positive_int,
+)
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats

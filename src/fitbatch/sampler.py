@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from fitbatch._validate import choice, non_negative_int, parse_budget
-from fitbatch.distributed import POLICIES, Steps, arrange, arrange_budgets, remaining_plan, world_info
+from fitbatch.distributed import (
+    POLICIES,
+    Steps,
+    arrange,
+    arrange_budgets,
+    remaining_plan,
+    world_info,
+)
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.sizes import SizesLike, as_sizes
 
