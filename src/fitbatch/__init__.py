@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch._validate import parse_budget
 from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
-from fitbatch.costs import CostModel, FunctionCost, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
+from fitbatch.costs import (
+    CostModel,
+    FunctionCost,
+    PaddedCost,
+    PaddedPolynomial,
+    SumCost,
+    resolve_cost,
+)
 from fitbatch.memory import (
     BatchMemoryModel,
     OOMGuard,
@@ -24,7 +31,15 @@ from fitbatch.memory import (
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.stats import PlanStats
-from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted, Strategy, resolve_strategy
+from fitbatch.strategies import (
+    Buckets,
+    Packed,
+    Pooled,
+    Sequential,
+    Sorted,
+    Strategy,
+    resolve_strategy,
+)
 
 if TYPE_CHECKING:  # imported lazily below: the sampler subclasses torch's BatchSampler
     from fitbatch.sampler import BudgetBatchSampler
