@@ -29,6 +29,12 @@ from fitbatch.memory import (
     measure_peak,
 )
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
+from fitbatch.schedule import (
+    BatchSizeSchedule,
+    GradientAccumulator,
+    MicroBatchInfo,
+    ScheduledBatchSampler,
+)
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import (
@@ -41,27 +47,45 @@ from fitbatch.strategies import (
     resolve_strategy,
 )
 
-if TYPE_CHECKING:  # imported lazily below: the sampler subclasses torch's BatchSampler
+if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
     from fitbatch.sampler import BudgetBatchSampler
+    from fitbatch.schedule import (
+        BatchSizeSchedule,
+        GradientAccumulator,
+        MicroBatchInfo,
+        ScheduledBatchSampler,
+    )
 
 __version__ = "0.1.0"
 
 
+_LAZY = {
+    "BatchSizeSchedule": "fitbatch.schedule",
+    "BudgetBatchSampler": "fitbatch.sampler",
+    "GradientAccumulator": "fitbatch.schedule",
+    "MicroBatchInfo": "fitbatch.schedule",
+    "ScheduledBatchSampler": "fitbatch.schedule",
+}
+
+
 def __getattr__(name: str) -> Any:
     # Importing torch takes seconds; numpy-only users of the planner never pay for it.
-    if name == "BudgetBatchSampler":
-        from fitbatch.sampler import BudgetBatchSampler
+    if name in _LAZY:
+        import importlib
 
-        return BudgetBatchSampler
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'fitbatch' has no attribute {name!r}")
 
 __all__ = [
     "BatchMemoryModel",
     "BatchPlan",
+    "BatchSizeSchedule",
     "Buckets",
     "BudgetBatchSampler",
     "CostModel",
     "FunctionCost",
+    "GradientAccumulator",
+    "MicroBatchInfo",
     "OOMGuard",
     "Packed",
     "PaddedBatch",
@@ -70,6 +94,7 @@ __all__ = [
     "PlanOptions",
     "PlanStats",
     "Pooled",
+    "ScheduledBatchSampler",
     "Sequential",
     "SizeMemoryModel",
     "Sizes",

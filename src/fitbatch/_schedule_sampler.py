@@ -1,0 +1,329 @@
+"""``ScheduledBatchSampler``: micro-batches that follow a global batch-size schedule.
+
+Step s of the schedule (counted across epochs) consumes ``schedule(s)`` samples (or size units,
+with ``micro_budget``) over all ranks, as an equal number of micro-batches on every rank; see
+:mod:`fitbatch._schedule_layout` for the split and the rounding rule. The sampler yields this
+rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``); :meth:`with_info` and
+:meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
+:class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
+and real units summed over all ranks (computed from the shared plan, without communication).
+
+Epoch end: when the samples left cannot fill the next step, ``drop_last=True`` drops them and
+``drop_last=False`` (default) runs them as a final, smaller step (split like an ``"uneven"``
+size; the few samples that cannot give every rank an equal count are dropped). Dropped samples
+are counted in ``plan().stats()`` and logged.
+
+>>> trace = BatchSizeSchedule.from_list([2, 4], on_exhausted="hold_last")
+>>> sampler = ScheduledBatchSampler(9, trace, micro_batch_size=2, shuffle=False, drop_last=True)
+>>> [(batch, info.step, info.closes_step) for batch, info in sampler.with_info()]
+[([0, 1], 0, True), ([2, 3], 1, False), ([4, 5], 1, True)]
+>>> len(sampler), sampler.plan().stats().dropped
+(3, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._schedule_layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
+from fitbatch._schedule_sizes import BatchSizeSchedule, ScheduleLike
+from fitbatch._validate import choice, non_negative_int, positive_int
+from fitbatch.distributed import world_info
+from fitbatch.plan import BatchPlan, PlanOptions
+from fitbatch.sizes import Sizes, SizesLike, as_sizes
+
+logger = logging.getLogger(__name__)
+
+try:  # subclass torch's BatchSampler when torch is there, so DataLoader type checks pass
+    from torch.utils.data import BatchSampler as _Base
+except ImportError:  # pragma: no cover - exercised only without torch
+    _Base = object  # type: ignore[assignment,misc]
+
+STATE_VERSION = 1
+_STATE_KEYS = frozenset({"version", "epoch", "micro", "first_step", "num_replicas", "n_samples", "config"})
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchInfo:
+    """Where one micro-batch stands in its optimizer step (the same on every rank but ``samples``/``units``).
+
+    Attributes:
+        epoch: the epoch.
+        step: the global step (counted across epochs; the schedule's step).
+        micro: index of this micro-batch within the step, on this rank.
+        n_micro: micro-batches per rank in this step.
+        samples, units: this rank's samples and real size units in this micro-batch.
+        step_samples, step_units: samples and real units of the whole step, all ranks.
+        scheduled: the schedule's size for this step (after rounding).
+        world: number of ranks.
+    """
+
+    epoch: int
+    step: int
+    micro: int
+    n_micro: int
+    samples: int
+    units: float
+    step_samples: int
+    step_units: float
+    scheduled: int
+    world: int
+
+    @property
+    def opens_step(self) -> bool:
+        return self.micro == 0
+
+    @property
+    def closes_step(self) -> bool:
+        return self.micro == self.n_micro - 1
+
+
+class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
+    """Yield micro-batches whose steps follow a batch-size schedule.
+
+    Args:
+        sizes: the number of samples, or one size per sample (real units, e.g. tokens, used
+            for ``info.step_units`` and by ``micro_budget``).
+        schedule: a :class:`BatchSizeSchedule` or any form :meth:`BatchSizeSchedule.coerce`
+            accepts (int, CSV path, list, function): samples per step with
+            ``micro_batch_size``, real size units per step with ``micro_budget``.
+        micro_batch_size: the most samples of one micro-batch on one rank.
+        micro_budget: instead of ``micro_batch_size``: the cost budget of one micro-batch (a
+            number, a string such as ``"64KiB"``, or a :class:`~fitbatch.PlanOptions` whose
+            ``seed`` and ``shuffle`` this sampler's replace); micro-batches are planned by the
+            core planner and grouped into steps of at most ``schedule(s)`` real units.
+        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
+        shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
+        drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
+        rounding: sample-count sizes that do not split evenly: ``"error"`` (default), ``"down"``,
+            ``"up"`` or ``"uneven"`` (see ``fitbatch._schedule_layout.ROUNDING``).
+
+    Raises:
+        ValueError: a schedule value that cannot be split (naming the trace line), a schedule
+            that runs out during epoch 0 with ``on_exhausted="error"``, or bad options.
+    """
+
+    def __init__(
+        self,
+        sizes: int | SizesLike,
+        schedule: ScheduleLike,
+        *,
+        micro_batch_size: int | None = None,
+        micro_budget: float | str | PlanOptions | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: SeedLike = 0,
+        drop_last: bool = False,
+        rounding: str = "error",
+    ) -> None:
+        if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
+            self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
+        else:
+            self._sizes = as_sizes(sizes)
+        self.schedule = BatchSizeSchedule.coerce(schedule)
+        self.num_replicas, self.rank = world_info(num_replicas, rank)
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, resolve_seed(seed)
+        self.rounding = choice("rounding", rounding, ROUNDING)
+        self.micro_batch_size, self._opts = self._resolve_micro(micro_batch_size, micro_budget)
+        self.epoch = 0
+        self._start = 0  # first micro-batch of the next iteration (set by load_state_dict)
+        self._position = 0  # micro-batches of this epoch handed out by the latest iterator
+        self._first: dict[int, int] = {0: 0}  # epoch -> its first global step
+        self._cache: Layout | None = None
+        values = self.schedule.distinct()
+        if values is not None and self._opts is None:  # every trace row, before any training
+            round_sizes(self.schedule, values, self.micro_batch_size or 1, self.num_replicas, self.rounding, None)
+        self.layout(0)  # fail early: epoch 0 must be plannable
+
+    def _resolve_micro(self, size: int | None, budget: Any) -> tuple[int | None, PlanOptions | None]:
+        if (size is None) == (budget is None):
+            raise ValueError("pass exactly one of micro_batch_size (samples) or micro_budget (size units)")
+        if size is not None:
+            return positive_int("micro_batch_size", size), None
+        if self.rounding != "error":
+            raise ValueError("rounding applies to sample counts (micro_batch_size), not to micro_budget")
+        if isinstance(budget, PlanOptions):
+            return None, dataclasses.replace(budget, seed=self.seed, shuffle=self.shuffle)
+        return None, PlanOptions.build(budget, seed=self.seed, shuffle=self.shuffle)
+
+    # ------------------------------------------------------------------ plans
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration runs (every rank must call it alike)."""
+        epoch = non_negative_int("epoch", epoch)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._position = epoch, 0, 0
+
+    def first_step(self, epoch: int | None = None) -> int:
+        """The global step the epoch starts at (steps of all earlier epochs)."""
+        epoch = self.epoch if epoch is None else non_negative_int("epoch", epoch)
+        known = max(e for e in self._first if e <= epoch)
+        while known < epoch:
+            self._first[known + 1] = self._first[known] + self.layout(known).n_steps
+            known += 1
+        return self._first[epoch]
+
+    def layout(self, epoch: int | None = None) -> Layout:
+        """The epoch's shared layout of micro-batches and steps (all ranks)."""
+        epoch = self.epoch if epoch is None else non_negative_int("epoch", epoch)
+        if self._cache is not None and self._cache.epoch == epoch:
+            return self._cache
+        first = self.first_step(epoch)
+        if self._opts is None:
+            lay = sample_layout(
+                self.schedule, self._sizes, micro=self.micro_batch_size or 1, world=self.num_replicas,
+                rounding=self.rounding, seed=self.seed, epoch=epoch, first_step=first,
+                shuffle=self.shuffle, drop_last=self.drop_last,
+            )
+        else:
+            lay = budget_layout(
+                self.schedule, self._sizes, self._opts, world=self.num_replicas, epoch=epoch,
+                first_step=first, drop_last=self.drop_last,
+            )
+        self._first[epoch + 1] = first + lay.n_steps
+        self._cache = lay
+        return lay
+
+    def plan(self, epoch: int | None = None) -> BatchPlan:
+        """This rank's micro-batches of the epoch, in order (its stats count dropped samples)."""
+        lay = self.layout(epoch)
+        return lay.plan.select(lay.grid[:, self.rank])
+
+    def num_steps(self, epoch: int | None = None) -> int:
+        """Optimizer steps in the epoch."""
+        return self.layout(epoch).n_steps
+
+    def step_totals(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per step of the epoch: samples and real size units summed over all ranks."""
+        lay = self.layout(epoch)
+        return lay.step_samples, lay.step_units
+
+    # ------------------------------------------------------------------ iteration
+
+    def __len__(self) -> int:
+        return max(0, self.layout().n_rows - self._start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._position = self._start
+        return (batch for batch, _ in self._generate())
+
+    def with_info(self) -> Iterator[tuple[list[int], MicroBatchInfo]]:
+        """Iterate like ``iter(sampler)``, pairing each micro-batch with its :class:`MicroBatchInfo`."""
+        self._position = self._start
+        return self._generate()
+
+    def infos(self) -> list[MicroBatchInfo]:
+        """The infos of the micro-batches the next iteration yields, in order.
+
+        Call it before iterating a ``DataLoader`` over this sampler, then
+        ``zip(loader, infos)``: the iteration takes the resume cursor when it starts.
+        """
+        lay = self.layout()
+        return [self._info(lay, row) for row in range(self._start, lay.n_rows)]
+
+    def _generate(self) -> Iterator[tuple[list[int], MicroBatchInfo]]:
+        # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
+        # DataLoader calls iter() twice per epoch and only runs the second iterator.
+        start, self._start = self._start, 0
+        lay = self.layout()
+        mine = lay.plan.select(lay.grid[:, self.rank])
+        order, bounds = mine.order, mine.offsets.tolist()
+        self._position = start
+        for row in range(start, lay.n_rows):
+            batch = order[bounds[row] : bounds[row + 1]].tolist()
+            self._position = row + 1
+            yield batch, self._info(lay, row)
+
+    def _info(self, lay: Layout, row: int) -> MicroBatchInfo:
+        k = int(np.searchsorted(lay.step_rows, row, side="right")) - 1
+        b = int(lay.grid[row, self.rank])
+        return MicroBatchInfo(
+            epoch=lay.epoch,
+            step=lay.first_step + k,
+            micro=row - int(lay.step_rows[k]),
+            n_micro=int(lay.step_rows[k + 1] - lay.step_rows[k]),
+            samples=int(lay.plan.counts[b]),
+            units=float(lay.plan.real_units[b]),
+            step_samples=int(lay.step_samples[k]),
+            step_units=float(lay.step_units[k]),
+            scheduled=int(lay.scheduled[k]),
+            world=self.num_replicas,
+        )
+
+    # ------------------------------------------------------------------ state
+
+    def _config(self) -> dict[str, Any]:
+        config = {
+            "schedule": self.schedule.to_dict(),
+            "micro_batch_size": self.micro_batch_size,
+            "micro_budget": None if self._opts is None else self._opts.to_dict(),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "rounding": self.rounding,
+        }
+        normalised: dict[str, Any] = json.loads(json.dumps(config))  # compare as JSON stores it
+        return normalised
+
+    def state_dict(self, *, micro: int | None = None) -> dict[str, Any]:
+        """A JSON-able state: ``epoch`` and ``micro`` (micro-batches of the epoch consumed).
+
+        Args:
+            micro: micro-batches the training loop completed in this epoch. Defaults to those
+                the latest iterator handed out; with a prefetching ``DataLoader`` pass the
+                loop's own count. Checkpoint at a step boundary (after ``info.closes_step``).
+        """
+        done = self._position if micro is None else non_negative_int("micro", micro)
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "micro": done,
+            "first_step": self.first_step(),
+            "num_replicas": self.num_replicas,
+            "n_samples": len(self._sizes),
+            "config": self._config(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken: re-plans the epoch, no replay."""
+        unknown = set(state) - _STATE_KEYS
+        if unknown:
+            raise ValueError(f"unknown sampler state keys {sorted(unknown)}; expected {sorted(_STATE_KEYS)}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported sampler state version {state.get('version')!r}; expected {STATE_VERSION}")
+        missing = _STATE_KEYS - set(state)
+        if missing:
+            raise ValueError(f"sampler state lacks keys {sorted(missing)}")
+        if state["n_samples"] != len(self._sizes):
+            raise ValueError(f"state is for {state['n_samples']} samples, this sampler has {len(self._sizes)}")
+        if state["num_replicas"] != self.num_replicas:
+            raise ValueError(
+                f"state was saved with {state['num_replicas']} ranks, this sampler has {self.num_replicas}; "
+                "resuming a schedule with another world size is not supported"
+            )
+        if json.loads(json.dumps(state["config"])) != self._config():
+            raise ValueError(f"state was saved with another schedule or options (saved: {state['config']!r})")
+        epoch = non_negative_int("epoch", state["epoch"])
+        micro = non_negative_int("micro", state["micro"])
+        self._first = {0: 0, epoch: non_negative_int("first_step", state["first_step"])}
+        self._cache = None
+        self.set_epoch(epoch)
+        self._start = self._position = min(micro, self.layout(epoch).n_rows)
+
+    def __repr__(self) -> str:
+        unit = f"micro_batch_size={self.micro_batch_size}" if self._opts is None else f"micro_budget={self._opts.budget:g}"
+        return (
+            f"ScheduledBatchSampler(n={len(self._sizes)}, schedule={self.schedule!r}, {unit}, "
+            f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
+        )
