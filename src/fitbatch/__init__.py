@@ -29,12 +29,6 @@ from fitbatch.memory import (
     measure_peak,
 )
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
-from fitbatch.schedule import (
-    BatchSizeSchedule,
-    GradientAccumulator,
-    MicroBatchInfo,
-    ScheduledBatchSampler,
-)
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import (
