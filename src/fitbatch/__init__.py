@@ -29,7 +29,16 @@ from fitbatch.memory import (
     measure_peak,
 )
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
-from fitbatch.sizes import Sizes, as_sizes
+from fitbatch.sizes import (
+    Sizes,
+    as_sizes,
+    from_array,
+    from_dataset,
+    from_files,
+    from_source,
+    from_tokenizer,
+    list_files,
+)
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import (
     Buckets,
@@ -99,6 +108,12 @@ __all__ = [
     "as_sizes",
     "calibrate",
     "collect_peak_memory",
+    "from_array",
+    "from_dataset",
+    "from_files",
+    "from_source",
+    "from_tokenizer",
+    "list_files",
     "make_pad_collate",
     "measure_peak",
     "pad_collate",

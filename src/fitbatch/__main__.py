@@ -1,4 +1,5 @@
-from fitbatch.cli import main
 import sys
+
+from fitbatch.cli import main
 
 sys.exit(main())

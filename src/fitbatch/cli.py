@@ -1,22 +1,35 @@
 """The ``fitbatch`` command line.
 
-``fitbatch demo`` plans batches for real token lengths of this Python's standard library (no
-download) and prints how a fixed batch size, the seed tools' greedy loop and every fitbatch
-strategy compare.
+* ``fitbatch demo`` plans batches for real token lengths of this Python's standard library (no
+  download) and prints how a fixed batch size, the seed tools' greedy loop and every fitbatch
+  strategy compare.
+* ``fitbatch plan SIZES --budget B`` shows what a budget and a strategy do to your data: one row
+  per strategy beside a fixed batch size (batches per epoch, vs the lower bound, padding
+  efficiency, fills, straggler ratio for ``--world-size`` ranks, plan time); ``--json`` for
+  scripts, ``--plot`` for a picture. The numbers are ``BatchPlan.stats()``'s.
+* ``fitbatch sizes SOURCE -o sizes.npy`` extracts sizes (a column, or the byte sizes of files).
+
+See ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 import fitbatch
+import fitbatch.sizes
 from fitbatch._demo import stdlib_function_lengths
-from fitbatch.plan import fixed_size_plan, largest_safe_batch_size, measure_batches
+from fitbatch.distributed import arrange
+from fitbatch.plan import OVERSIZED, fixed_size_plan, largest_safe_batch_size, measure_batches
 from fitbatch.strategies import strategy_names
 
 
@@ -89,6 +102,249 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- fitbatch plan / sizes
+
+COSTS = ("padded", "sum", "polynomial")
+PLAN_HEADERS = ("plan", "batches", "vs bound", "padding eff", "mean fill", "max fill", "straggler", "plan ms")
+_NUMERIC = ("n_samples", "n_batches", "lower_bound", "padding_efficiency", "mean_fill", "max_fill", "skipped",
+            "dropped", "dropped_batches", "oversized_batches", "plan_seconds", "straggler_ratio")
+
+
+class _Once(logging.Filter):
+    """Let each distinct log message through once (the CLI plans the same data many times)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 1."""
+
+
+@dataclasses.dataclass
+class PlanRow:
+    """One configuration over the epochs: its stats per epoch and epoch 0's plan (for plots)."""
+
+    name: str
+    epochs: list[fitbatch.PlanStats]
+    first: fitbatch.BatchPlan
+
+    def mean(self) -> dict[str, Any]:
+        """``PlanStats.as_dict()`` with every number averaged over the epochs."""
+        out = self.epochs[0].as_dict()
+        for key in (*_NUMERIC, "batches_vs_lower_bound"):
+            vals = [s.as_dict()[key] for s in self.epochs]
+            out[key] = None if vals[0] is None else float(np.mean(vals))
+        return out
+
+
+def _number(x: float, digits: int) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.{digits}f}"
+
+
+def plan_row_cells(row: PlanRow) -> list[str]:
+    m = row.mean()
+    return [
+        row.name,
+        _number(m["n_batches"], 1),
+        f"{m['batches_vs_lower_bound']:.3f}x",
+        f"{m['padding_efficiency']:.3f}",
+        f"{m['mean_fill']:.3f}",
+        f"{m['max_fill']:.2f}",
+        "-" if m["straggler_ratio"] is None else f"{m['straggler_ratio']:.3f}",
+        f"{m['plan_seconds'] * 1e3:.1f}",
+    ]
+
+
+def _spread(plan: fitbatch.BatchPlan, sizes: fitbatch.Sizes, model: fitbatch.CostModel, world: int, seed: int, epoch: int) -> fitbatch.BatchPlan:
+    """The global plan as ``world`` ranks run it (count evened out), with its straggler ratio."""
+    if world == 1:
+        return plan
+    try:
+        steps = arrange(plan, sizes, model, world, seed=seed, epoch=epoch)
+    except ValueError:  # too few samples to split batches for every rank: drop (counted) instead
+        steps = arrange(plan, sizes, model, world, seed=seed, epoch=epoch, policy="drop")
+    out = steps.plan
+    out.straggler_ratio = steps.straggler_ratio
+    return out
+
+
+def safe_batch_size(sizes: fitbatch.Sizes, budget: float, cost: str) -> int:
+    """``largest_safe_batch_size`` on the largest samples only (the same answer, in O(n))."""
+    key = fitbatch.resolve_cost(cost).sample_cost(sizes.values)
+    m = 1024
+    while m < len(sizes):
+        top = np.argpartition(-key, m)[:m]
+        safe = largest_safe_batch_size(fitbatch.Sizes(sizes.values[top], sizes.integral), budget, cost)
+        if safe < m:
+            return safe
+        m *= 8
+    return largest_safe_batch_size(sizes, budget, cost)
+
+
+def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
+    """The fixed-batch-size baseline and each chosen strategy, planned for every epoch."""
+    model = fitbatch.resolve_cost(args.cost)
+    names = strategy_names() if args.strategy == "all" else (args.strategy,)
+    common = {"max_batch_size": args.max_batch_size, "seed": args.seed, "oversized": args.oversized}
+    rows = []
+    for name in names:  # strategies first: an oversized sample under "error" stops here
+        plans = [
+            _spread(fitbatch.plan_batches(sizes, args.budget, cost=args.cost, strategy=name, epoch=e, **common),
+                    sizes, model, args.world_size, args.seed, e)
+            for e in range(args.epochs)
+        ]
+        rows.append(PlanRow(f"fitbatch {name}", [p.stats() for p in plans], plans[0]))
+    fits = model.sample_cost(sizes.values) <= args.budget
+    base = sizes if args.oversized != "skip" or fits.all() else fitbatch.Sizes(sizes.values[fits], sizes.integral)
+    bs = safe_batch_size(base, args.budget, args.cost)
+    bs = min(bs, args.max_batch_size) if args.max_batch_size else bs
+    fixed = [
+        _spread(fixed_size_plan(base, bs, budget=args.budget, cost=args.cost, seed=args.seed, epoch=e),
+                base, model, args.world_size, args.seed, e)
+        for e in range(args.epochs)
+    ]
+    return [PlanRow(f"fixed batch size {bs}", [p.stats() for p in fixed], fixed[0]), *rows]
+
+
+def _load(source: str, column: str | None) -> np.ndarray:
+    try:
+        return fitbatch.sizes.from_source(source, column=column)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc.args[0] if exc.args else exc)) from None
+    except (ValueError, TypeError, ImportError, OSError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _check_budget(sizes: fitbatch.Sizes, budget: float, cost: str) -> None:
+    alone = fitbatch.resolve_cost(cost).sample_cost(sizes.values)
+    if alone.min() > budget:
+        raise CliError(
+            f"budget {budget:g} is smaller than every sample: the smallest costs {alone.min():g} alone "
+            f"({cost} cost); raise --budget to at least {alone.min():g}"
+        )
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"
+
+
+def _describe(sizes: np.ndarray) -> str:
+    return (f"{sizes.size:,} sizes, total {_fmt(sizes.sum())}; min {_fmt(sizes.min())}, "
+            f"median {_fmt(float(np.median(sizes)))}, max {_fmt(sizes.max())}")
+
+
+def _oversized_note(sizes: fitbatch.Sizes, args: argparse.Namespace) -> str:
+    over = int(np.count_nonzero(fitbatch.resolve_cost(args.cost).sample_cost(sizes.values) > args.budget))
+    if not over or args.oversized == "error":
+        return ""
+    what = "left out (--oversized skip)" if args.oversized == "skip" else "each in a batch of its own (--oversized single)"
+    return f"\n{over:,} sample{'s' if over > 1 else ''} cost more than the budget alone: {what}."
+
+
+def _plan(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    raw = _load(args.sizes, args.column)
+    sizes = fitbatch.as_sizes(raw)
+    _check_budget(sizes, args.budget, args.cost)
+    try:
+        rows = plan_rows(sizes, args)
+    except (ValueError, TypeError) as exc:
+        hint = " (--oversized single or --oversized skip)" if "oversized=" in str(exc) else ""
+        raise CliError(f"{exc}{hint}") from None
+    if args.plot:
+        from fitbatch._plot import plot_plan
+
+        plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows], budget=args.budget, cost=args.cost,
+                  max_batch_size=args.max_batch_size)
+    if args.json:
+        out = {
+            "source": args.sizes, "n_samples": int(sizes.values.shape[0]), "budget": args.budget, "cost": args.cost,
+            "world_size": args.world_size, "epochs": args.epochs, "seed": args.seed, "oversized": args.oversized,
+            "max_batch_size": args.max_batch_size, "plot": args.plot,
+            "rows": [{"plan": r.name, "mean": r.mean(), "per_epoch": [s.as_dict() for s in r.epochs]} for r in rows],
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    world = f", {args.world_size} ranks" if args.world_size > 1 else ""
+    epochs = f", mean of {args.epochs} epochs" if args.epochs > 1 else ""
+    print(f"{args.sizes}: {_describe(raw)}. Budget {args.budget:g} ({args.cost} cost){world}{epochs}."
+          f"{_oversized_note(sizes, args)}\n")
+    print(format_table(PLAN_HEADERS, [plan_row_cells(r) for r in rows]))
+    print(
+        "\nvs bound: batches / the fewest any plan can have; padding eff: real / padded units; fill: batch "
+        "cost / budget (over 1.00 would run out of memory); straggler: mean over steps of the slowest "
+        f"rank's cost / the mean rank's (--world-size); plan ms: planning time. Total {time.perf_counter() - t0:.2f} s."
+    )
+    lost = [f"{r.name}: {r.mean()['dropped']:g} samples" for r in rows if r.mean()["dropped"]]
+    if lost:
+        print(f"\nDropped to give each of {args.world_size} ranks a batch per step (counted, mean per epoch): " + "; ".join(lost) + ".")
+    if args.strategy != "all":
+        print("\n" + rows[-1].first.report())
+    if args.plot:
+        print(f"\nplot written to {args.plot}")
+    return 0
+
+
+def _sizes(args: argparse.Namespace) -> int:
+    raw = _load(args.source, args.column)
+    np.save(args.output, raw)
+    if args.paths:
+        paths, _ = fitbatch.sizes.list_files(args.source)
+        with open(args.paths, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(paths) + "\n")
+    print(f"{args.source}: {_describe(raw)}; wrote {args.output}" + (f" and {args.paths}" if args.paths else ""))
+    return 0
+
+
+def _budget(text: str) -> float:
+    try:
+        return fitbatch.parse_budget(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _add_plan(sub: Any) -> None:
+    plan = sub.add_parser("plan", help="what a budget and strategy do to your data (table, --json, --plot)")
+    plan.add_argument("sizes", metavar="SIZES", help=".npy, .txt, .csv, .parquet, or a directory/glob/URL of files (byte sizes)")
+    plan.add_argument("--budget", type=_budget, required=True, help="batch budget, e.g. 16384 or 70GiB")
+    plan.add_argument("--cost", choices=COSTS, default="padded")
+    plan.add_argument("--strategy", choices=("all", *strategy_names()), default="all")
+    plan.add_argument("--max-batch-size", type=_positive, default=None, metavar="N")
+    plan.add_argument("--world-size", type=_positive, default=1, metavar="W", help="data-parallel ranks (straggler ratio)")
+    plan.add_argument("--epochs", type=_positive, default=1, metavar="E", help="average over E epochs")
+    plan.add_argument("--oversized", choices=OVERSIZED, default="error", help="samples over budget alone")
+    plan.add_argument("--column", default=None, help="column of a .csv or .parquet file")
+    plan.add_argument("--seed", type=int, default=0)
+    plan.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    plan.add_argument("--plot", default=None, metavar="FILE.png", help="size histogram and fill distribution")
+    plan.set_defaults(func=_plan)
+    sizes = sub.add_parser("sizes", help="extract sizes to a .npy (a column, or byte sizes of files)")
+    sizes.add_argument("source", metavar="SOURCE", help="as SIZES of `fitbatch plan`")
+    sizes.add_argument("-o", "--output", required=True, help="the .npy to write")
+    sizes.add_argument("--column", default=None, help="column of a .csv or .parquet file")
+    sizes.add_argument("--paths", default=None, help="also write the listed file paths, one a line (files only)")
+    sizes.set_defaults(func=_sizes)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fitbatch", description="Batches that fit a memory budget.")
     parser.add_argument("--version", action="version", version=f"fitbatch {fitbatch.__version__}")
@@ -100,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--limit", type=int, default=None, help="tokenise only the first N files")
     demo.set_defaults(func=_demo)
+    _add_plan(sub)
     return parser
 
 
@@ -107,7 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fitbatch`` console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args))
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Once())
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"fitbatch {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

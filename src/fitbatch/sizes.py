@@ -123,3 +123,16 @@ def _check_values(values: NDArray[np.float64]) -> None:
             f"sizes must be non-negative and finite; {bad.size} bad value{'s' if bad.size > 1 else ''}: "
             + format_offenders(bad, shown)
         )
+
+
+# Sizes from where data lives (array columns, datasets, tokenizers, files and objects); their
+# optional dependencies are imported inside the helpers, so this module still needs only numpy.
+from fitbatch._size_sources import (  # noqa: E402, F401 - re-exported: fitbatch.sizes.from_files etc.
+    cache_path,
+    from_array,
+    from_dataset,
+    from_files,
+    from_source,
+    from_tokenizer,
+    list_files,
+)
