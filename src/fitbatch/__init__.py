@@ -1,5 +1,10 @@
 """fitbatch: training batches that fit a memory budget instead of a fixed sample count.
 
+The whole API is importable from here. Four namespaces group the rest of what is public:
+``fitbatch.pipeline`` (background batch iterators), ``fitbatch.memory`` (peak memory, memory
+models, OOM guard), ``fitbatch.sizes`` (sizes from columns, datasets, files) and
+``fitbatch.compat`` (the seed tools' APIs).
+
 >>> import fitbatch
 >>> plan = fitbatch.plan_batches([12, 3, 7, 9, 4, 15], 24, cost="padded", strategy="sorted")
 >>> plan.to_lists()
@@ -51,6 +56,7 @@ from fitbatch.strategies import (
 )
 
 if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
+    from fitbatch.pipeline import Infinite
     from fitbatch.sampler import BudgetBatchSampler
     from fitbatch.schedule import (
         BatchSizeSchedule,
@@ -66,6 +72,7 @@ _LAZY = {
     "BatchSizeSchedule": "fitbatch.schedule",
     "BudgetBatchSampler": "fitbatch.sampler",
     "GradientAccumulator": "fitbatch.schedule",
+    "Infinite": "fitbatch.pipeline",
     "MicroBatchInfo": "fitbatch.schedule",
     "ScheduledBatchSampler": "fitbatch.schedule",
 }
@@ -88,6 +95,7 @@ __all__ = [
     "CostModel",
     "FunctionCost",
     "GradientAccumulator",
+    "Infinite",
     "MicroBatchInfo",
     "OOMGuard",
     "Packed",

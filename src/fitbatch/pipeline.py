@@ -118,12 +118,18 @@ class Infinite:
         try:
             iter(source)
         except TypeError:
-            raise TypeError(f"source must be iterable (an iterator, a sequence, a dataset), got {source!r}") from None
+            raise TypeError(
+                f"source must be iterable (an iterator, a sequence, a dataset), got {source!r}"
+            ) from None
         for i, step in enumerate(transforms, 1):
             if not (isinstance(step, Parallel) or callable(step)):
-                raise TypeError(f"transform {i} must be a function, Threads(...) or Processes(...), got {step!r}")
+                raise TypeError(
+                    f"transform {i} must be a function, Threads(...) or Processes(...), got {step!r}"
+                )
         if not callable(combiner):
-            raise TypeError(f"combiner must be a function batch -> combined batch, got {combiner!r}")
+            raise TypeError(
+                f"combiner must be a function batch -> combined batch, got {combiner!r}"
+            )
         self._batching = resolve_rule(batch_size)
         self.batches_per_epoch = cast(int, positive_int("batches_per_epoch", batches_per_epoch))
         self.buffer_size = cast(int, positive_int("buffer_size", buffer_size))
@@ -171,12 +177,25 @@ class Infinite:
         self._start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        steps = ", ".join(repr(s) if isinstance(s, Parallel) else describe(s) for s in self._transforms)
-        state = "closed" if self._closed else "running" if self._runtime else "not started"
+        steps = ", ".join(
+            repr(s) if isinstance(s, Parallel) else describe(s) for s in self._transforms
+        )
+        state = (
+            "closed" if self._closed
+            else "failed" if self._failure is not None
+            else "ran dry" if self._ran_dry
+            else "running" if self._runtime
+            else "not started"
+        )  # fmt: skip
         return f"<Infinite {state}: {type(self._source).__name__} -> [{steps}], {self.batches_per_epoch} batches per epoch>"
 
     def _start(self) -> Runtime:
@@ -192,7 +211,9 @@ class Infinite:
                 "dataset), which is cycled, or an infinite iterator such as sample(...)"
             )
         if self._runtime is None:
-            runtime = Runtime(self._source, self._transforms, self._batching, self._combiner, self.buffer_size)
+            runtime = Runtime(
+                self._source, self._transforms, self._batching, self._combiner, self.buffer_size
+            )
             self._runtime = runtime
             self._finalizer = weakref.finalize(self, runtime.close, CLOSE_TIMEOUT)
             self._finalizer.atexit = False  # _shutdown closes it earlier, before the pools' hooks
@@ -203,7 +224,9 @@ class Infinite:
             if self._closed or self._failure is not None:
                 raise RuntimeError("this Infinite was closed during the epoch")
             if epoch != self._epoch:
-                raise RuntimeError(f"epoch {epoch} was abandoned for epoch {self._epoch}; iterate one epoch at a time")
+                raise RuntimeError(
+                    f"epoch {epoch} was abandoned for epoch {self._epoch}; iterate one epoch at a time"
+                )
             message = runtime.get()
             if isinstance(message, Failure):
                 self._failure = annotate(message.error, message.stage)
@@ -213,7 +236,9 @@ class Infinite:
                 self._ran_dry = True
                 logger.warning(
                     "the source iterator ended: epoch %d has %d of %d batches; later epochs raise",
-                    epoch, count, self.batches_per_epoch,
+                    epoch,
+                    count,
+                    self.batches_per_epoch,
                 )
                 self._stop_runtime()
                 return

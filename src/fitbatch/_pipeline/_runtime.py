@@ -118,10 +118,20 @@ class Runtime:
         self._last = self._threads[-1]
         _shutdown.track(self)
 
-    def _spawn(self, stage: str, body: Callable[..., None], *args: Any) -> queue.Queue[Any]:
-        outbox: queue.Queue[Any] = queue.Queue(self._buffer)
+    def _spawn(
+        self,
+        stage: str,
+        body: Callable[..., None],
+        *args: Any,
+        outbox: queue.Queue[Any] | None = None,
+    ) -> queue.Queue[Any]:
+        if outbox is None:
+            outbox = queue.Queue(self._buffer)
         thread = threading.Thread(
-            target=_guarded, args=(stage, body, outbox, self.stop, *args), name=f"fitbatch-pipeline-{stage}", daemon=True
+            target=_guarded,
+            args=(stage, body, outbox, self.stop, *args),
+            name=f"fitbatch-pipeline-{stage}",
+            daemon=True,
         )
         self._threads.append(thread)
         thread.start()
@@ -130,11 +140,14 @@ class Runtime:
     def _parallel(self, stage: str, spec: Parallel, inbox: queue.Queue[Any]) -> queue.Queue[Any]:
         pool = spec.pool(f"pipeline-{stage}")
         self._pools.append(pool)
-        # Futures in input order (ordered) or as they complete; `slots` bounds their number.
+        # The feeder's outbox holds futures, in input order (ordered) or as they complete, and
+        # the signals (END, failures: its own too); `slots` bounds the number of futures.
         futures: queue.Queue[Any] = queue.Queue()
         slots = _Slots(spec.max_in_flight, self.stop)
-        self._spawn(f"{stage} feeder", _feed_body, pool, spec.ordered, slots, futures, inbox)
-        return self._spawn(f"{stage} results", _emit_body, slots, futures, f"{stage} in a worker {spec.where}")
+        self._spawn(f"{stage} feeder", _feed_body, pool, spec.ordered, slots, inbox, outbox=futures)
+        return self._spawn(
+            f"{stage} results", _emit_body, slots, futures, f"{stage} in a worker {spec.where}"
+        )
 
     def get(self) -> Any:
         """The next message for the consumer: a batch, ``END`` or a :class:`Failure`."""
@@ -143,9 +156,18 @@ class Runtime:
                 return self.outbox.get(timeout=POLL)
             except queue.Empty:
                 if self.stop.is_set():
-                    raise RuntimeError("the pipeline was closed while a batch was awaited") from None
-                if not self._last.is_alive():  # pragma: no cover - stages always report why they end
-                    raise RuntimeError("the pipeline's last stage stopped without a batch or an error") from None
+                    raise RuntimeError(
+                        "the pipeline was closed while a batch was awaited"
+                    ) from None
+                if (
+                    not self._last.is_alive()
+                ):  # pragma: no cover - stages always report why they end
+                    try:  # it may have put a last message between the timeout and the check
+                        return self.outbox.get_nowait()
+                    except queue.Empty:
+                        raise RuntimeError(
+                            "the pipeline's last stage stopped without a batch or an error"
+                        ) from None
 
     def close(self, timeout: float, at_exit: bool = False) -> None:
         """Stop every stage and kill the pools; threads blocked in user code are left behind."""
@@ -164,12 +186,20 @@ class Runtime:
             # At interpreter exit daemon threads simply vanish: nothing worth a warning.
             (logger.debug if at_exit else logger.warning)(
                 "closing the pipeline left %d threads blocked in user code (daemons; they end when "
-                "the call returns): %s", len(stuck), ", ".join(stuck),
+                "the call returns) or workers still stopping: %s",
+                len(stuck),
+                ", ".join(stuck),
             )
         _shutdown.untrack(self)
 
 
-def _guarded(stage: str, body: Callable[..., None], outbox: queue.Queue[Any], stop: threading.Event, *args: Any) -> None:
+def _guarded(
+    stage: str,
+    body: Callable[..., None],
+    outbox: queue.Queue[Any],
+    stop: threading.Event,
+    *args: Any,
+) -> None:
     try:
         body(*args, outbox, stop)
     except Stopped:
@@ -187,7 +217,12 @@ def _source_body(source: Iterable[Any], outbox: queue.Queue[Any], stop: threadin
     put(outbox, END, stop)
 
 
-def _map_body(fn: Callable[[Any], Any], inbox: queue.Queue[Any], outbox: queue.Queue[Any], stop: threading.Event) -> None:
+def _map_body(
+    fn: Callable[[Any], Any],
+    inbox: queue.Queue[Any],
+    outbox: queue.Queue[Any],
+    stop: threading.Event,
+) -> None:
     while True:
         message = get(inbox, stop)
         if isinstance(message, (Failure, _End)):
@@ -196,7 +231,12 @@ def _map_body(fn: Callable[[Any], Any], inbox: queue.Queue[Any], outbox: queue.Q
         put(outbox, fn(message), stop)
 
 
-def _batch_body(start: Callable[[], BatchState], inbox: queue.Queue[Any], outbox: queue.Queue[Any], stop: threading.Event) -> None:
+def _batch_body(
+    start: Callable[[], BatchState],
+    inbox: queue.Queue[Any],
+    outbox: queue.Queue[Any],
+    stop: threading.Event,
+) -> None:
     state = start()
     while True:
         message = get(inbox, stop)
@@ -223,8 +263,8 @@ class _Slots:
         self._changed = threading.Condition()
 
     def acquire(self) -> None:
-        self._wait(lambda: self._used < self._limit)
         with self._changed:
+            self._wait(lambda: self._used < self._limit)
             self._used += 1
 
     def release(self) -> None:
@@ -233,21 +273,27 @@ class _Slots:
             self._changed.notify_all()
 
     def wait_empty(self) -> None:
-        self._wait(lambda: self._used == 0)
+        with self._changed:
+            self._wait(lambda: self._used == 0)
 
     def _wait(self, ready: Callable[[], bool]) -> None:
-        with self._changed:
-            while not ready():
-                if self._stop.is_set():
-                    raise Stopped
-                self._changed.wait(POLL)
+        # called holding the condition's lock
+        while not ready():
+            if self._stop.is_set():
+                raise Stopped
+            self._changed.wait(POLL)
 
 
 def _feed_body(
-    pool: Pool, ordered: bool, slots: _Slots, futures: queue.Queue[Any], inbox: queue.Queue[Any], outbox: queue.Queue[Any], stop: threading.Event
+    pool: Pool,
+    ordered: bool,
+    slots: _Slots,
+    inbox: queue.Queue[Any],
+    futures: queue.Queue[Any],
+    stop: threading.Event,
 ) -> None:
-    # `outbox` (the feeder's own queue) stays unused: signals travel with the futures so that
-    # they keep their place after the results before them.
+    # Signals travel with the futures so that they keep their place after the results before
+    # them; without order, after all the results in flight.
     while True:
         message = get(inbox, stop)
         if isinstance(message, (Failure, _End)):
@@ -263,7 +309,13 @@ def _feed_body(
             future.add_done_callback(futures.put)
 
 
-def _emit_body(slots: _Slots, futures: queue.Queue[Any], stage: str, outbox: queue.Queue[Any], stop: threading.Event) -> None:
+def _emit_body(
+    slots: _Slots,
+    futures: queue.Queue[Any],
+    stage: str,
+    outbox: queue.Queue[Any],
+    stop: threading.Event,
+) -> None:
     while True:
         message = get(futures, stop)
         if not isinstance(message, Future):

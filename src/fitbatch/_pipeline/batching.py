@@ -139,13 +139,42 @@ class _BudgetState:
 
     def push(self, item: Any) -> list[Batch]:
         s = self._measure(item)
+        if self._scalar is not None and self._dims == 0:
+            return self._push_scalar(item, s, self._scalar)
+        return self._push_vector(item, s)
+
+    def _push_scalar(
+        self, item: Any, s: float, cost: Callable[[float, float, float], float]
+    ) -> list[Batch]:
+        # The pure-Python twin of _push_vector: same decisions, candidates computed as needed.
+        n, budget = len(self._items), self._budget
+        if n:
+            m, t = max(self._max, s), self._sum + s
+            if cost(n + 1, m, t) <= budget:
+                self._items.append(item)
+                self._max, self._sum = m, t
+                return [self.flush()] if cost(n + 2, m, t) > budget else []
+        done = [self._items] if n else []
+        self._items, self._max, self._sum = [item], s, s
+        if cost(1, s, s) > budget:
+            self._warn_oversized(s, cost(1, s, s))
+        if cost(2, s, s) > budget:
+            done.append(self.flush())
+        return done
+
+    def _push_vector(self, item: Any, s: Any) -> list[Batch]:
         n = len(self._items)
-        grown_max, grown_sum = self._grow(s)
-        # Candidates: the batch with the item; that batch plus one more zero-size item; the
-        # item alone; the item plus a zero-size item. Monotone costs make the zero-size
-        # candidates the cheapest possible next step, so "over budget" there means "full".
-        joined, joined_full, alone, alone_full = self._costs(
-            (n + 1, grown_max, grown_sum), (n + 2, grown_max, grown_sum), (1, s, s), (2, s, s)
+        grown_max, grown_sum = (np.maximum(self._max, s), self._sum + s) if n else (s, s)
+        # One evaluation, four candidates: the batch with the item; that batch plus one more
+        # zero-size item; the item alone; the item plus a zero-size item. Monotone costs make
+        # a zero-size item the cheapest possible next step, so "over budget" there means "full".
+        joined, joined_full, alone, alone_full = (
+            float(x)
+            for x in self._model.evaluate(
+                np.array([n + 1, n + 2, 1, 2], dtype=np.float64),
+                np.array([grown_max, grown_max, s, s]),
+                np.array([grown_sum, grown_sum, s, s]),
+            )
         )
         done: list[Batch] = []
         if n == 0 or joined <= self._budget:
@@ -167,42 +196,48 @@ class _BudgetState:
 
     def _measure(self, item: Any) -> Any:
         raw = self._size(item)
-        if isinstance(raw, numbers.Real) and not isinstance(raw, bool):
-            value: Any = float(raw)
-            dims, ok = 0, math.isfinite(value) and value >= 0
-        else:
-            value = np.asarray(raw, dtype=np.float64)
-            dims = value.size if value.ndim == 1 else -1
-            ok = dims > 0 and bool(np.all(np.isfinite(value) & (value >= 0)))
-        if not ok:
-            raise ValueError(f"Budget.size returned {raw!r}; sizes must be finite numbers >= 0 or 1-D sequences of them")
-        if self._dims is None:
+        value, dims = _as_size(raw)
+        if dims != self._dims:
+            if self._dims is not None:
+                raise ValueError(
+                    f"Budget.size returned {raw!r} with {dims} dimensions after sizes with {self._dims}; keep one shape"
+                )
             self._dims = dims
-        elif dims != self._dims:
-            raise ValueError(f"Budget.size returned {raw!r} with {dims} dimensions after sizes with {self._dims}; keep one shape")
         return value
-
-    def _grow(self, s: Any) -> tuple[Any, Any]:
-        if not self._items:
-            return s, s
-        if self._dims == 0:
-            return max(self._max, s), self._sum + s
-        return np.maximum(self._max, s), self._sum + s
-
-    def _costs(self, *candidates: tuple[int, Any, Any]) -> list[float]:
-        if self._scalar is not None and self._dims == 0:
-            return [self._scalar(c, m, s) for c, m, s in candidates]
-        counts, maxima, sums = zip(*candidates, strict=True)
-        out = self._model.evaluate(np.array(counts, dtype=np.float64), np.array(maxima), np.array(sums))
-        return [float(x) for x in out]
 
     def _warn_oversized(self, s: Any, cost: float) -> None:
         if not self._warned:
             self._warned = True
             logger.warning(
                 "an item of size %s costs %g alone, over the budget %g; it is yielded as a batch "
-                "of one (further such items are not logged)", s, cost, self._budget,
+                "of one (further such items are not logged)",
+                s,
+                cost,
+                self._budget,
             )
+
+
+def _as_size(raw: Any) -> tuple[Any, int]:
+    """(a float, 0) or (a 1-D float64 array, D) from what ``Budget.size`` returned."""
+    # exact int/float first: the common case skips the slower ABC check
+    if (
+        type(raw) is float
+        or type(raw) is int
+        or (isinstance(raw, numbers.Real) and not isinstance(raw, bool))
+    ):
+        value = float(raw)
+        if 0.0 <= value < math.inf:
+            return value, 0
+    else:
+        try:
+            array = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError):
+            array = np.empty(0)
+        if array.ndim == 1 and array.size and bool(np.all(np.isfinite(array) & (array >= 0))):
+            return array, array.size
+    raise ValueError(
+        f"Budget.size returned {raw!r}; sizes must be finite numbers >= 0 or 1-D sequences of them"
+    )
 
 
 def resolve_rule(batch_size: Any) -> Callable[[], BatchState]:

@@ -29,13 +29,17 @@ def _columns(batch: Sequence[Any]) -> tuple[str, list[Any], list[list[Any]]]:
         width = len(first)
         for i, item in enumerate(batch):
             if not isinstance(item, (tuple, list)) or len(item) != width:
-                raise ValueError(f"batch items must all have {width} components like item 0; item {i} is {_brief(item)}")
+                raise ValueError(
+                    f"batch items must all have {width} components like item 0; item {i} is {_brief(item)}"
+                )
         return "tuple", [], [list(column) for column in zip(*batch, strict=True)]
     if isinstance(first, Mapping):
         keys = list(first)
         for i, item in enumerate(batch):
             if not isinstance(item, Mapping) or set(item) != set(keys):
-                raise ValueError(f"batch items must all have the keys {keys} like item 0; item {i} is {_brief(item)}")
+                raise ValueError(
+                    f"batch items must all have the keys {keys} like item 0; item {i} is {_brief(item)}"
+                )
         return "dict", keys, [[item[k] for item in batch] for k in keys]
     return "single", [], [list(batch)]
 
@@ -115,10 +119,14 @@ def combine_to_tensors(batch: Sequence[Any]) -> Any:
     try:
         import torch
     except ImportError as error:  # pragma: no cover - torch is an optional dependency
-        raise ImportError("combine_to_tensors needs torch: pip install 'fitbatch[torch]'") from error
+        raise ImportError(
+            "combine_to_tensors needs torch: pip install 'fitbatch[torch]'"
+        ) from error
     structure, keys, columns = _columns(batch)
     tensors = [
-        torch.stack(c) if all(isinstance(x, torch.Tensor) for x in c) else torch.as_tensor(np.array(c))
+        torch.stack(c)
+        if all(isinstance(x, torch.Tensor) for x in c)
+        else torch.as_tensor(np.array(c))
         for c in columns
     ]
     return _rebuild(structure, keys, tensors)
@@ -134,18 +142,25 @@ class _PadCombiner:
     def __call__(self, batch: Sequence[Any]) -> Any:
         structure, keys, columns = _columns(batch)
         values = self._per_component(structure, keys, len(columns))
-        padded = [_pad_column(c, v, self.ratio, str(k)) for c, v, k in zip(columns, values, keys or range(len(columns)), strict=True)]
+        padded = [
+            _pad_column(c, v, self.ratio, str(k))
+            for c, v, k in zip(columns, values, keys or range(len(columns)), strict=True)
+        ]
         return _rebuild(structure, keys, padded)
 
     def _per_component(self, structure: str, keys: list[Any], width: int) -> list[Any]:
         pv = self.padding_values
         if isinstance(pv, Mapping):
             if structure != "dict" or set(pv) != set(keys):
-                raise ValueError(f"padding_values has keys {sorted(pv, key=str)} but the items have {keys or 'no keys'}")
+                raise ValueError(
+                    f"padding_values has keys {sorted(pv, key=str)} but the items have {keys or 'no keys'}"
+                )
             return [pv[k] for k in keys]
         if isinstance(pv, (tuple, list)):
             if structure == "dict" or len(pv) != width:
-                raise ValueError(f"padding_values gives {len(pv)} values but the items have {width} components")
+                raise ValueError(
+                    f"padding_values gives {len(pv)} values but the items have {width} components"
+                )
             return list(pv)
         return [pv] * width
 
@@ -155,9 +170,19 @@ class _PadCombiner:
 
 def _check_padding(value: Any) -> Any:
     def scalar(v: Any) -> bool:
-        return callable(v) or (isinstance(v, numbers.Number) and not isinstance(v, bool)) or isinstance(v, np.generic)
+        return (
+            callable(v)
+            or (isinstance(v, numbers.Number) and not isinstance(v, bool))
+            or isinstance(v, np.generic)
+        )
 
-    parts = list(value.values()) if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else [value]
+    parts = (
+        list(value.values())
+        if isinstance(value, Mapping)
+        else value
+        if isinstance(value, (tuple, list))
+        else [value]
+    )
     if not parts or not all(scalar(v) for v in parts):
         raise TypeError(
             "padding_values must be a number, a function array -> number, or a list/dict of "
@@ -170,26 +195,37 @@ def _check_ratio(ratio: Any) -> float | tuple[float, ...]:
     values = ratio if isinstance(ratio, (tuple, list)) else [ratio]
     for v in values:
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
-            raise ValueError(f"ratio must be a number in [0, 1] or one such number per axis, got {ratio!r}")
+            raise ValueError(
+                f"ratio must be a number in [0, 1] or one such number per axis, got {ratio!r}"
+            )
     return tuple(float(v) for v in values) if isinstance(ratio, (tuple, list)) else float(ratio)
 
 
-def _pad_column(column: list[Any], value: Any, ratio: float | tuple[float, ...], name: str) -> np.ndarray:
+def _pad_column(
+    column: list[Any], value: Any, ratio: float | tuple[float, ...], name: str
+) -> np.ndarray:
     arrays = [np.asarray(x) for x in column]
     ndim = arrays[0].ndim
     if any(a.ndim != ndim for a in arrays):
         dims = sorted({a.ndim for a in arrays})
-        raise ValueError(f"component {name} mixes arrays with {dims} dimensions; combine_pad pads shapes, not ranks")
+        raise ValueError(
+            f"component {name} mixes arrays with {dims} dimensions; combine_pad pads shapes, not ranks"
+        )
     if ndim == 0:
         return np.array(arrays)
     shape = np.max([a.shape for a in arrays], axis=0)
     if isinstance(ratio, tuple) and len(ratio) != ndim:
-        raise ValueError(f"ratio gives {len(ratio)} values (one per axis) but component {name} has {ndim} axes")
+        raise ValueError(
+            f"ratio gives {len(ratio)} values (one per axis) but component {name} has {ndim} axes"
+        )
     ratios = ratio if isinstance(ratio, tuple) else (ratio,) * ndim
     out = np.empty((len(arrays), *shape), dtype=np.result_type(*arrays))
     for i, a in enumerate(arrays):
         out[i] = value(a) if callable(value) else value
-        start = [math.floor((full - own) * r) for full, own, r in zip(shape, a.shape, ratios, strict=True)]
+        start = [
+            math.floor((full - own) * r)
+            for full, own, r in zip(shape, a.shape, ratios, strict=True)
+        ]
         out[(i, *(slice(s, s + n) for s, n in zip(start, a.shape, strict=True)))] = a
     return out
 

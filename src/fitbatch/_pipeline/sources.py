@@ -21,7 +21,9 @@ _PURPOSE = "pipeline.sample"
 class Sampler(Iterator[Any]):
     """The infinite iterator returned by :func:`sample`; ``seed`` is the int it was keyed with."""
 
-    def __init__(self, sequence: Sequence[Any], probabilities: np.ndarray | None, seed: int) -> None:
+    def __init__(
+        self, sequence: Sequence[Any], probabilities: np.ndarray | None, seed: int
+    ) -> None:
         self.sequence = sequence
         self.seed = seed
         self._p = probabilities
@@ -35,7 +37,11 @@ class Sampler(Iterator[Any]):
     def __next__(self) -> Any:
         if self._pos == len(self._block):
             n = len(self.sequence)
-            drawn = self._rng.choice(n, size=_BLOCK, p=self._p) if self._p is not None else self._rng.integers(n, size=_BLOCK)
+            drawn = (
+                self._rng.choice(n, size=_BLOCK, p=self._p)
+                if self._p is not None
+                else self._rng.integers(n, size=_BLOCK)
+            )
             self._block = drawn.tolist()
             self._pos = 0
         index = self._block[self._pos]
@@ -44,10 +50,14 @@ class Sampler(Iterator[Any]):
 
     def __repr__(self) -> str:
         kind = "uniform" if self._p is None else "weighted"
-        return f"<fitbatch.pipeline sampler: {kind} over {len(self.sequence)} items, seed={self.seed}>"
+        return (
+            f"<fitbatch.pipeline sampler: {kind} over {len(self.sequence)} items, seed={self.seed}>"
+        )
 
 
-def sample(sequence: Sequence[Any], weights: Sequence[float] | None = None, seed: SeedLike = None) -> Sampler:
+def sample(
+    sequence: Sequence[Any], weights: Sequence[float] | None = None, seed: SeedLike = None
+) -> Sampler:
     """Yield items of ``sequence`` drawn at random with replacement, forever.
 
     The stream depends only on ``seed`` (numpy ``Generator`` keyed by a ``SeedSequence``, never
@@ -74,7 +84,9 @@ def sample(sequence: Sequence[Any], weights: Sequence[float] | None = None, seed
     (True, False)
     """
     if not hasattr(sequence, "__len__") or not hasattr(sequence, "__getitem__"):
-        raise TypeError(f"sample needs a sequence (len and indexing), got {type(sequence).__name__}; wrap an iterable in list()")
+        raise TypeError(
+            f"sample needs a sequence (len and indexing), got {type(sequence).__name__}; wrap an iterable in list()"
+        )
     n = len(sequence)
     if n == 0:
         raise ValueError("sample needs a non-empty sequence, got one of length 0")

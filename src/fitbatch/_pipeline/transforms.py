@@ -39,7 +39,9 @@ def _check_callable(name: str, fn: Any) -> None:
 
 
 class _UnpackArgs:
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def __call__(self, item: Sequence[Any]) -> Any:
@@ -49,7 +51,9 @@ class _UnpackArgs:
         return f"unpack_args({describe(self.fn)})"
 
 
-def unpack_args(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[Sequence[Any]], Any]:
+def unpack_args(
+    fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Callable[[Sequence[Any]], Any]:
     """Call ``fn(*item, *args, **kwargs)``: a transform for functions of several arguments.
 
     Args:
@@ -66,22 +70,34 @@ def unpack_args(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[
 
 
 class _ApplyAt:
-    def __init__(self, index: tuple[int, ...], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        index: tuple[int, ...],
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         self.index, self.fn, self.args, self.kwargs = index, fn, args, kwargs
 
     def __call__(self, item: Sequence[Any]) -> tuple[Any, ...]:
         n = len(item)
         for i in self.index:
             if not -n <= i < n:
-                raise IndexError(f"apply_at index {i} is out of range for an item of {n} components")
+                raise IndexError(
+                    f"apply_at index {i} is out of range for an item of {n} components"
+                )
         chosen = {i % n for i in self.index}
-        return tuple(self.fn(x, *self.args, **self.kwargs) if i in chosen else x for i, x in enumerate(item))
+        return tuple(
+            self.fn(x, *self.args, **self.kwargs) if i in chosen else x for i, x in enumerate(item)
+        )
 
     def __repr__(self) -> str:
         return f"apply_at({list(self.index)}, {describe(self.fn)})"
 
 
-def apply_at(index: int | Sequence[int], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+def apply_at(
+    index: int | Sequence[int], fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """Apply ``fn(component, *args, **kwargs)`` to the components at ``index``; keep the rest.
 
     Args:
@@ -97,9 +113,19 @@ def apply_at(index: int | Sequence[int], fn: Callable[..., Any], *args: Any, **k
     >>> apply_at(0, pow, 2)((3, "label"))
     (9, 'label')
     """
-    indices = (index,) if isinstance(index, numbers.Integral) else tuple(index) if isinstance(index, Sequence) else ()
-    if not indices or any(isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in indices):
-        raise TypeError(f"apply_at index must be an int or a non-empty sequence of ints, got {index!r}")
+    indices = (
+        (index,)
+        if isinstance(index, numbers.Integral)
+        else tuple(index)
+        if isinstance(index, Sequence)
+        else ()
+    )
+    if not indices or any(
+        isinstance(i, bool) or not isinstance(i, numbers.Integral) for i in indices
+    ):
+        raise TypeError(
+            f"apply_at index must be an int or a non-empty sequence of ints, got {index!r}"
+        )
     _check_callable("apply_at(fn)", fn)
     return _ApplyAt(tuple(int(i) for i in indices), fn, args, kwargs)
 
@@ -121,7 +147,14 @@ class Parallel:
 
     where = "worker"
 
-    def __init__(self, fn: Callable[[Any], Any], n_workers: int = 1, *, ordered: bool = True, max_in_flight: int | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        n_workers: int = 1,
+        *,
+        ordered: bool = True,
+        max_in_flight: int | None = None,
+    ) -> None:
         _check_callable(f"{type(self).__name__}(fn)", fn)
         self.fn = fn
         self.n_workers = cast(int, positive_int("n_workers", n_workers))
@@ -129,7 +162,11 @@ class Parallel:
             raise TypeError(f"ordered must be True or False, got {ordered!r}")
         self.ordered = ordered
         limit = positive_int("max_in_flight", max_in_flight, allow_none=True)
-        self.max_in_flight = 2 * self.n_workers if limit is None else max(limit, self.n_workers)
+        if limit is not None and limit < self.n_workers:
+            raise ValueError(
+                f"max_in_flight must be >= n_workers ({self.n_workers}) to keep every worker busy, got {limit}"
+            )
+        self.max_in_flight = 2 * self.n_workers if limit is None else limit
 
     def pool(self, name: str) -> Pool:
         raise NotImplementedError
@@ -150,7 +187,7 @@ class Threads(Parallel):
         fn: ``fn(item) -> item``.
         n_workers: the number of threads.
         ordered: keep the input order (default) or pass results on as they complete.
-        max_in_flight: the bound on items inside the stage (at least ``n_workers``).
+        max_in_flight: the bound on items inside the stage, >= ``n_workers``.
 
     >>> from fitbatch.pipeline import Infinite, combine_batches
     >>> with Infinite(range(4), Threads(abs, n_workers=2), batch_size=2, batches_per_epoch=2,
@@ -179,7 +216,7 @@ class Processes(Parallel):
         fn: ``fn(item) -> item``, sent to the workers with each item.
         n_workers: the number of processes.
         ordered: keep the input order (default) or pass results on as they complete.
-        max_in_flight: the bound on items inside the stage (at least ``n_workers``).
+        max_in_flight: the bound on items inside the stage, >= ``n_workers``.
         backend: ``"auto"`` (loky if importable), ``"loky"`` or ``"stdlib"``.
 
     Raises:
@@ -223,7 +260,9 @@ def _resolve_backend(backend: str) -> str:
         import loky  # noqa: F401
     except ImportError:
         if backend == "loky":
-            raise ImportError("Processes(backend='loky') needs loky: pip install 'fitbatch[pipeline]'") from None
+            raise ImportError(
+                "Processes(backend='loky') needs loky: pip install 'fitbatch[pipeline]'"
+            ) from None
         return "stdlib"
     return "loky"
 
@@ -240,8 +279,14 @@ def _check_picklable(fn: Any, backend: str) -> None:
     try:
         dumps(fn)
     except Exception as error:
-        way_out = "define it at module level" if backend == "stdlib" else "avoid capturing locks, files or generators"
-        raise TypeError(f"Processes needs a picklable function; {describe(fn)} is not ({error}); {way_out}") from error
+        way_out = (
+            "define it at module level"
+            if backend == "stdlib"
+            else "avoid capturing locks, files or generators"
+        )
+        raise TypeError(
+            f"Processes needs a picklable function; {describe(fn)} is not ({error}); {way_out}"
+        ) from error
 
 
 class _ThreadPool:
@@ -250,7 +295,8 @@ class _ThreadPool:
         self._tasks: queue.SimpleQueue[tuple[Future[Any], Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._work, name=f"fitbatch-{name}-{i}", daemon=True) for i in range(n)
+            threading.Thread(target=self._work, name=f"fitbatch-{name}-{i}", daemon=True)
+            for i in range(n)
         ]
         for thread in self._threads:
             thread.start()
@@ -292,7 +338,9 @@ class _ProcessPool:
         else:
             import concurrent.futures.process  # registers its exit hook before ours
 
-            self._executor = concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=n, mp_context=multiprocessing.get_context("spawn")
+            )
         # The first submission starts the workers and the pool's manager thread, which is when
         # the pool registers its exit hook; ours must come after it to run before it.
         self._executor.submit(int)
@@ -315,5 +363,7 @@ class _ProcessPool:
             executor.shutdown(wait=False, cancel_futures=True)
         for waitable in [*processes, *([manager] if manager is not None else [])]:
             waitable.join(max(0.0, deadline - time.monotonic()))
-        alive = [p for p in processes if p.is_alive()] + ([manager] if manager is not None and manager.is_alive() else [])
+        alive = [p for p in processes if p.is_alive()] + (
+            [manager] if manager is not None and manager.is_alive() else []
+        )
         return [f"{self._backend} {getattr(w, 'name', w)}" for w in alive]
