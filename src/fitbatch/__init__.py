@@ -64,17 +64,33 @@ if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
         MicroBatchInfo,
         ScheduledBatchSampler,
     )
+    from fitbatch.streaming import (
+        BatchStream,
+        EqualSteps,
+        StreamDataset,
+        StreamShard,
+        StreamSummary,
+        batch_stream,
+        equal_steps,
+    )
 
 __version__ = "0.1.0"
 
 
 _LAZY = {
     "BatchSizeSchedule": "fitbatch.schedule",
+    "BatchStream": "fitbatch.streaming",
     "BudgetBatchSampler": "fitbatch.sampler",
+    "EqualSteps": "fitbatch.streaming",
     "GradientAccumulator": "fitbatch.schedule",
     "Infinite": "fitbatch.pipeline",
     "MicroBatchInfo": "fitbatch.schedule",
     "ScheduledBatchSampler": "fitbatch.schedule",
+    "StreamDataset": "fitbatch.streaming",
+    "StreamShard": "fitbatch.streaming",
+    "StreamSummary": "fitbatch.streaming",
+    "batch_stream": "fitbatch.streaming",
+    "equal_steps": "fitbatch.streaming",
 }
 
 
@@ -90,9 +106,11 @@ __all__ = [
     "BatchMemoryModel",
     "BatchPlan",
     "BatchSizeSchedule",
+    "BatchStream",
     "Buckets",
     "BudgetBatchSampler",
     "CostModel",
+    "EqualSteps",
     "FunctionCost",
     "GradientAccumulator",
     "Infinite",
@@ -111,11 +129,16 @@ __all__ = [
     "Sizes",
     "Sorted",
     "Strategy",
+    "StreamDataset",
+    "StreamShard",
+    "StreamSummary",
     "SumCost",
     "__version__",
     "as_sizes",
+    "batch_stream",
     "calibrate",
     "collect_peak_memory",
+    "equal_steps",
     "from_array",
     "from_dataset",
     "from_files",

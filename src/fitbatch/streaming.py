@@ -1,0 +1,501 @@
+"""Streaming: size-aware batches from an iterable of unknown length, in bounded memory.
+
+:func:`batch_stream` reads a source (a generator, a webdataset or Hugging Face streaming
+dataset, lines of a file) in chunks, measures each item with ``sizeof`` (or a whole chunk with
+``sizeof_batch``) and yields batches whose cost fits ``budget`` under the same cost models and
+kernels as :func:`fitbatch.plan_batches`:
+
+* ``strategy="sequential"`` keeps the source order and batches greedily (bionemo's
+  ``size_aware_batching``): the batches equal the indexed ``sequential`` plan of the same sizes.
+  Memory: one chunk plus the batch still open.
+* ``strategy="buckets"`` (or ``fitbatch.Buckets(boundaries=...)``) holds at most
+  ``buffer_size`` items in size buckets whose boundaries are fitted to the sizes seen so far
+  (refitted as the stream grows, up to 65,536 sizes) or given; a bucket emits a batch as soon as
+  it is full, the fullest bucket emits when the buffer is full, and the rest is planned sorted
+  at the end. Memory: ``buffer_size`` items.
+
+The returned :class:`BatchStream` has a :attr:`~BatchStream.summary` (items read and emitted,
+batches, skipped items, padding efficiency so far) and ``state_dict()``/``load_state_dict()``:
+the state records how many source items were read and the positions of the items read but not
+yet emitted (at most ``buffer_size`` plus one chunk, stored as runs). A restarted stream reads
+the source again from its start, skips what was emitted, re-buffers what was not, and continues:
+**exact when the source replays the same items in the same order**.
+
+Data-parallel training and DataLoader workers: see :class:`StreamDataset` and
+:func:`equal_steps` (re-exported here from :mod:`fitbatch._streaming_parallel`).
+
+>>> stream = batch_stream([6, 10, 7, 57, 9, 7, 10], sizeof=int, budget=60, cost="sum")
+>>> list(stream)
+[[6, 10, 7], [57], [9, 7, 10]]
+>>> stream.summary.batches, stream.summary.items_emitted
+(3, 7)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._streaming_parallel import (
+    EqualSteps,
+    EqualStepsSummary,
+    StreamDataset,
+    StreamShard,
+    equal_steps,
+)
+from fitbatch._streaming_plan import (
+    BucketPlanner,
+    Run,
+    Segment,
+    SequentialPlanner,
+    from_runs,
+    located,
+    lower_budget,
+    resolve_stream_strategy,
+    to_runs,
+    whole_runs,
+)
+from fitbatch._validate import choice, format_offenders, parse_budget, positive_int
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.plan import OVERSIZED
+from fitbatch.strategies import Buckets, Strategy
+
+logger = logging.getLogger(__name__)
+
+IntArray = NDArray[np.int64]
+STATE_VERSION = 1
+_STATE_KEYS = frozenset(
+    {"version", "options", "read", "pending", "batches", "emitted", "real", "padded", "skipped",
+     "skipped_positions", "oversized_batches", "buckets"}
+)
+_SHOWN = 10  # skipped positions kept in the summary
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSummary:
+    """What a stream has done so far (a snapshot; read :attr:`BatchStream.summary` again later).
+
+    Attributes:
+        items_read: items taken from the source.
+        items_emitted: items in the batches yielded.
+        batches: batches yielded.
+        held: items read but not yet yielded (buffered).
+        skipped: oversized items left out (``oversized="skip"``); ``skipped_positions`` holds
+            the stream positions of the first ten.
+        oversized_batches: lone items over budget yielded alone (``oversized="single"``).
+        padding_efficiency: real size units / padded units of the batches yielded.
+        finished: whether the source is exhausted and every batch was yielded.
+    """
+
+    items_read: int
+    items_emitted: int
+    batches: int
+    held: int
+    skipped: int
+    skipped_positions: tuple[int, ...]
+    oversized_batches: int
+    padding_efficiency: float
+    finished: bool
+
+
+class BatchStream(Iterator[Any]):
+    """An iterator of batches over a source of unknown length (built by :func:`batch_stream`).
+
+    Iterating yields each batch once; the object is its own iterator (a stream is read once).
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        sizeof: Callable[[Any], float] | None,
+        sizeof_batch: Callable[[list[Any]], Any] | None,
+        budget: float,
+        cost: CostModel,
+        strategy: Strategy,
+        buffer_size: int,
+        max_batch_size: int | None,
+        oversized: str,
+        collate_fn: Callable[[list[Any]], Any] | None,
+    ) -> None:
+        self._source = source
+        self._sizeof, self._sizeof_batch = sizeof, sizeof_batch
+        self.budget, self.cost, self.strategy = budget, cost, strategy
+        self.buffer_size, self.max_batch_size, self.oversized = buffer_size, max_batch_size, oversized
+        self._collate = collate_fn
+        self._planner: SequentialPlanner | BucketPlanner
+        if isinstance(strategy, Buckets):
+            self._planner = BucketPlanner(budget, cost, max_batch_size, buffer_size, strategy)
+        else:
+            self._planner = SequentialPlanner(budget, cost, max_batch_size)
+        self._it: Iterator[Any] | None = None
+        # queued batches: (items, *running totals after it, positions of its segment, first, end)
+        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._done = False
+        self._read = 0
+        # (batches, items, real units, padded units, oversized batches) after the last batch
+        # yielded, and after the last one queued
+        self._totals: tuple[int, int, float, float, int] = (0, 0, 0.0, 0.0, 0)
+        self._queued: tuple[int, int, float, float, int] = self._totals
+        self._skipped = 0
+        self._skipped_positions: list[int] = []
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = iter(self._source)
+        while not self._queue:
+            if self._done:
+                raise StopIteration
+            self._round()
+        entry = self._queue.popleft()
+        self._totals = entry[1:6]
+        return self._collate(entry[0]) if self._collate is not None else entry[0]
+
+    def _round(self) -> None:
+        assert self._it is not None  # set by __next__ (an internal invariant, not user input)
+        items = list(itertools.islice(self._it, self._planner.want()))
+        if not items:
+            self._done = True
+            self._enqueue(self._planner.finish())
+            if self._skipped:
+                logger.warning(
+                    "stream ended: %d oversized items skipped (first positions %s), budget %g",
+                    self._skipped, self._skipped_positions, self.budget,
+                )
+            return
+        first = self._read
+        self._read += len(items)
+        seg = Segment(items, np.arange(first, self._read, dtype=np.int64), self._measure(items, first))
+        self._ingest(self._screen(seg))
+
+    def _ingest(self, seg: Segment, resume: bool = False) -> None:
+        if isinstance(self._planner, BucketPlanner) and self.oversized == "single":
+            alone = self.cost.sample_cost(seg.sizes) > self.budget
+            if alone.any():  # lone items go out at once; buckets only hold what fits
+                self._enqueue(whole_runs([seg.take(np.array([i])) for i in np.flatnonzero(alone)]))
+                seg = seg.take(np.flatnonzero(~alone))
+        if resume and isinstance(self._planner, BucketPlanner) and self._planner.tops is not None:
+            self._enqueue(self._planner.place(seg))
+        else:
+            self._enqueue(self._planner.absorb(seg))
+
+    def _enqueue(self, runs: Iterable[Run]) -> None:
+        """Queue the batches of planner runs with running totals for the summary (vectorised)."""
+        runs = [(seg, bounds) for seg, bounds in runs if len(bounds) > 1]
+        if not runs:
+            return
+        items: list[list[Any]] = []
+        segs: list[Any] = []
+        firsts: list[int] = []
+        ends: list[int] = []
+        heads: list[int] = []
+        tails: list[int] = []
+        offset = 0
+        for seg, bounds in runs:
+            k = len(bounds) - 1
+            first, end = bounds[:-1], bounds[1:]
+            items.extend(map(seg.items.__getitem__, map(slice, first, end)))
+            segs.extend(itertools.repeat(seg.positions, k))
+            firsts.extend(first)
+            ends.extend(end)
+            heads.extend([offset + i for i in first] if offset else first)
+            tails.extend([offset + j for j in end] if offset else end)
+            offset += len(seg)
+        # a run may leave items out (the open batch): reduce over [head, tail) pairs
+        sizes = np.concatenate([*(seg.sizes for seg, _ in runs), np.zeros(1)])
+        cuts = np.empty(2 * len(heads), dtype=np.int64)
+        cuts[0::2], cuts[1::2] = heads, tails
+        counts = cuts[1::2] - cuts[0::2]
+        real = np.add.reduceat(sizes, cuts)[0::2]
+        top = np.maximum.reduceat(sizes, cuts)[0::2]
+        over = self.cost.evaluate(counts.astype(np.float64), top, real) > self.budget
+        n0, e0, r0, p0, o0 = self._queued
+        cum_e = (e0 + np.cumsum(counts)).tolist()
+        cum_r = (r0 + np.cumsum(real)).tolist()
+        cum_p = (p0 + np.cumsum(counts * top)).tolist()
+        cum_o = (o0 + np.cumsum(over)).tolist()
+        self._queue.extend(
+            zip(items, range(n0 + 1, n0 + 1 + counts.size), cum_e, cum_r, cum_p, cum_o, segs, firsts, ends, strict=True)
+        )
+        self._queued = (n0 + counts.size, cum_e[-1], cum_r[-1], cum_p[-1], cum_o[-1])
+
+    # ------------------------------------------------------------------ sizes
+
+    def _measure(self, items: list[Any], first: int) -> NDArray[np.float64]:
+        n = len(items)
+        if self._sizeof_batch is not None:
+            try:
+                sizes = np.asarray(self._sizeof_batch(items), dtype=np.float64)
+            except Exception as exc:
+                raise located(exc, f"sizeof_batch failed on the chunk of stream items {first}..{first + n - 1}") from exc
+            if sizes.shape != (n,):
+                raise ValueError(
+                    f"sizeof_batch returned shape {sizes.shape} for a chunk of {n} items "
+                    f"(stream items {first}..{first + n - 1}); it must return one number per item"
+                )
+        else:
+            assert self._sizeof is not None  # batch_stream checks that exactly one is given
+            it = iter(items)
+            try:
+                sizes = np.fromiter(map(self._sizeof, it), dtype=np.float64, count=n)
+            except Exception as exc:
+                # `it` stopped just past the failing item
+                pos = first + n - operator.length_hint(it) - 1
+                raise located(exc, f"sizeof failed on stream item {pos}") from exc
+        bad = ~(np.isfinite(sizes) & (sizes >= 0))
+        if bad.any():
+            where = np.flatnonzero(bad)
+            raise ValueError(
+                "sizes must be non-negative and finite; bad sizes at stream "
+                + format_offenders(where + first, sizes[where]).replace("index", "item")
+            )
+        lower_budget(self._planner, sizes)
+        return sizes
+
+    def _screen(self, seg: Segment) -> Segment:
+        """Apply the oversized policy; lone items under ``"single"`` stay (planned alone)."""
+        alone = self.cost.sample_cost(seg.sizes)
+        over = np.flatnonzero(alone > self.budget)
+        if not over.size or self.oversized == "single":
+            return seg
+        if self.oversized == "error":
+            i = int(over[0])
+            raise ValueError(
+                f"stream item {int(seg.positions[i])} (size {seg.sizes[i]:g}) costs {alone[i]:g} alone, "
+                f"more than the budget {self.budget:g}. Pass oversized='single' to give such items a "
+                "batch of their own, or oversized='skip' to leave them out (they are counted in "
+                "the stream's summary)."
+            )
+        if not self._skipped:
+            logger.warning(
+                "skipping oversized stream item %d (size %g, budget %g); further skips are counted "
+                "in the stream's summary", int(seg.positions[over[0]]), seg.sizes[over[0]], self.budget,
+            )
+        self._skipped += int(over.size)
+        room = _SHOWN - len(self._skipped_positions)
+        self._skipped_positions.extend(int(p) for p in seg.positions[over[:room]])
+        return seg.take(np.flatnonzero(alone <= self.budget))
+
+    # ------------------------------------------------------------------ summary and state
+
+    @property
+    def summary(self) -> StreamSummary:
+        """A snapshot of the counters (see :class:`StreamSummary`)."""
+        batches, emitted, real, padded, over = self._totals
+        return StreamSummary(
+            items_read=self._read,
+            items_emitted=emitted,
+            batches=batches,
+            held=self._read - emitted - self._skipped,
+            skipped=self._skipped,
+            skipped_positions=tuple(self._skipped_positions),
+            oversized_batches=int(over),
+            padding_efficiency=real / padded if padded > 0 else 1.0,
+            finished=self._done and not self._queue,
+        )
+
+    def _options(self) -> dict[str, Any]:
+        strategy: dict[str, Any] = {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)}  # type: ignore[call-overload]
+        if strategy.get("boundaries") is not None:
+            strategy["boundaries"] = list(strategy["boundaries"])
+        return {
+            "budget": self.budget,
+            "cost": self.cost.to_dict(),
+            "strategy": strategy,
+            "buffer_size": self.buffer_size,
+            "max_batch_size": self.max_batch_size,
+            "oversized": self.oversized,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able state after the batches yielded so far (see the module docstring)."""
+        parts = [q[6][q[7] : q[8]] for q in self._queue] + [s.positions for s in self._planner.held_segments()]
+        pending = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        batches, emitted, real, padded, over = self._totals
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "options": self._options(),
+            "read": self._read,
+            "pending": to_runs(pending),
+            "batches": batches,
+            "emitted": emitted,
+            "real": real,
+            "padded": padded,
+            "skipped": self._skipped,
+            "skipped_positions": list(self._skipped_positions),
+            "oversized_batches": int(over),
+        }
+        if isinstance(self._planner, BucketPlanner):
+            p = self._planner
+            state["buckets"] = {
+                "tops": None if p.tops is None else p.tops.tolist(),
+                "next_fit": p.next_fit,
+            }
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue after the batches recorded in ``state`` (call before iterating).
+
+        The source is iterated from its start: the first ``read`` items are skipped (and the
+        not-yet-emitted ones among them buffered again, measured with ``sizeof`` once more).
+
+        Raises:
+            ValueError: unknown keys or version, other options, a stream already started, or a
+                source that replays fewer items than the state recorded.
+        """
+        unknown = set(state) - _STATE_KEYS
+        if unknown:
+            raise ValueError(f"unknown stream state keys {sorted(unknown)}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported stream state version {state.get('version')!r}; expected {STATE_VERSION}")
+        if state["options"] != self._options():
+            raise ValueError(
+                "state was saved with other stream options; build the stream with the same ones "
+                f"(saved: {state['options']!r}, now: {self._options()!r})"
+            )
+        if self._it is not None:
+            raise ValueError("load_state_dict must be called before the stream is iterated")
+        read = int(state["read"])
+        pending = from_runs(state["pending"])
+        self._it = iter(self._source)
+        reservoir = self._restore_planner(state.get("buckets"))
+        held = self._replay(read, pending, reservoir)
+        self._read = read
+        self._totals = self._queued = (
+            int(state["batches"]), int(state["emitted"]), float(state["real"]), float(state["padded"]),
+            int(state["oversized_batches"]),
+        )
+        self._skipped = int(state["skipped"])
+        self._skipped_positions = [int(p) for p in state["skipped_positions"]]
+        if len(held):
+            self._ingest(held, resume=True)
+
+    def _restore_planner(self, saved: Mapping[str, Any] | None) -> bool:
+        """Set saved bucket boundaries; True when the replay must rebuild the size reservoir."""
+        p = self._planner
+        if not isinstance(p, BucketPlanner) or saved is None or saved["tops"] is None:
+            return False
+        p.restore(np.asarray(saved["tops"], dtype=np.float64), saved["next_fit"])
+        return p.fitting
+
+    def _replay(self, read: int, pending: IntArray, reservoir: bool) -> Segment:
+        """Skip the first ``read`` source items, keeping those at ``pending`` positions."""
+        assert self._it is not None
+        parts: list[Segment] = []
+        pos = 0
+        while pos < read:
+            items = list(itertools.islice(self._it, min(8192, read - pos)))
+            if not items:
+                raise ValueError(f"the source replays {pos} items, fewer than the {read} the state recorded")
+            positions = np.arange(pos, pos + len(items), dtype=np.int64)
+            lo, hi = np.searchsorted(pending, [pos, pos + len(items)])
+            keep = pending[lo:hi] - pos
+            if reservoir and isinstance(self._planner, BucketPlanner) and self._planner.wants_sizes():
+                sizes = self._measure(items, pos)
+                fits = self.cost.sample_cost(sizes) <= self.budget
+                self._planner.observe(sizes[fits])
+                parts.append(Segment([items[i] for i in keep.tolist()], positions[keep], sizes[keep]))
+            elif keep.size:
+                picked = [items[i] for i in keep.tolist()]
+                parts.append(Segment(picked, positions[keep], self._measure(picked, pos)))
+            pos += len(items)
+        return Segment.join(parts) if parts else Segment([], np.zeros(0, np.int64), np.zeros(0))
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"BatchStream(strategy={self.strategy.name!r}, cost={self.cost.name!r}, budget={self.budget:g}, "
+            f"read={s.items_read}, batches={s.batches}, held={s.held})"
+        )
+
+
+def batch_stream(
+    iterable: Iterable[Any],
+    *,
+    sizeof: Callable[[Any], float] | None = None,
+    sizeof_batch: Callable[[list[Any]], Any] | None = None,
+    budget: float | str,
+    cost: str | CostModel | Any = "padded",
+    strategy: str | Strategy = "sequential",
+    buffer_size: int = 10_000,
+    max_batch_size: int | None = None,
+    oversized: str = "error",
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+) -> BatchStream:
+    """Batches of a stream whose cost fits ``budget`` (see the module docstring).
+
+    Args:
+        iterable: the source; read once, in chunks.
+        sizeof: size of one item. Exactly one of ``sizeof`` and ``sizeof_batch`` is required.
+        sizeof_batch: sizes of a list of items at once (an array of one number per item):
+            faster when sizes come from a vectorised computation.
+        budget: the most cost one batch may have (number or string such as ``"16GiB"``).
+        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
+        strategy: ``"sequential"``, ``"buckets"``, or ``fitbatch.Buckets(boundaries=...)``
+            (given bucket upper edges; ``spread`` and ``min_batches`` tune fitted ones).
+        buffer_size: items held at most by ``"buckets"`` (sequential holds one chunk and the
+            open batch).
+        max_batch_size: at most this many items per batch (``None``: no limit).
+        oversized: an item whose own cost exceeds the budget: ``"error"``, ``"single"`` (a
+            batch of its own) or ``"skip"`` (left out, counted in the summary and logged).
+        collate_fn: applied to each batch (a list of items) before it is yielded.
+
+    Returns:
+        A :class:`BatchStream` (an iterator of batches with ``summary`` and state).
+
+    Raises:
+        TypeError: neither or both of ``sizeof``/``sizeof_batch``, or options of the wrong type.
+        ValueError: bad option values; while iterating, an oversized item under
+            ``oversized="error"``, bad sizes, or a failing ``sizeof`` (re-raised with the
+            item's stream position).
+
+    >>> lengths = {"a": 3, "bb": 5, "c": 2, "ddd": 4}
+    >>> list(batch_stream(lengths, sizeof=lengths.get, budget=10, cost="padded"))
+    [['a', 'bb'], ['c', 'ddd']]
+    """
+    if (sizeof is None) == (sizeof_batch is None):
+        raise TypeError("pass exactly one of sizeof (one item -> size) and sizeof_batch (list of items -> sizes)")
+    for name, fn in (("sizeof", sizeof), ("sizeof_batch", sizeof_batch)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable, got {fn!r}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"collate_fn must be callable or None, got {collate_fn!r}")
+    if not isinstance(iterable, Iterable):
+        raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
+    return BatchStream(
+        iterable,
+        sizeof=sizeof,
+        sizeof_batch=sizeof_batch,
+        budget=parse_budget(budget),
+        cost=resolve_cost(cost),
+        strategy=resolve_stream_strategy(strategy),
+        buffer_size=int(positive_int("buffer_size", buffer_size) or 1),
+        max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
+        oversized=choice("oversized", oversized, OVERSIZED),
+        collate_fn=collate_fn,
+    )
+
+
+__all__ = [
+    "BatchStream",
+    "EqualSteps",
+    "EqualStepsSummary",
+    "StreamDataset",
+    "StreamShard",
+    "StreamSummary",
+    "batch_stream",
+    "equal_steps",
+]
