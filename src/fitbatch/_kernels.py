@@ -374,6 +374,20 @@ def _walk(seg_starts: IntArray, n: int, step: Callable[[int, int], int]) -> IntA
     return np.asarray(out, dtype=np.int64)
 
 
+def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
+    """Batch starts following ``i += counts[i]`` (counts never reach past their segment's end)."""
+    view = counts.data
+    out: list[int] = []
+    add = out.append
+    bounds = seg_starts.tolist() + [n]
+    for a, end in zip(bounds[:-1], bounds[1:]):
+        i = a
+        while i < end:
+            add(i)
+            i += view[i]
+    return np.asarray(out, dtype=np.int64)
+
+
 def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int]) -> IntArray:
     """The common walk: batch starts follow ``i += tab[level[i]]`` inside each segment.
 
@@ -430,12 +444,7 @@ def descending_starts(
         if multiple > 1:  # the last batch of a segment is not cut
             cut = (per_pos >= multiple) & (per_pos < to_end)
             per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)
-        view = per_pos.data
-
-        def step(i: int, end: int) -> int:
-            return min(i + view[i], end)
-
-        return _walk(seg_starts, n, step)
+        return _walk_counts(seg_starts, n, per_pos)
     lv = np.ascontiguousarray(level).data
     tab = table.tolist()
     if multiple > 1:
