@@ -1,0 +1,116 @@
+"""Drop-in adapters of the five seed tools' APIs, planned by fitbatch's engine.
+
+One thin module per tool; each keeps the tool's names and signatures, maps them onto the core
+(:func:`fitbatch.plan.plan_with`, :func:`fitbatch.streaming.batch_stream`,
+:mod:`fitbatch.memory`, :mod:`fitbatch.pipeline`, :mod:`fitbatch.schedule`) and says in its
+docstring where it deliberately differs from the original (a bug not reproduced) and why:
+
+* :mod:`fitbatch.compat.equibatch` — ``EquiarealBatchSampler``;
+* :mod:`fitbatch.compat.bionemo` — ``size_aware_batching``, ``SizeAwareBatchSampler``,
+  ``collect_cuda_peak_alloc``, ``PolynomialRegression``;
+* :mod:`fitbatch.compat.aistore` — ``DynamicBatchSampler``;
+* :mod:`fitbatch.compat.dpipe` — ``Infinite``, ``sample``, ``unpack_args``, ``apply_at``,
+  ``Threads``, ``Loky``, ``combine_pad``, ``combine_to_arrays``;
+* :mod:`fitbatch.compat.xla_vbs` — ``CustomSampler``, ``LinearRuleOptimizer``,
+  ``RootRuleOptimizer``, ``ConstantOptimizer``.
+
+Migrating is a change of the import line (see ``docs/migrating.md``). Importing a module here
+imports torch only where the adapter needs it by nature; the samplers subclass torch's
+``Sampler``/``BatchSampler`` on first access to the class, as ``fitbatch.BudgetBatchSampler``
+does.
+
+>>> from fitbatch.compat.equibatch import EquiarealBatchSampler
+>>> list(EquiarealBatchSampler(range(4), [5, 5, 9, 1].__getitem__, max_size=10, max_footprint=10))
+[[0, 1], [2, 3]]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fitbatch.plan import BatchPlan, PlanOptions, plan_with
+from fitbatch.sizes import Sizes, as_sizes
+
+TOOLS = ("aistore", "bionemo", "dpipe", "equibatch", "xla_vbs")
+
+__all__ = list(TOOLS)
+
+
+def __getattr__(name: str) -> Any:
+    # `fitbatch.compat.equibatch` without importing the other four (and their dependencies)
+    if name in TOOLS:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def measure(order: Sequence[Any], sizeof: Any, name: str) -> Sizes:
+    """``sizeof(i)`` for every entry of ``order``, validated: numbers, non-negative and finite.
+
+    Raises:
+        TypeError: a result is not a real number.
+        ValueError: negative or non-finite results, listed by sample (not by position).
+    """
+    raw = [sizeof(i) for i in order]
+    wrong = [v for v in raw if isinstance(v, (bool, np.bool_)) or not _is_real(v)]
+    if wrong:
+        raise TypeError(f"{name} must return real numbers, got {wrong[0]!r}")
+    values = np.asarray([float(v) for v in raw], dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+    if bad.size:
+        shown = ", ".join(f"sample {order[i]!r} (size {values[i]})" for i in bad[:5].tolist())
+        more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+        raise ValueError(f"{name} must return non-negative finite sizes; {bad.size} bad: {shown}{more}")
+    integral = all(isinstance(v, (int, np.integer)) for v in raw)
+    return Sizes(values, integral or bool(np.all(values == np.floor(values))))
+
+
+def _is_real(value: Any) -> bool:
+    # numbers, numpy scalars and 0-d tensors convert with float(); strings must not
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__float__")
+
+
+def plan_in_order(order: Sequence[Any], sizes: Any, budget: float | str, **options: Any) -> BatchPlan:
+    """Greedy sum-budget batches over samples in a given order (the three samplers' rule).
+
+    The plan is made over ``sizes`` (one per entry of ``order``, in that order) with the
+    ``sequential`` strategy and the ``sum`` cost, unshuffled; its positions index ``order``
+    (map them back with :func:`batches_of`).
+    """
+    opts = PlanOptions.build(budget, cost="sum", strategy="sequential", shuffle=False, **options)
+    sz = sizes if isinstance(sizes, Sizes) else as_sizes(sizes)
+    if len(sz) != len(order):
+        raise ValueError(f"got {len(sz)} sizes for {len(order)} samples")
+    return plan_with(sz, opts)
+
+
+def batches_of(plan: BatchPlan, order: Sequence[Any]) -> list[list[Any]]:
+    """The plan's batches as lists of the entries of ``order`` its positions point at."""
+    if not len(plan):
+        return []
+    items = np.asarray(order) if len(order) else np.zeros(0, np.int64)
+    if items.ndim == 1 and np.issubdtype(items.dtype, np.integer):
+        flat = items[plan.order].tolist()
+    else:  # indices of other types (keys, tuples): keep the very objects the sampler gave
+        flat = [order[i] for i in plan.order.tolist()]
+    bounds = plan.offsets.tolist()
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def torch_subclass(impl: type, base: str, module: str) -> type:
+    """``impl`` with torch's ``torch.utils.data.<base>`` as second base (``impl`` alone without torch).
+
+    ``impl`` owns ``__init__``, ``__iter__`` and ``__len__``; the torch base only makes
+    ``isinstance`` checks (``DataLoader``, Lightning) pass.
+    """
+    try:
+        torch_data = importlib.import_module("torch.utils.data")
+    except ImportError:  # pragma: no cover - exercised only without torch
+        bases: tuple[type, ...] = (impl,)
+    else:
+        bases = (impl, getattr(torch_data, base))
+    name = impl.__name__.lstrip("_")
+    return type(name, bases, {"__module__": module, "__qualname__": name, "__doc__": impl.__doc__})
