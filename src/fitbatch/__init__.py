@@ -33,6 +33,7 @@ from fitbatch.memory import (
     collect_peak_memory,
     measure_peak,
 )
+from fitbatch.metrics import position_size_correlation, repeat_rate
 from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
 from fitbatch.sizes import (
     Sizes,
@@ -150,6 +151,8 @@ __all__ = [
     "pad_collate",
     "parse_budget",
     "plan_batches",
+    "position_size_correlation",
+    "repeat_rate",
     "resolve_cost",
     "resolve_strategy",
 ]

@@ -126,22 +126,8 @@ def split_batches(plan: BatchPlan, sizes: Sizes, model: CostModel, extra: int) -
         mids = offsets[pick] + (counts[pick] + 1) // 2
         offsets = np.sort(np.concatenate([offsets, mids]))
         extra -= pick.size
-    counts, costs, real, padded = measure_batches(sizes, model, order, offsets)
-    return BatchPlan(
-        order,
-        offsets,
-        costs=costs,
-        real_units=real,
-        padded_units=padded,
-        budget=plan.budget,
-        cost_name=plan.cost_name,
-        strategy_name=plan.strategy_name,
-        lower_bound=plan.lower_bound,
-        skipped=plan.skipped,
-        dropped=plan.dropped,
-        dropped_batches=plan.dropped_batches,
-        plan_seconds=plan.plan_seconds,
-    )
+    _, costs, real, padded = measure_batches(sizes, model, order, offsets)
+    return plan.rebatched(order, offsets, (costs, real, padded))
 
 
 def _even_count(plan: BatchPlan, sizes: Sizes, model: CostModel, world: int, policy: str) -> BatchPlan:
@@ -227,21 +213,8 @@ def arrange_budgets(
 
 def _reindex(plan: BatchPlan, part: IntArray) -> BatchPlan:
     out = plan.select(np.arange(len(plan)))
-    return BatchPlan(
-        part[out.order],
-        out.offsets,
-        costs=out.costs,
-        real_units=out.real_units,
-        padded_units=out.padded_units,
-        budget=plan.budget,
-        cost_name=plan.cost_name,
-        strategy_name=plan.strategy_name,
-        lower_bound=plan.lower_bound,
-        skipped=part[plan.skipped],
-        dropped=part[plan.dropped],
-        dropped_batches=plan.dropped_batches,
-        plan_seconds=plan.plan_seconds,
-    )
+    per_batch = (out.costs, out.real_units, out.padded_units)
+    return plan.rebatched(part[out.order], out.offsets, per_batch, index_map=part)
 
 
 def _stack(ranked: list[BatchPlan], caps: FloatArray) -> Steps:

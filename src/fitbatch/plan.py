@@ -264,6 +264,38 @@ class BatchPlan(Sequence[IntArray]):
             batch_ids=base_ids,
         )
 
+    def rebatched(
+        self,
+        order: IntArray,
+        offsets: IntArray,
+        per_batch: tuple[FloatArray, FloatArray, FloatArray],
+        *,
+        index_map: IntArray | None = None,
+    ) -> BatchPlan:
+        """Other batches with this plan's metadata (budget, names, bound, skipped, dropped).
+
+        ``per_batch`` is (costs, real units, padded units) of the new batches; ``index_map``
+        renames sample indices (a plan of a subset mapped back to the whole dataset).
+        """
+        rename = (lambda a: a) if index_map is None else (lambda a: index_map[a])
+        costs, real, padded = per_batch
+        return BatchPlan(
+            order,
+            offsets,
+            costs=costs,
+            real_units=real,
+            padded_units=padded,
+            budget=self.budget,
+            cost_name=self.cost_name,
+            strategy_name=self.strategy_name,
+            lower_bound=self.lower_bound,
+            skipped=rename(self.skipped),
+            dropped=rename(self.dropped),
+            dropped_batches=self.dropped_batches,
+            plan_seconds=self.plan_seconds,
+            straggler_ratio=self.straggler_ratio,
+        )
+
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""
         padded = float(self.padded_units.sum())

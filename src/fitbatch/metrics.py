@@ -1,0 +1,73 @@
+"""How random a plan is: metrics to check that size-aware batching still trains well.
+
+Sorting by size pads little but can make an epoch predictable: the same samples meet in the
+same batches every epoch, or batch sizes drift through the epoch. Two numbers catch both:
+
+* :func:`repeat_rate` — of the sample pairs that share a batch in one epoch, the share that
+  share one again in the next (1.0 for a fixed global sort of distinct sizes);
+* :func:`position_size_correlation` — the Spearman correlation between a batch's position in the
+  epoch and its mean size (±1 for sorted batch orders, about 0 when batches are interleaved).
+
+>>> import fitbatch
+>>> sizes = [5, 1, 4, 2, 3, 3, 6, 2]
+>>> a = fitbatch.plan_batches(sizes, 6, strategy="sorted")
+>>> repeat_rate(a, a)
+1.0
+>>> position_size_correlation(a, sizes) > 0.9
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch.plan import BatchPlan
+
+
+def batch_of_sample(plan: BatchPlan, n: int) -> NDArray[np.int64]:
+    """Batch index of every sample 0..n-1 (-1 for samples not in the plan)."""
+    ids = np.full(n, -1, dtype=np.int64)
+    ids[plan.order] = np.repeat(np.arange(len(plan)), plan.counts)
+    return ids
+
+
+def repeat_rate(plan_a: BatchPlan, plan_b: BatchPlan, n: int | None = None) -> float:
+    """Share of sample pairs sharing a batch in ``plan_a`` that share one again in ``plan_b``.
+
+    ``n`` is the number of samples (default: one more than the largest index planned).
+    """
+    if n is None:
+        n = 1 + max(int(plan_a.order.max(initial=-1)), int(plan_b.order.max(initial=-1)))
+    a, b = batch_of_sample(plan_a, n), batch_of_sample(plan_b, n)
+    counts = plan_a.counts.astype(np.float64)
+    pairs_a = float((counts * (counts - 1) / 2).sum())
+    if pairs_a == 0:
+        return 0.0
+    both = (a >= 0) & (b >= 0)
+    # pairs together in both plans = sum over (batch in a, batch in b) cells of C(cell, 2)
+    _, cell = np.unique(a[both] * (int(b.max()) + 1) + b[both], return_counts=True)
+    cell = cell.astype(np.float64)
+    return float((cell * (cell - 1) / 2).sum()) / pairs_a
+
+
+def position_size_correlation(plan: BatchPlan, sizes: Any) -> float:
+    """Spearman correlation between a batch's position in the epoch and its mean size."""
+    if len(plan) < 3:
+        return 0.0
+    values = np.asarray(sizes, dtype=np.float64)
+    if values.ndim > 1:
+        values = values.prod(axis=1)
+    mean = np.add.reduceat(values[plan.order], plan.offsets[:-1]) / plan.counts
+    if np.all(mean == mean[0]):
+        return 0.0
+    return float(np.corrcoef(np.arange(len(plan), dtype=np.float64), _average_ranks(mean))[0, 1])
+
+
+def _average_ranks(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    ranks = np.empty(x.size)
+    ranks[np.argsort(x, kind="stable")] = np.arange(x.size)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    return np.bincount(inv, weights=ranks)[inv] / counts[inv]
