@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fitbatch import pad_collate
-from fitbatch import BatchSizeSchedule, GradientAccumulator, ScheduledBatchSampler
+from fitbatch import BatchSizeSchedule, GradientAccumulator, ScheduledBatchSampler, pad_collate
 
 VOCAB, DIM = 64, 32
 

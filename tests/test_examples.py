@@ -1,0 +1,98 @@
+"""Smoke tests: every training example and ``bench/train.py`` run end to end with tiny arguments.
+
+Each runs in a subprocess with a timeout (a few standard-library files, a few thousand tokens);
+optional dependencies (Lightning, ``datasets``) skip their example when absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TINY = ["--files", "12", "--vocab", "256", "--max-len", "64", "--budget", "512", "--tokens", "1500"]
+
+
+def run(args: list[str], timeout: float = 60) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_lm_data_and_model_doctests() -> None:
+    out = run([sys.executable, "-m", "doctest", str(EXAMPLES / "_lm_data.py"), str(EXAMPLES / "_lm_model.py")])
+    assert out == ""
+
+
+def test_packed_attention_matches_padded() -> None:
+    """Block-diagonal packed attention (every backend) equals padded causal attention."""
+    import torch
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import _lm_model as lm
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    torch.manual_seed(0)
+    model = lm.TinyLM(lm.LMConfig(vocab=64, dim=16, layers=2, heads=2, max_len=80))
+    seqs = [torch.randint(1, 64, (int(n),)) for n in (3, 70, 17, 2, 33, 9)]
+    want, n = model(lm.collate_padded(seqs))
+    for attention in ("dense", "grouped"):
+        got, m = model(lm.collate_packed(seqs), attention)
+        assert int(m) == int(n)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    got, _ = model(lm.collate_packed(seqs, pad_to=200), "grouped")  # filler attends only to itself
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_train_lm_all_modes() -> None:
+    out = run([sys.executable, "examples/train_lm.py", *TINY, "--threads", "1"])
+    for mode in ("fixed", "padded", "packed"):
+        assert f"| {mode} |" in out
+
+
+def test_train_lm_ddp_two_ranks() -> None:
+    out = run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "examples/train_lm_ddp.py", *TINY, "--mode", "packed"],
+        timeout=90,
+    )
+    assert "2 rank(s)" in out and "replica weights identical" in out and "| packed |" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning is not installed")
+def test_train_lightning() -> None:
+    out = run([sys.executable, "examples/train_lightning.py", *TINY], timeout=90)
+    assert "padded:" in out and "held-out loss" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets is not installed")
+def test_train_hf_datasets() -> None:
+    out = run([sys.executable, "examples/train_hf_datasets.py", *TINY, "--mode", "packed"], timeout=90)
+    assert "packed:" in out and "held-out loss" in out
+
+
+def test_bench_train(tmp_path: Path) -> None:
+    result = tmp_path / "rows.json"
+    out = run(
+        [sys.executable, "bench/train.py", *TINY, "--threads", "1", "--modes", "fixed,packed,lhotse",
+         "--out", str(result)],
+        timeout=90,
+    )
+    assert "| mode | real tokens/s |" in out
+    rows = {r["mode"]: r for r in json.loads(result.read_text())["rows"]}
+    assert rows["fixed"]["real_tokens"] >= 1500 and rows["packed"]["padded_fraction"] == 0.0
+    assert rows["packed"]["max_fill"] <= 1.0 and rows["fixed"]["max_fill"] <= 1.0
+    assert "tokens_per_s" in rows["lhotse"] or "lhotse" in rows["lhotse"]["error"]
