@@ -100,6 +100,58 @@ def test_sequential_long_open_batch_uses_the_kernel_carry():
         assert got == want.to_lists()
 
 
+@given(
+    n=st.integers(1, 400),
+    seed=st.integers(0, 2**16),
+    kind=st.sampled_from(["int", "long", "dyadic", "zeros"]),
+    budget=st.sampled_from([0.5, 7.0, 40.0, 300.0, 5000.0, 7.0 * (1 - 1e-12)]),
+    cap=st.one_of(st.none(), st.integers(1, 12)),
+)
+@settings(max_examples=60)
+def test_sum_starts_equal_the_kernel_both_ways(n, seed, kind, budget, cap):
+    # the stream's sum walk (searched at every position, or bisected per batch) is the kernel's
+    from fitbatch import _kernels as K
+
+    sizes = np.zeros(n) if kind == "zeros" else make_sizes(n, seed, kind)
+    cost = fitbatch.resolve_cost("sum")
+    want = K.descending_starts(np.zeros(n, np.uint8), np.zeros(1), sizes, np.zeros(1, np.int64), budget, cost, cap=cap)
+    default = SP.LONG_BATCH
+    try:
+        for long_batch in (0, 10**9):
+            SP.LONG_BATCH = long_batch
+            assert SP.sum_starts(sizes, budget, cap) == want.tolist()
+    finally:
+        SP.LONG_BATCH = default
+
+
+def test_next_and_iter_share_one_position_and_errors_do_not_end_the_stream():
+    def sizeof(x):
+        if x == 3:
+            raise KeyError("boom")
+        return 1.0
+
+    stream = batch_stream(range(20000), sizeof=sizeof, budget=4, cost="sum")
+    with pytest.raises(KeyError, match="stream item 3"):
+        next(stream)
+    assert next(stream) == [8192, 8193, 8194, 8195]  # the failed chunk is lost, as it is read
+    it = iter(stream)
+    assert next(it) == [8196, 8197, 8198, 8199] and next(stream)[0] == 8200
+    batch = next(iter(stream))  # a for loop's first step
+    assert batch[0] == 8204 and stream.summary.batches == 4
+    assert stream.summary.items_emitted == 16
+
+
+def test_batch_stream_does_not_import_torch():
+    code = (
+        "import sys, fitbatch.streaming as fs\n"
+        "assert list(fs.batch_stream([3, 1, 2], sizeof=int, budget=4, cost='sum')) == [[3, 1], [2]]\n"
+        "assert 'torch' not in sys.modules, 'batch_stream imported torch'\n"
+        "fs.StreamDataset, fs.StreamShard, fs.equal_steps\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_seed_behaviour_and_collate():
     # bionemo's size_aware_batching example: numel per tensor, max_total_size=4, default_collate
     import torch

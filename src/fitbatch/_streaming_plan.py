@@ -14,6 +14,7 @@ batches the uninterrupted stream still had to emit.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -36,6 +37,9 @@ RESERVOIR = 1 << 16
 # Buckets are fitted as narrow as for this many buffers' worth of the sizes seen: each then fills
 # a couple of batches per that many buffers, so the fullest bucket is usually full when needed.
 VIRTUAL_BUFFERS = 25
+# Sum costs: past this many items per batch on average, bisect once per batch instead of
+# searching at every position (both give the same batches; this only picks the faster).
+LONG_BATCH = 32
 
 
 @dataclasses.dataclass
@@ -80,12 +84,51 @@ def _fast_sum(cost: CostModel) -> bool:
 def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
     """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan)."""
     if _fast_sum(cost) and sizes.size:
-        # A sum cost ignores the planning max, so the sorted kernel's prefix-sum search is the
-        # same greedy, walked once per batch instead of once per sample.
-        level = np.zeros(sizes.size, np.uint8)
-        return K.descending_starts(level, np.zeros(1), sizes, np.zeros(1, np.int64), budget, cost, cap=cap)
+        return np.asarray(sum_starts(sizes, budget, cap), dtype=np.int64)
     starts, _ = K.greedy_starts(sizes, budget, cost, cap=cap)
     return starts
+
+
+def start_list(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> list[int]:
+    """:func:`plan_starts` as a list."""
+    if _fast_sum(cost) and sizes.size:
+        return sum_starts(sizes, budget, cap)
+    return plan_starts(sizes, budget, cost, cap).tolist()
+
+
+def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
+    """Greedy batch starts under an unweighted sum cost, as the core kernel finds them.
+
+    A sum cost ignores the planning max, so the sorted kernel's prefix-sum search
+    (:func:`fitbatch._kernels.descending_starts` over one segment) is the same greedy: the batch
+    at ``i`` ends after the last ``j`` with ``csum[j] <= csum[i] + budget`` (one item at least,
+    ``cap`` at most). The same ``csum`` and comparisons here, so the same batches: searched at
+    every position at once when batches are short, bisected once per batch when they are long.
+    """
+    n = sizes.size
+    csum = np.empty(n + 1)
+    csum[0] = 0.0
+    np.cumsum(sizes, dtype=np.float64, out=csum[1:])
+    room = n if cap is None else cap
+    out: list[int] = []
+    add = out.append
+    i = 0
+    if budget * n >= LONG_BATCH * csum[-1]:
+        view = csum.data
+        # Invariant: i is a batch start; the bisection finds its end within [i + 1, i + room].
+        while i < n:
+            add(i)
+            j = bisect.bisect_right(view, view[i] + budget, i + 1, i + 1 + min(n - i, room)) - 1
+            i = j if j > i else i + 1
+        return out
+    pos = np.arange(n, dtype=np.int64)
+    reach = np.searchsorted(csum, csum[:-1] + budget, side="right") - 1
+    nxt = np.clip(reach, pos + 1, pos + room).data  # never past n: reach <= n
+    # Invariant: i is a batch start; the next one is nxt[i].
+    while i < n:
+        add(i)
+        i = nxt[i]
+    return out
 
 
 def split(seg: Segment, starts: IntArray) -> list[Segment]:
@@ -139,7 +182,7 @@ class SequentialPlanner:
         if self._held <= CHUNK:
             # re-plan the open batch with the chunk: cheap (one batch) and allows the sum fast path
             whole = Segment.join([*self._open, seg])
-            starts = plan_starts(whole.sizes, self.budget, self.cost, self.cap).tolist()
+            starts = start_list(whole.sizes, self.budget, self.cost, self.cap)
             last = starts[-1]
             self._open, self._held = [whole.cut(last, len(whole))], len(whole) - last
             self._carry = None

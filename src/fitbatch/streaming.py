@@ -22,7 +22,8 @@ the source again from its start, skips what was emitted, re-buffers what was not
 **exact when the source replays the same items in the same order**.
 
 Data-parallel training and DataLoader workers: see :class:`StreamDataset` and
-:func:`equal_steps` (re-exported here from :mod:`fitbatch._streaming_parallel`).
+:func:`equal_steps` (re-exported here from :mod:`fitbatch._streaming_parallel` and imported on
+first use: :func:`batch_stream` alone never imports torch).
 
 >>> stream = batch_stream([6, 10, 7, 57, 9, 7, 10], sizeof=int, budget=60, cost="sum")
 >>> list(stream)
@@ -33,24 +34,16 @@ Data-parallel training and DataLoader workers: see :class:`StreamDataset` and
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import logging
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._streaming_parallel import (
-    EqualSteps,
-    EqualStepsSummary,
-    StreamDataset,
-    StreamShard,
-    equal_steps,
-)
 from fitbatch._streaming_plan import (
     BucketPlanner,
     Run,
@@ -68,6 +61,15 @@ from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.plan import OVERSIZED
 from fitbatch.strategies import Buckets, Strategy
 
+if TYPE_CHECKING:  # imported lazily below: StreamDataset subclasses torch's IterableDataset
+    from fitbatch._streaming_parallel import (
+        EqualSteps,
+        EqualStepsSummary,
+        StreamDataset,
+        StreamShard,
+        equal_steps,
+    )
+
 logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
@@ -77,6 +79,17 @@ _STATE_KEYS = frozenset(
      "skipped_positions", "oversized_batches", "buckets"}
 )
 _SHOWN = 10  # skipped positions kept in the summary
+# Names from fitbatch._streaming_parallel, which imports torch (seconds): loaded on first use, so
+# that batch_stream alone never imports torch.
+_LAZY = frozenset({"EqualSteps", "EqualStepsSummary", "StreamDataset", "StreamShard", "equal_steps"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from fitbatch import _streaming_parallel
+
+        return getattr(_streaming_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +119,58 @@ class StreamSummary:
     finished: bool
 
 
+Totals = tuple[int, int, float, float, int]
+_NO_BATCHES = np.zeros(0, np.int64)
+
+
+@dataclasses.dataclass
+class _Round:
+    """The batches of one planning round, sliced out of the round's items on demand, in C.
+
+    Nothing is recorded per batch: how many were yielded is read off the length hint of the
+    iterator over the batch heads when the summary or the state is asked for, and the totals at
+    that point come from the round's cumulative arrays (``[j - 1]`` after ``j`` batches).
+    """
+
+    batches: Iterator[Any]  # slices items[head:tail] on demand (short-lived lists: cheap to collect)
+    heads: Iterator[int]  # the list iterator over the batch heads: its length hint is what is left
+    size: int
+    base: Totals  # (batches, items, real units, padded units, oversized batches) before the round
+    emitted: IntArray  # cumulative totals after each batch of the round, base included
+    real: NDArray[np.float64]
+    padded: NDArray[np.float64]
+    over: IntArray
+    runs: list[tuple[IntArray, int, int]]  # the batches' items are positions[a:z] of these, in order
+
+    @staticmethod
+    def empty(base: Totals) -> _Round:
+        none = np.zeros(0)
+        return _Round(iter([]), iter([]), 0, base, _NO_BATCHES, none, none, _NO_BATCHES, [])
+
+    def yielded(self) -> int:
+        return self.size - operator.length_hint(self.heads)
+
+    def totals(self, j: int) -> Totals:
+        """The totals after ``j`` batches of the round."""
+        if not j:
+            return self.base
+        k = j - 1
+        return (self.base[0] + j, int(self.emitted[k]), float(self.real[k]), float(self.padded[k]), int(self.over[k]))
+
+    def pending(self) -> IntArray:
+        """Stream positions of the items of the batches not yet yielded."""
+        j = self.yielded()
+        if j == self.size:
+            return _NO_BATCHES
+        first = int(self.emitted[j - 1]) - self.base[1] if j else 0
+        return np.concatenate([p[a:z] for p, a, z in self.runs])[first:]
+
+
 class BatchStream(Iterator[Any]):
     """An iterator of batches over a source of unknown length (built by :func:`batch_stream`).
 
-    Iterating yields each batch once; the object is its own iterator (a stream is read once).
+    Iterating yields each batch once (a stream is read once): ``next(stream)`` and every
+    ``iter(stream)`` share one position, and ``summary``/``state_dict()`` describe it.
     """
 
     def __init__(
@@ -137,35 +198,45 @@ class BatchStream(Iterator[Any]):
         else:
             self._planner = SequentialPlanner(budget, cost, max_batch_size)
         self._it: Iterator[Any] | None = None
-        # queued batches: (items, *running totals after it, positions of its segment, first, end)
-        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        # the batches planned and not all yielded yet, and the iterator that yields them all
+        self._round = _Round.empty((0, 0, 0.0, 0.0, 0))
+        self._batches: Iterator[Any] | None = None
         self._done = False
         self._read = 0
-        # (batches, items, real units, padded units, oversized batches) after the last batch
-        # yielded, and after the last one queued
-        self._totals: tuple[int, int, float, float, int] = (0, 0, 0.0, 0.0, 0)
-        self._queued: tuple[int, int, float, float, int] = self._totals
         self._skipped = 0
         self._skipped_positions: list[int] = []
 
     # ------------------------------------------------------------------ iteration
 
-    def __iter__(self) -> BatchStream:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        # A C-level chain over the rounds' list iterators: a batch costs no Python call.
+        return self._batches or self._start()
 
     def __next__(self) -> Any:
-        if self._it is None:
-            self._it = iter(self._source)
-        while not self._queue:
-            if self._done:
-                raise StopIteration
-            self._round()
-        entry = self._queue.popleft()
-        self._totals = entry[1:6]
-        return self._collate(entry[0]) if self._collate is not None else entry[0]
+        return next(self._batches or self._start())
 
-    def _round(self) -> None:
-        assert self._it is not None  # set by __next__ (an internal invariant, not user input)
+    def _start(self) -> Iterator[Any]:
+        self._batches = itertools.chain.from_iterable(self._rounds())
+        return self._batches
+
+    def _rounds(self) -> Iterator[Iterator[Any]]:
+        try:
+            if self._it is None:
+                self._it = iter(self._source)
+            while True:
+                if operator.length_hint(self._round.heads):
+                    batches = self._round.batches
+                    yield batches if self._collate is None else map(self._collate, batches)
+                elif self._done:
+                    return
+                else:
+                    self._next_round()
+        except BaseException:
+            self._batches = None  # an error ends this chain; the next call continues in a new one
+            raise
+
+    def _next_round(self) -> None:
+        assert self._it is not None  # set by _rounds (an internal invariant, not user input)
         items = list(itertools.islice(self._it, self._planner.want()))
         if not items:
             self._done = True
@@ -179,58 +250,66 @@ class BatchStream(Iterator[Any]):
         first = self._read
         self._read += len(items)
         seg = Segment(items, np.arange(first, self._read, dtype=np.int64), self._measure(items, first))
-        self._ingest(self._screen(seg))
+        self._enqueue(self._ingest(self._screen(seg)))
 
-    def _ingest(self, seg: Segment, resume: bool = False) -> None:
+    def _ingest(self, seg: Segment, resume: bool = False) -> list[Run]:
+        runs: list[Run] = []
         if isinstance(self._planner, BucketPlanner) and self.oversized == "single":
             alone = self.cost.sample_cost(seg.sizes) > self.budget
             if alone.any():  # lone items go out at once; buckets only hold what fits
-                self._enqueue(whole_runs([seg.take(np.array([i])) for i in np.flatnonzero(alone)]))
+                runs = whole_runs([seg.take(np.array([i])) for i in np.flatnonzero(alone)])
                 seg = seg.take(np.flatnonzero(~alone))
         if resume and isinstance(self._planner, BucketPlanner) and self._planner.tops is not None:
-            self._enqueue(self._planner.place(seg))
-        else:
-            self._enqueue(self._planner.absorb(seg))
+            return runs + self._planner.place(seg)
+        return runs + self._planner.absorb(seg)
 
     def _enqueue(self, runs: Iterable[Run]) -> None:
-        """Queue the batches of planner runs with running totals for the summary (vectorised)."""
+        """Start a round with the batches of planner runs (the last round is fully yielded)."""
+        base = self._round.totals(self._round.size)
         runs = [(seg, bounds) for seg, bounds in runs if len(bounds) > 1]
         if not runs:
+            self._round = _Round.empty(base)
             return
-        items: list[list[Any]] = []
-        segs: list[Any] = []
-        firsts: list[int] = []
-        ends: list[int] = []
-        heads: list[int] = []
-        tails: list[int] = []
-        offset = 0
-        for seg, bounds in runs:
-            k = len(bounds) - 1
-            first, end = bounds[:-1], bounds[1:]
-            items.extend(map(seg.items.__getitem__, map(slice, first, end)))
-            segs.extend(itertools.repeat(seg.positions, k))
-            firsts.extend(first)
-            ends.extend(end)
-            heads.extend([offset + i for i in first] if offset else first)
-            tails.extend([offset + j for j in end] if offset else end)
-            offset += len(seg)
-        # a run may leave items out (the open batch): reduce over [head, tail) pairs
-        sizes = np.concatenate([*(seg.sizes for seg, _ in runs), np.zeros(1)])
-        cuts = np.empty(2 * len(heads), dtype=np.int64)
-        cuts[0::2], cuts[1::2] = heads, tails
-        counts = cuts[1::2] - cuts[0::2]
-        real = np.add.reduceat(sizes, cuts)[0::2]
-        top = np.maximum.reduceat(sizes, cuts)[0::2]
+        if len(runs) == 1:  # the sequential case: one segment, batches back to back
+            seg, bounds = runs[0]
+            items = seg.items
+            heads, tails = bounds[:-1], bounds[1:]
+            cuts = np.fromiter(bounds, dtype=np.int64, count=len(bounds))
+            # each batch reduced over the same items as with [head, tail) pairs, in one pass
+            real = np.add.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
+            top = np.maximum.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
+            counts = np.diff(cuts)
+        else:
+            items = []
+            heads = []
+            tails = []
+            offsets: list[int] = []
+            offset = 0
+            for seg, bounds in runs:
+                items.extend(seg.items)
+                heads.extend(bounds[:-1])
+                tails.extend(bounds[1:])
+                offsets.append(offset)
+                offset += len(seg)
+            # a run may leave items out (the open batch): reduce over [head, tail) pairs
+            sizes = np.concatenate([*(seg.sizes for seg, _ in runs), np.zeros(1)])
+            shift = np.repeat(np.asarray(offsets, dtype=np.int64), [len(b) - 1 for _, b in runs])
+            pairs = np.empty(2 * len(heads), dtype=np.int64)
+            pairs[0::2], pairs[1::2] = heads, tails
+            pairs[0::2] += shift
+            pairs[1::2] += shift
+            heads, tails = pairs[0::2].tolist(), pairs[1::2].tolist()
+            real = np.add.reduceat(sizes, pairs)[0::2]
+            top = np.maximum.reduceat(sizes, pairs)[0::2]
+            counts = pairs[1::2] - pairs[0::2]
         over = self.cost.evaluate(counts.astype(np.float64), top, real) > self.budget
-        n0, e0, r0, p0, o0 = self._queued
-        cum_e = (e0 + np.cumsum(counts)).tolist()
-        cum_r = (r0 + np.cumsum(real)).tolist()
-        cum_p = (p0 + np.cumsum(counts * top)).tolist()
-        cum_o = (o0 + np.cumsum(over)).tolist()
-        self._queue.extend(
-            zip(items, range(n0 + 1, n0 + 1 + counts.size), cum_e, cum_r, cum_p, cum_o, segs, firsts, ends, strict=True)
+        _, e0, r0, p0, o0 = base
+        head_it = iter(heads)
+        self._round = _Round(
+            map(items.__getitem__, map(slice, head_it, tails)), head_it, len(heads),
+            base, e0 + np.cumsum(counts), r0 + np.cumsum(real), p0 + np.cumsum(counts * top), o0 + np.cumsum(over),
+            [(seg.positions, b[0], b[-1]) for seg, b in runs],
         )
-        self._queued = (n0 + counts.size, cum_e[-1], cum_r[-1], cum_p[-1], cum_o[-1])
 
     # ------------------------------------------------------------------ sizes
 
@@ -255,9 +334,9 @@ class BatchStream(Iterator[Any]):
                 # `it` stopped just past the failing item
                 pos = first + n - operator.length_hint(it) - 1
                 raise located(exc, f"sizeof failed on stream item {pos}") from exc
-        bad = ~(np.isfinite(sizes) & (sizes >= 0))
-        if bad.any():
-            where = np.flatnonzero(bad)
+        # min and max propagate NaN: one pass each tells that every size is finite and >= 0
+        if not (sizes.size == 0 or (sizes.min() >= 0 and sizes.max() < np.inf)):
+            where = np.flatnonzero(~(np.isfinite(sizes) & (sizes >= 0)))
             raise ValueError(
                 "sizes must be non-negative and finite; bad sizes at stream "
                 + format_offenders(where + first, sizes[where]).replace("index", "item")
@@ -268,8 +347,10 @@ class BatchStream(Iterator[Any]):
     def _screen(self, seg: Segment) -> Segment:
         """Apply the oversized policy; lone items under ``"single"`` stay (planned alone)."""
         alone = self.cost.sample_cost(seg.sizes)
+        if not alone.size or self.oversized == "single" or alone.max() <= self.budget:
+            return seg
         over = np.flatnonzero(alone > self.budget)
-        if not over.size or self.oversized == "single":
+        if not over.size:  # NaN costs: as before, kept
             return seg
         if self.oversized == "error":
             i = int(over[0])
@@ -291,10 +372,14 @@ class BatchStream(Iterator[Any]):
 
     # ------------------------------------------------------------------ summary and state
 
+    def _totals(self) -> Totals:
+        """(batches, items, real units, padded units, oversized batches) of the batches yielded."""
+        return self._round.totals(self._round.yielded())
+
     @property
     def summary(self) -> StreamSummary:
         """A snapshot of the counters (see :class:`StreamSummary`)."""
-        batches, emitted, real, padded, over = self._totals
+        batches, emitted, real, padded, over = self._totals()
         return StreamSummary(
             items_read=self._read,
             items_emitted=emitted,
@@ -304,7 +389,7 @@ class BatchStream(Iterator[Any]):
             skipped_positions=tuple(self._skipped_positions),
             oversized_batches=int(over),
             padding_efficiency=real / padded if padded > 0 else 1.0,
-            finished=self._done and not self._queue,
+            finished=self._done and not operator.length_hint(self._round.heads),
         )
 
     def _options(self) -> dict[str, Any]:
@@ -322,9 +407,9 @@ class BatchStream(Iterator[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able state after the batches yielded so far (see the module docstring)."""
-        parts = [q[6][q[7] : q[8]] for q in self._queue] + [s.positions for s in self._planner.held_segments()]
-        pending = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        batches, emitted, real, padded, over = self._totals
+        parts = [self._round.pending()] + [s.positions for s in self._planner.held_segments()]
+        pending = np.concatenate(parts)
+        batches, emitted, real, padded, over = self._totals()
         state: dict[str, Any] = {
             "version": STATE_VERSION,
             "options": self._options(),
@@ -374,14 +459,14 @@ class BatchStream(Iterator[Any]):
         reservoir = self._restore_planner(state.get("buckets"))
         held = self._replay(read, pending, reservoir)
         self._read = read
-        self._totals = self._queued = (
+        self._round = _Round.empty((
             int(state["batches"]), int(state["emitted"]), float(state["real"]), float(state["padded"]),
             int(state["oversized_batches"]),
-        )
+        ))
         self._skipped = int(state["skipped"])
         self._skipped_positions = [int(p) for p in state["skipped_positions"]]
         if len(held):
-            self._ingest(held, resume=True)
+            self._enqueue(self._ingest(held, resume=True))
 
     def _restore_planner(self, saved: Mapping[str, Any] | None) -> bool:
         """Set saved bucket boundaries; True when the replay must rebuild the size reservoir."""

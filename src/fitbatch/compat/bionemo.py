@@ -131,7 +131,7 @@ def size_aware_batching(
     >>> list(size_aware_batching(["ab", "cde", "f", "ghij"], len, 4, collate_fn="".join))
     ['ab', 'cdef', 'ghij']
     """
-    # fitbatch.streaming imports torch (for its IterableDataset): imported on use only
+
     from fitbatch.streaming import batch_stream
 
     size = _size_function(sizeof)
