@@ -88,7 +88,10 @@ class Steps:
 
     def rank_plan(self, rank: int) -> BatchPlan:
         """The batches of one rank, in step order (its stats carry the straggler ratio)."""
-        return self.plan.select(self.grid[:, rank], straggler_ratio=self.straggler_ratio)
+        out = self.plan.select(self.grid[:, rank], straggler_ratio=self.straggler_ratio)
+        # A rank's share: no split into equal steps has fewer than ceil(global bound / world).
+        out.lower_bound = -(-self.plan.lower_bound // self.grid.shape[1])
+        return out
 
     def consumed_samples(self, steps_done: int) -> IntArray:
         """Indices of the samples in the first ``steps_done`` steps, all ranks together."""

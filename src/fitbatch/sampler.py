@@ -159,7 +159,7 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
         return arrange(plan, self._sizes, self._opts.cost, world, seed=self._opts.seed, epoch=epoch, policy=self.policy)
 
     def plan(self, epoch: int | None = None) -> BatchPlan:
-        """This rank's batches for the epoch, in order (the whole epoch, ignoring resume)."""
+        """This rank's batches for the epoch in step order (after a resume on another world size: the rest)."""
         return self.steps(epoch).rank_plan(self.rank)
 
     def step_totals(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,124 @@
+"""Data-parallel balance benchmark: straggler ratio of cost-balanced steps vs a round-robin split.
+
+Run from the repository root:
+
+    python bench/distributed.py                  # both real sets at 1M samples (about a minute)
+    python bench/distributed.py --samples 200000 --worlds 2 8
+
+For each real length set (``/work/shared/data/*.npy``, else ``tests/data/``), resampled to
+``--samples`` samples with a fixed seed, budget 16384 tokens, padded cost, pooled strategy
+(``cpython_stdlib_pytokens`` with ``oversized="skip"``: 3.4 % of its files exceed the budget
+alone), and each world size it plans the epoch once as every rank does and prints, in one
+markdown table:
+
+* **balanced**: the straggler ratio of ``BudgetBatchSampler``'s arrangement (mean over steps of
+  the most expensive rank batch / the mean rank batch of the step; 1.0 is perfect balance);
+* **round-robin**: the same batches, in the same shuffled order, dealt batch ``i`` -> rank
+  ``i % W`` as a plain ``DistributedSampler``-style wrapping of a batch sampler does;
+* **idle**: the share of rank time spent waiting for the step's slowest rank, when a batch's
+  time is proportional to its cost (``1 - sum of step means / sum of step maxima``);
+* padding efficiency of the single-process plan and of the distributed global plan (the
+  ``policy="split"`` plan, whose extra batches are halves of the most expensive ones), the
+  batches added by the split, and the time one rank spends planning and arranging.
+
+Targets (issue 3): balanced straggler ratio <= 1.02 at world size 8, padding efficiency within
+1 point of the single-process plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+import fitbatch
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LOCAL = Path(__file__).resolve().parents[1] / "tests" / "data"
+SETS = {"cpython_stdlib_functions": "error", "cpython_stdlib_pytokens": "skip"}
+BUDGET = 16384.0
+
+
+def load(name: str) -> np.ndarray:
+    for root in (DATA, LOCAL):
+        path = root / f"{name}.npy"
+        if path.exists():
+            return np.load(path)
+    raise FileNotFoundError(f"{name}.npy not found in {DATA} or {LOCAL}")
+
+
+def resample(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    return base[np.random.default_rng(seed).integers(0, base.size, n)]
+
+
+def straggler_and_idle(step_costs: np.ndarray) -> tuple[float, float]:
+    """(mean over steps of max / mean rank cost, share of rank time spent waiting)."""
+    mx, mean = step_costs.max(axis=1), step_costs.mean(axis=1)
+    ok = mean > 0
+    return float(np.mean(mx[ok] / mean[ok])), float(1.0 - mean.sum() / mx.sum())
+
+
+def row(name: str, sizes: np.ndarray, oversized: str, world: int, single: fitbatch.BatchPlan) -> dict:
+    t0 = time.perf_counter()
+    sampler = fitbatch.BudgetBatchSampler(sizes, BUDGET, num_replicas=world, rank=0, seed=0, oversized=oversized)
+    steps = sampler.steps()
+    seconds = time.perf_counter() - t0
+    plan = steps.plan
+    balanced, idle_bal = straggler_and_idle(plan.costs[steps.grid])
+    rr_grid = np.arange(len(plan)).reshape(-1, world)  # batch i -> rank i % W, same batches
+    round_robin, idle_rr = straggler_and_idle(plan.costs[rr_grid])
+    assert abs(balanced - steps.straggler_ratio) < 1e-12
+    assert abs(balanced - sampler.plan().stats().straggler_ratio) < 1e-12
+    return {
+        "set": name,
+        "W": world,
+        "steps": steps.n_steps,
+        "balanced": balanced,
+        "round_robin": round_robin,
+        "idle_bal": idle_bal,
+        "idle_rr": idle_rr,
+        "pad_single": single.stats().padding_efficiency,
+        "pad_dist": plan.stats().padding_efficiency,
+        "added": len(plan) - len(single),
+        "seconds": seconds,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=1_000_000)
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 8, 64])
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the skipped samples are counted in the notes
+    fitbatch.BudgetBatchSampler([1], 1)  # import torch (the sampler's base class) before timing
+    print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, {platform.machine()}")
+    print(f"{args.samples:,} samples per set (resampled, seed 0), budget {BUDGET:g} padded, pooled, policy='split'\n")
+    print("| set | W | steps | straggler balanced | straggler round-robin | idle balanced | idle round-robin "
+          "| pad. eff. single | pad. eff. distributed | batches added | plan+arrange per rank |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    notes = []
+    for name, oversized in SETS.items():
+        sizes = resample(load(name), args.samples)
+        t0 = time.perf_counter()
+        single = fitbatch.plan_batches(sizes, BUDGET, seed=0, oversized=oversized)
+        single_s = time.perf_counter() - t0
+        if single.stats().skipped:
+            notes.append(f"{name}: {single.stats().skipped:,} samples over the budget alone skipped (counted in the stats)")
+        for world in args.worlds:
+            r = row(name, sizes, oversized, world, single)
+            print(
+                f"| {r['set'].removeprefix('cpython_stdlib_')} | {r['W']} | {r['steps']:,} | {r['balanced']:.4f} "
+                f"| {r['round_robin']:.4f} | {100 * r['idle_bal']:.2f} % | {100 * r['idle_rr']:.2f} % "
+                f"| {r['pad_single']:.4f} | {r['pad_dist']:.4f} | {r['added']} "
+                f"| {r['seconds'] * 1e3:.0f} ms (single plan {single_s * 1e3:.0f} ms) |"
+            )
+    for note in notes:
+        print(f"\n{note}")
+
+
+if __name__ == "__main__":
+    main()
