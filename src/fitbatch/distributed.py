@@ -78,7 +78,7 @@ class Steps:
     grid: IntArray
     step_samples: IntArray
     step_units: FloatArray
-    straggler_ratio: float
+    straggler_ratio: float | None
     #: per-rank budgets when ranks differ (fills are then cost / own budget)
     budgets: tuple[float, ...] | None = None
 
@@ -191,7 +191,6 @@ def arrange_budgets(
     Samples are dealt to ranks at random in proportion to their budgets; every rank plans all
     shares (the work is one plan of all samples, whatever the world size).
     """
-    world = len(budgets)
     caps = np.array([parse_budget(b, "budgets[i]") for b in budgets])
     n = len(sizes)
     alone = opts.cost.sample_cost(sizes.values)
@@ -202,7 +201,9 @@ def arrange_budgets(
     plans = []
     for rank, (part, cap) in enumerate(zip(parts, caps)):
         sub = Sizes(sizes.values[part], sizes.integral)
-        local = plan_with(sub, dataclasses.replace(opts, budget=float(cap), seed=opts.seed), epoch * world + rank)
+        # each rank's share gets its own keyed stream (no seed or epoch arithmetic)
+        rank_seed = int(_rng.generator(opts.seed, epoch, "rank-plan", rank).integers(1 << 62))
+        local = plan_with(sub, dataclasses.replace(opts, budget=float(cap), seed=rank_seed), epoch)
         plans.append((part, local))
     target = max(len(p) for _, p in plans)
     ranked: list[BatchPlan] = []

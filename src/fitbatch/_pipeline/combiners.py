@@ -226,7 +226,8 @@ def _pad_column(
             math.floor((full - own) * r)
             for full, own, r in zip(shape, a.shape, ratios, strict=True)
         ]
-        out[(i, *(slice(s, s + n) for s, n in zip(start, a.shape, strict=True)))] = a
+        index = (i,) + tuple(slice(s, s + n) for s, n in zip(start, a.shape, strict=True))
+        out[index] = a
     return out
 
 
