@@ -75,6 +75,33 @@ def seed_greedy(sampler, sizeof, max_total):
         yield batch
 
 
+def _original_seed_samplers(sizes_list):
+    """The seed packages themselves, when installed (pip install equibatch bionemo-size-aware-batching)."""
+    out = []
+    try:
+        from equibatch import EquiarealBatchSampler
+
+        def equi():
+            sampler = EquiarealBatchSampler(
+                sampler=range(len(sizes_list)), len_checker=sizes_list.__getitem__, max_size=10**12, max_footprint=BUDGET
+            )
+            return sampler.__iter__()  # its __len__ fails with torch installed; iteration works
+
+        out.append(("equibatch EquiarealBatchSampler", equi))
+    except ImportError:
+        pass
+    try:
+        from bionemo.size_aware_batching.sampler import SizeAwareBatchSampler
+
+        def bionemo():
+            return iter(SizeAwareBatchSampler(range(len(sizes_list)), sizes_list.__getitem__, BUDGET, info_logger=None, warn_logger=None))
+
+        out.append(("bionemo SizeAwareBatchSampler", bionemo))
+    except ImportError:
+        pass
+    return out
+
+
 def best_time(fn, repeat: int) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -110,6 +137,9 @@ def speed_table(name: str, sizes: np.ndarray, repeat: int, memory: bool) -> str:
         f"{fixed.batches_vs_lower_bound:.3f} | {fixed.padding_efficiency:.3f} | {fixed.max_fill:.2f} | – |"
     )
     rows.append(f"| seed tools' pure-Python greedy (sum) | {t_seed:.3f} | 1.0x | {seed_batches} | – | – | – | – |")
+    for label, make in _original_seed_samplers(sizes_list):
+        t_orig, got = best_time(lambda make=make: sum(1 for _ in make()), 1)
+        rows.append(f"| {label} (installed original, sum) | {t_orig:.3f} | {t_seed / t_orig:.1f}x | {got} | – | – | – | – |")
     configs = [(s, "padded") for s in STRATEGIES] + [("sequential", "sum"), ("packed", "sum")]
     for strategy, cost in configs:
         def run(strategy=strategy, cost=cost):

@@ -60,8 +60,11 @@ def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], F
     half = KEY_LEVELS // 2
     if integral and vmax < half + (half << 4):
         shift = max(0, int(math.ceil(math.log2((vmax - half + 1) / half))))
-        ints = values.astype(np.int64)
-        keys = np.where(ints < half, ints, half + ((ints - half) >> shift)).astype(np.uint16)
+        ints = values.astype(np.int32)
+        big = ints >= half
+        ints[big] = half + ((ints[big] - half) >> shift)
+        keys = ints.astype(np.uint16)
+        del ints, big
         k = np.arange(KEY_LEVELS, dtype=np.float64)
         edges = np.where(k < half, k, half + (k - half + 1) * (1 << shift) - 1)
         return keys, edges
@@ -480,10 +483,14 @@ def two_ended_starts(
     runs: list[int] = []  # per batch: hi, big_end, small_start, lo
     add = runs.extend
     # Invariant: positions [hi, lo) of the current segment are not yet in any batch.
+    sizes_view = sizes.data
     for s0, s1 in zip(bounds[:-1], bounds[1:]):
         hi, lo = s0, s1
         while hi < lo:
-            big_end = bisect.bisect_right(view, view[hi] + budget) - 1
+            # no batch holds more than budget / (smallest remaining size) samples
+            smallest = sizes_view[lo - 1]
+            reach = lo if smallest <= 0 else min(lo, hi + int(budget / smallest) + 2)
+            big_end = bisect.bisect_right(view, view[hi] + budget, hi, reach + 1) - 1
             big_end = max(hi + 1, min(big_end, lo, hi + capn))
             left = budget - (view[big_end] - view[hi])
             small_start = lo
@@ -512,7 +519,7 @@ def _concat_ranges(firsts: IntArray, lengths: IntArray) -> IntArray:
     heads = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     steps[heads[0]] = firsts[0]
     steps[heads[1:]] = firsts[1:] - (firsts[:-1] + lengths[:-1] - 1)
-    return np.cumsum(steps)
+    return np.cumsum(steps, out=steps)
 
 
 # --------------------------------------------------------------------------- per-batch reductions

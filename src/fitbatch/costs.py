@@ -85,7 +85,8 @@ class CostModel(ABC):
         return None
 
     def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
-        """Cost of each sample alone (a batch of one)."""
+        """Cost of each sample alone (a batch of one). The result may share memory with
+        ``sizes``: treat it as read-only."""
         sizes = np.asarray(sizes, dtype=np.float64)
         return self.evaluate(np.broadcast_to(np.float64(1.0), sizes.shape[:1]), sizes, sizes)
 
@@ -109,6 +110,10 @@ class SumCost(CostModel):
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
         return _reduce_sum(sum_size, self.weights)
 
+    def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
+        sizes = np.asarray(sizes, dtype=np.float64)
+        return sizes if sizes.ndim == 1 else _reduce_sum(sizes, self.weights)  # read-only: no copy
+
 
 @dataclasses.dataclass(frozen=True)
 class PaddedCost(CostModel):
@@ -122,6 +127,10 @@ class PaddedCost(CostModel):
 
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
         return np.asarray(count, dtype=np.float64) * _reduce_length(max_size, self.weights)
+
+    def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
+        sizes = np.asarray(sizes, dtype=np.float64)
+        return sizes if sizes.ndim == 1 else _reduce_length(sizes, self.weights)  # read-only: no copy
 
     def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
         length = _reduce_length(max_size, self.weights)

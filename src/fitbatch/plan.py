@@ -416,7 +416,8 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     order = result.order if kept is None else kept[result.order]
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64)
-    counts, costs, real, padded = measure_batches(sizes, model, order, offsets)
+    in_order = result.identity and kept is None
+    counts, costs, real, padded = measure_batches(sizes, model, None if in_order else order, offsets)
     keep_batch = np.ones(counts.size, dtype=bool)
     if opts.drop_last:
         keep_batch = ~(result.tails & (costs < opts.saturation * budget))
@@ -513,16 +514,20 @@ def largest_safe_batch_size(sizes: SizesLike, budget: float | str, cost: str | C
 
 
 def measure_batches(
-    sizes: Sizes, model: CostModel, order: IntArray, offsets: IntArray
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray
 ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
-    """Per batch: count, cost, real (unpadded) units and padded units (count x padded length)."""
+    """Per batch: count, cost, real (unpadded) units and padded units (count x padded length).
+
+    ``order=None`` means the samples are in index order (no gather).
+    """
     values = sizes.values
-    counts, mx, sm = K.batch_reduce(values[order], offsets)
+    counts, mx, sm = K.batch_reduce(values if order is None else values[order], offsets)
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
         real, length = sm, mx
     else:
-        real = np.add.reduceat(sizes.real_units()[order], offsets[:-1]) if order.size else np.zeros(0)
+        units = sizes.real_units() if order is None else sizes.real_units()[order]
+        real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)
         length = np.prod(mx, axis=1)
     return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)
 

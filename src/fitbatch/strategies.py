@@ -74,6 +74,7 @@ class Result:
     order: IntArray
     starts: IntArray
     tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
+    identity: bool = False  # order is 0..n-1
 
 
 class Strategy(ABC):
@@ -105,10 +106,13 @@ def _tails(starts: IntArray, seg_starts: IntArray, n: int) -> NDArray[np.bool_]:
 Levels = tuple[NDArray[Any], FloatArray]  # (level per position, upper edge per level)
 
 
-def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, levels: Levels | None) -> Result:
+def _greedy(
+    ctx: Context, order: IntArray, seg_starts: IntArray, levels: Levels | None, identity: bool = False
+) -> Result:
     """Run the right kernel over samples laid out in ``order`` with the given segments.
 
-    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment.
+    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment;
+    ``identity`` that ``order`` is 0..n-1 (no gather needed).
     """
     if levels is not None and ctx.sizes.ndim == 1:
         level, edges = levels
@@ -122,9 +126,9 @@ def _greedy(ctx: Context, order: IntArray, seg_starts: IntArray, levels: Levels 
             force = np.zeros(order.size, dtype=bool)
             force[seg_starts] = True
         starts, _ = K.greedy_starts(
-            ctx.sizes.values[order], ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple, force=force
+            ctx.sizes.values if identity else ctx.sizes.values[order], ctx.budget, ctx.cost, cap=ctx.cap, multiple=ctx.multiple, force=force
         )
-    return Result(order, starts, _tails(starts, seg_starts, order.size))
+    return Result(order, starts, _tails(starts, seg_starts, order.size), identity)
 
 
 def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
@@ -154,8 +158,10 @@ class Sequential(Strategy):
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
-        order = ctx.rng("order").permutation(n).astype(np.int64) if ctx.shuffle else np.arange(n, dtype=np.int64)
-        return _greedy(ctx, order, np.zeros(min(n, 1), np.int64), None)
+        if ctx.shuffle:
+            order = ctx.rng("order").permutation(n).astype(np.int64)
+            return _greedy(ctx, order, np.zeros(min(n, 1), np.int64), None)
+        return _greedy(ctx, np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), None, identity=True)
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         return None
@@ -297,10 +303,13 @@ class Buckets(Strategy):
         keys, edges = ctx.keys()
         sub_order = rest[np.argsort(np.uint16(K.KEY_LEVELS - 1) - keys[rest], kind="stable")]
         again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
-        kept = first.order[~in_loose]
-        order = np.concatenate([kept, again.order])
+        # compact the kept positions to the front of the order buffer, the re-plan after them
+        order = first.order
+        n_kept = n - again.order.size
+        order[:n_kept] = order[~in_loose]
+        order[n_kept:] = again.order
         kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
-        starts = np.concatenate([kept_starts, kept.size + again.starts]).astype(np.int64)
+        starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
         tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
         return Result(order, starts, tails)
 
