@@ -27,7 +27,8 @@ does.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,3 +115,54 @@ def torch_subclass(impl: type, base: str, module: str) -> type:
         bases = (impl, getattr(torch_data, base))
     name = impl.__name__.lstrip("_")
     return type(name, bases, {"__module__": module, "__qualname__": name, "__doc__": impl.__doc__})
+
+
+def lazy_torch_classes(module: str, classes: dict[str, tuple[type, str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds each torch-backed class on first access.
+
+    ``classes`` maps a public name to (implementation, torch base name); importing torch is paid
+    only when the class is used.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in classes:
+            impl, base = classes[name]
+            cls = torch_subclass(impl, base, module)
+            setattr(sys.modules[module], name, cls)
+            return cls
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+class OrderedPlanSampler:
+    """Base of the samplers that plan the wrapped sampler's order with the core.
+
+    Subclasses implement :meth:`_draw` (read the order, measure, plan) and may override
+    :meth:`_after` (called once an iteration has yielded every batch). ``len()`` draws the next
+    iteration's plan once, so that the length and the batches that follow agree.
+    """
+
+    _next: tuple[list[Any], BatchPlan] | None = None
+
+    def _draw(self) -> tuple[list[Any], BatchPlan]:
+        raise NotImplementedError
+
+    def _after(self, order: list[Any], plan: BatchPlan) -> None:
+        """Hook run after an iteration's last batch (reports, logs)."""
+
+    def plan(self) -> BatchPlan:
+        """The next iteration's batches as a :class:`~fitbatch.BatchPlan` (positions in the order)."""
+        if self._next is None:
+            self._next = self._draw()
+        return self._next[1]
+
+    def __len__(self) -> int:
+        return len(self.plan())
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        # a generator: the draw runs at the first next(), after the length hint list() asks for
+        order, plan = self._next if self._next is not None else self._draw()
+        self._next = None
+        yield from batches_of(plan, order)
+        self._after(order, plan)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch._rng import SeedLike
 from fitbatch._validate import fraction, non_negative_int, parse_budget
-from fitbatch.compat import torch_subclass
+from fitbatch.compat import lazy_torch_classes
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.sizes import as_sizes
 
@@ -157,11 +157,5 @@ class _DynamicBatchSampler:
 if TYPE_CHECKING:
     DynamicBatchSampler = _DynamicBatchSampler
 else:
-
-    def __getattr__(name: str) -> Any:
-        # torch's Sampler as a base class costs importing torch: paid on first use only
-        if name == "DynamicBatchSampler":
-            cls = torch_subclass(_DynamicBatchSampler, "Sampler", __name__)
-            globals()[name] = cls
-            return cls
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # torch's Sampler as a base class costs importing torch: paid on first use only
+    __getattr__ = lazy_torch_classes(__name__, {"DynamicBatchSampler": (_DynamicBatchSampler, "Sampler")})

@@ -46,7 +46,7 @@ import numbers
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fitbatch.compat import batches_of, measure, plan_in_order, torch_subclass
+from fitbatch.compat import OrderedPlanSampler, measure, plan_in_order, torch_subclass
 from fitbatch.plan import BatchPlan
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def size_aware_batching(
     return batches()
 
 
-class _SizeAwareBatchSampler:
+class _SizeAwareBatchSampler(OrderedPlanSampler):
     """Batches of the sampler's indices whose summed ``sizeof`` is at most ``max_total_size``.
 
     A subclass of torch's ``Sampler`` when torch is installed. Indices whose own size exceeds
@@ -197,19 +197,7 @@ class _SizeAwareBatchSampler:
         plan = plan_in_order(order, measure(order, size, "sizeof"), self._budget, oversized="skip")
         return order, plan
 
-    def plan(self) -> BatchPlan:
-        """The next iteration's batches as a :class:`~fitbatch.BatchPlan` (positions in the order)."""
-        if self._next is None:
-            self._next = self._draw()
-        return self._next[1]
-
-    def __len__(self) -> int:
-        return len(self.plan())
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        order, plan = self._next if self._next is not None else self._draw()
-        self._next = None
-        yield from batches_of(plan, order)
+    def _after(self, order: list[Any], plan: BatchPlan) -> None:
         _report(plan.n_samples, len(order), len(plan), self._max_total_size, self._info_logger, self._warn_logger)
 
 

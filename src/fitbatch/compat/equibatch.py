@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fitbatch._validate import parse_budget, positive_int
-from fitbatch.compat import batches_of, measure, plan_in_order, torch_subclass
+from fitbatch.compat import OrderedPlanSampler, lazy_torch_classes, measure, plan_in_order
 from fitbatch.plan import BatchPlan
 
 __all__ = ["EquiarealBatchSampler"]
@@ -57,7 +57,7 @@ def _max_size(value: Any) -> int | None:
     return positive_int("max_size", value)
 
 
-class _EquiarealBatchSampler:
+class _EquiarealBatchSampler(OrderedPlanSampler):
     """Batches whose summed footprint is at most ``max_footprint`` (equibatch's API).
 
     A subclass of torch's ``BatchSampler`` when torch is installed. ``len()`` draws the order
@@ -102,21 +102,6 @@ class _EquiarealBatchSampler:
         plan = plan_in_order(order, sizes, self._budget, max_batch_size=self._cap, oversized="single")
         return order, plan
 
-    def plan(self) -> BatchPlan:
-        """The next iteration's batches as a :class:`~fitbatch.BatchPlan` (positions in the order)."""
-        if self._next is None:
-            self._next = self._draw()
-        return self._next[1]
-
-    def __len__(self) -> int:
-        return len(self.plan())
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        # runs at the first next(): after the length hint that list() asks for
-        order, plan = self._next if self._next is not None else self._draw()
-        self._next = None
-        yield from batches_of(plan, order)
-
     def __repr__(self) -> str:
         return f"EquiarealBatchSampler(max_size={self.max_size!r}, max_footprint={self.max_footprint!r})"
 
@@ -124,11 +109,5 @@ class _EquiarealBatchSampler:
 if TYPE_CHECKING:
     EquiarealBatchSampler = _EquiarealBatchSampler
 else:
-
-    def __getattr__(name: str) -> Any:
-        # torch's BatchSampler as a base class costs importing torch: paid on first use only
-        if name == "EquiarealBatchSampler":
-            cls = torch_subclass(_EquiarealBatchSampler, "BatchSampler", __name__)
-            globals()[name] = cls
-            return cls
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # torch's BatchSampler as a base class costs importing torch: paid on first use only
+    __getattr__ = lazy_torch_classes(__name__, {"EquiarealBatchSampler": (_EquiarealBatchSampler, "BatchSampler")})
