@@ -40,6 +40,8 @@ class Sizes:
 
     values: NDArray[np.float64]
     integral: bool
+    # derived arrays computed once per Sizes (sort keys): every epoch and strategy reuses them
+    _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -48,6 +50,12 @@ class Sizes:
     def ndim(self) -> int:
         """Number of size dimensions D (1 for plain sizes)."""
         return 1 if self.values.ndim == 1 else int(self.values.shape[1])
+
+    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per ``key`` for these sizes (the values must not be mutated)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
 
     def real_units(self) -> NDArray[np.float64]:
         """Per-sample real (unpadded) units: the size, or the product of a row's dimensions."""

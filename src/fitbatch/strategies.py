@@ -61,7 +61,7 @@ class Context:
         if self._keys is None:
             v = self.sizes.values
             if v.ndim == 1:
-                self._keys = K.size_keys(v, self.sizes.integral)
+                self._keys = self.sizes.cached("size_keys", lambda: K.size_keys(v, self.sizes.integral))
             else:
                 self._keys = K.size_keys(self.cost.sample_cost(v), False)
         return self._keys
