@@ -18,9 +18,12 @@ import argparse
 import dataclasses
 import json
 import logging
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -135,7 +138,7 @@ class PlanRow:
 
     name: str
     epochs: list[fitbatch.PlanStats]
-    first: fitbatch.BatchPlan
+    first: fitbatch.BatchPlan | None  # None when planned in a worker process (stats only)
 
     def mean(self) -> dict[str, Any]:
         """``PlanStats.as_dict()`` with every number averaged over the epochs."""
@@ -190,18 +193,46 @@ def safe_batch_size(sizes: fitbatch.Sizes, budget: float, cost: str) -> int:
     return largest_safe_batch_size(sizes, budget, cost)
 
 
+_FORKED: tuple[Any, ...] | None = None  # what forked row workers read (set only around the pool)
+
+
+def _parallel(n_rows: int, n_sizes: int, args: argparse.Namespace) -> bool:
+    return (
+        n_rows > 1 and not args.plot and n_sizes >= 1_000_000 and (os.cpu_count() or 1) > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+    )
+
+
+def _strategy_plan(name: str, sizes: fitbatch.Sizes, args: argparse.Namespace, model: fitbatch.CostModel,
+                   common: dict[str, Any], epoch: int) -> fitbatch.BatchPlan:
+    plan = fitbatch.plan_batches(sizes, args.budget, cost=args.cost, strategy=name, epoch=epoch, **common)
+    return _spread(plan, sizes, model, args.world_size, args.seed, epoch)
+
+
+def _strategy_stats(name: str) -> list[fitbatch.PlanStats]:
+    assert _FORKED is not None  # set by plan_rows before the pool forks (internal invariant)
+    sizes, args, model, common = _FORKED
+    return [_strategy_plan(name, sizes, args, model, common, e).stats() for e in range(args.epochs)]
+
+
 def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
     """The fixed-batch-size baseline and each chosen strategy, planned for every epoch."""
     model = fitbatch.resolve_cost(args.cost)
     names = strategy_names() if args.strategy == "all" else (args.strategy,)
     common = {"max_batch_size": args.max_batch_size, "seed": args.seed, "oversized": args.oversized}
+    global _FORKED
     rows = []
-    for name in names:  # strategies first: an oversized sample under "error" stops here
-        plans = [
-            _spread(fitbatch.plan_batches(sizes, args.budget, cost=args.cost, strategy=name, epoch=e, **common),
-                    sizes, model, args.world_size, args.seed, e)
-            for e in range(args.epochs)
-        ]
+    if _parallel(len(names), len(sizes), args):
+        # independent rows on both cores; forked workers share the sizes without copying them
+        _FORKED = (sizes, args, model, common)
+        try:
+            with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+                stats = list(pool.map(_strategy_stats, names))
+        finally:
+            _FORKED = None
+        rows = [PlanRow(f"fitbatch {name}", st, None) for name, st in zip(names, stats)]
+    for name in names if not rows else ():  # strategies first: an oversized sample under "error" stops here
+        plans = [_strategy_plan(name, sizes, args, model, common, e) for e in range(args.epochs)]
         rows.append(PlanRow(f"fitbatch {name}", [p.stats() for p in plans], plans[0]))
     fits = model.sample_cost(sizes.values) <= args.budget
     base = sizes if args.oversized != "skip" or fits.all() else fitbatch.Sizes(sizes.values[fits], sizes.integral)
@@ -263,7 +294,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.plot:
         from fitbatch._plot import plot_plan
 
-        plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows], budget=args.budget, cost=args.cost,
+        plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows if r.first is not None], budget=args.budget, cost=args.cost,
                   max_batch_size=args.max_batch_size)
     if args.json:
         out = {
@@ -287,7 +318,7 @@ def _plan(args: argparse.Namespace) -> int:
     lost = [f"{r.name}: {r.mean()['dropped']:g} samples" for r in rows if r.mean()["dropped"]]
     if lost:
         print(f"\nDropped to give each of {args.world_size} ranks a batch per step (counted, mean per epoch): " + "; ".join(lost) + ".")
-    if args.strategy != "all":
+    if args.strategy != "all" and rows[-1].first is not None:
         print("\n" + rows[-1].first.report())
     if args.plot:
         print(f"\nplot written to {args.plot}")
