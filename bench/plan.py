@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _metrics import optimal_padded_batches, repeat_rate, spearman_position_size  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch.plan import fixed_size_plan, largest_safe_batch_size  # noqa: E402
+from fitbatch import fixed_size_plan, largest_safe_batch_size  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 LOCAL = Path(__file__).resolve().parents[1] / "tests" / "data"

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitbatch import _kernels as K
+from fitbatch._packing import two_ended_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
 ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))
@@ -254,7 +255,7 @@ def test_descending_starts_with_size_keys(n, seed, n_segments, cost, budget, cap
 )
 def test_two_ended_starts_matches_reference(kind, n, seed, n_segments, budget, cap):
     sizes, seg, _, _ = descending_case(kind, n, seed, n_segments)
-    order, starts = K.two_ended_starts(sizes, seg, budget, cap)
+    order, starts = two_ended_starts(sizes, seg, budget, cap)
     got = R.batches_from_starts(order.tolist(), starts.tolist())
     assert got == R.two_ended_batches(R.as_python(sizes), seg.tolist(), budget, cap)
     check_two_ended(sizes, seg, budget, cap, order, starts, slack=0.0)
@@ -268,7 +269,7 @@ def test_two_ended_starts_valid_for_any_floats(n, seed, n_segments, budget, cap)
     seg = np.arange(0, n, max(1, -(-n // n_segments)), dtype=np.int64)
     for a, b in zip(seg.tolist(), seg[1:].tolist() + [n], strict=False):  # n == 0: no segment
         sizes[a:b] = np.sort(sizes[a:b])[::-1]
-    order, starts = K.two_ended_starts(sizes, seg, budget, cap)
+    order, starts = two_ended_starts(sizes, seg, budget, cap)
     check_two_ended(sizes, seg, budget, cap, order, starts, slack=1e-12 * budget)
 
 
@@ -290,12 +291,12 @@ def check_two_ended(sizes, seg, budget, cap, order, starts, slack):
 
 def test_two_ended_pairs_large_with_small():
     sizes = np.array([9.0, 8.0, 6.0, 5.0, 3.0, 2.0, 1.0, 1.0])
-    order, starts = K.two_ended_starts(sizes, np.zeros(1, np.int64), 10.0)
+    order, starts = two_ended_starts(sizes, np.zeros(1, np.int64), 10.0)
     assert R.batches_from_starts(order.tolist(), starts.tolist()) == [[0, 7], [1, 6], [2, 5], [3, 4]]
 
 
 def test_two_ended_empty():
-    order, starts = K.two_ended_starts(np.zeros(0), np.zeros(0, np.int64), 10.0)
+    order, starts = two_ended_starts(np.zeros(0), np.zeros(0, np.int64), 10.0)
     assert order.size == 0 and starts.size == 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fitbatch._validate import parse_budget
+from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
 from fitbatch.costs import (
     CostModel,
@@ -140,11 +141,13 @@ __all__ = [
     "calibrate",
     "collect_peak_memory",
     "equal_steps",
+    "fixed_size_plan",
     "from_array",
     "from_dataset",
     "from_files",
     "from_source",
     "from_tokenizer",
+    "largest_safe_batch_size",
     "list_files",
     "make_pad_collate",
     "measure_peak",

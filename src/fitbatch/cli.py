@@ -31,8 +31,9 @@ import numpy as np
 import fitbatch
 import fitbatch.sizes
 from fitbatch._demo import stdlib_function_lengths
+from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.distributed import arrange
-from fitbatch.plan import OVERSIZED, fixed_size_plan, largest_safe_batch_size, measure_batches
+from fitbatch.plan import OVERSIZED, measure_batches
 from fitbatch.strategies import strategy_names
 
 

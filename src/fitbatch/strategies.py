@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch import _rng
+from fitbatch._packing import two_ended_starts
 from fitbatch._validate import choice, fraction, positive_int
 from fitbatch.costs import CostModel, SumCost
 from fitbatch.sizes import Sizes
@@ -230,7 +231,7 @@ class Packed(Strategy):
         if not (sum_cost and ctx.sizes.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
-        inner, starts = K.two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
         order = order[inner]
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         return Result(order, starts, _tails(starts, seg_starts, order.size))
