@@ -15,7 +15,7 @@ from fitbatch.memory import (
     fit_size_model,
     load_memory_model,
 )
-from fitbatch.memory.model import _t_quantile
+from fitbatch.memory._fit import _t_quantile
 
 
 def grid(seed=0, n=40):

@@ -41,8 +41,16 @@ from numpy.typing import NDArray
 
 from fitbatch._validate import fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel
+from fitbatch.memory._guard_split import _batch_len, accumulate, sample_units
+from fitbatch.memory._guard_sync import (
+    agree,
+    gather_failure,
+    max_over_ranks,
+    no_sync,
+    reduce_gradients,
+)
 from fitbatch.memory.model import BatchMemoryModel, load_memory_model
-from fitbatch.memory.profile import PeakTracker, free_memory, is_oom_error
+from fitbatch.memory.profile import PeakTracker, free_memory
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +60,6 @@ logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 _GROW_TARGET = 0.95  # grow the budget while peaks stay below this fraction of the capacity
 _GROW_STEP = 1.10  # at most +10 % per window
-_BUCKET_BYTES = 32 * 2**20  # gradient all-reduce bucket
 
 
 class SampleTooLargeError(RuntimeError):
@@ -201,7 +208,7 @@ class OOMGuard:
             SampleTooLargeError: if a single sample runs out of memory on its own.
         """
         n = _batch_len(batch)
-        units = self._units(batch, n)
+        units = sample_units(batch, n, self.size_fn)
         total = float(units.sum())
         order = np.argsort(-units, kind="stable")  # similar sizes together: less padding
         tracker = (
@@ -211,8 +218,10 @@ class OOMGuard:
         with tracker:
             while True:
                 self.model.zero_grad(set_to_none=True)
-                loss, failed = self._attempt(batch, loss_fn, units, total, order, parts)
-                fatal, request = self._agree(failed, parts, n)
+                loss, failed = accumulate(
+                    batch, loss_fn, units, total, order, parts, no_sync(self.model)
+                )
+                fatal, request = agree(failed, parts, n, self.device)
                 if not fatal and request == 0:
                     break
                 loss = None
@@ -230,7 +239,7 @@ class OOMGuard:
                 retried, parts = True, request
         if retried:
             self._feedback(n, units, parts, failed_here=whole_failed)
-        self._reduce_gradients()
+        reduce_gradients(self.model)
         if self.optimizer is not None:
             self.optimizer.step()
         if isinstance(tracker, PeakTracker):
@@ -280,79 +289,6 @@ class OOMGuard:
 
     # ---------------------------------------------------------------------- internals
 
-    def _units(self, batch: Any, n: int) -> NDArray[np.float64]:
-        if self.size_fn is None:
-            return np.ones(n)
-        units = np.array([float(self.size_fn(_item(batch, i))) for i in range(n)], dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(units) | (units <= 0))
-        if bad.size:
-            raise ValueError(
-                f"size_fn must return positive finite units; sample {int(bad[0])} has {units[bad[0]]!r}"
-            )
-        return units
-
-    def _attempt(
-        self,
-        batch: Any,
-        loss_fn: Callable[[Any], torch.Tensor],
-        units: NDArray[np.float64],
-        total: float,
-        order: NDArray[np.int64],
-        parts: int,
-    ) -> tuple[Any, NDArray[np.int64] | None]:
-        """Accumulate the gradient in ``parts`` micro-batches: (detached loss, None) or (None, failing positions)."""
-        chunks = [np.sort(c) for c in np.array_split(order, min(parts, len(order)))]
-        total_loss: Any = 0.0
-        failed: NDArray[np.int64] | None = None
-        with self._no_sync():
-            for chunk in chunks:
-                micro = batch if parts == 1 else _take(batch, chunk)
-                try:
-                    scaled = _check_loss(loss_fn(micro)) * (float(units[chunk].sum()) / total)
-                    scaled.backward()
-                except Exception as exc:
-                    if not is_oom_error(exc):
-                        raise
-                    failed = chunk
-                    break  # leaving the except block drops the traceback that holds activations
-                total_loss = total_loss + scaled.detach()
-                del micro, scaled
-        return (None, failed) if failed is not None else (total_loss, None)
-
-    def _distributed(self) -> bool:
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-    def _no_sync(self) -> contextlib.AbstractContextManager[Any]:
-        no_sync = getattr(self.model, "no_sync", None)
-        if no_sync is not None and self._distributed():
-            return no_sync()  # type: ignore[no-any-return]
-        return contextlib.nullcontext()
-
-    def _comm_tensor(self, values: list[float]) -> torch.Tensor:
-        import torch
-        import torch.distributed as dist
-
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        return torch.tensor(values, dtype=torch.float64, device=device)
-
-    def _agree(self, failed: NDArray[np.int64] | None, parts: int, n: int) -> tuple[bool, int]:
-        """(any rank hit a lone sample, parts to retry with or 0), identical on all ranks."""
-        fatal = failed is not None and len(failed) == 1
-        request = 0 if failed is None else min(2 * parts, n)
-        if failed is not None and request <= parts:
-            fatal = True
-        if self._distributed():
-            import torch.distributed as dist
-
-            flags = self._comm_tensor([float(fatal), float(request)])
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            fatal, request = bool(flags[0].item()), int(flags[1].item())
-        if request and not fatal:
-            request = max(request, 2 * parts)  # another rank with fewer samples must still progress
-        return fatal, request
-
     def _raise_too_large(
         self,
         failed: NDArray[np.int64] | None,
@@ -375,25 +311,15 @@ class OOMGuard:
             units=float(units[pos]),
         )
 
-    def _gather_failure(self, row: list[float]) -> NDArray[np.float64]:
-        """Rows (failed, count, max units, sum units) of every rank (just this one when alone)."""
-        if not self._distributed():
-            return np.asarray([row], dtype=np.float64)
-        import torch.distributed as dist
-
-        table = [[0.0] * 4 for _ in range(dist.get_world_size())]
-        table[dist.get_rank()] = row
-        tensor = self._comm_tensor(sum(table, []))
-        dist.all_reduce(tensor)
-        return np.asarray(tensor.cpu().tolist(), dtype=np.float64).reshape(-1, 4)
-
     def _feedback(
         self, n: int, units: NDArray[np.float64], parts: int, *, failed_here: bool
     ) -> None:
         """Refit the model or lower the budget, from the failures of all ranks (same result everywhere)."""
         self.ooms += 1
         self._clean_steps, self._window_peak = 0, 0.0
-        rows = self._gather_failure([float(failed_here), n, float(units.max()), float(units.sum())])
+        rows = gather_failure(
+            [float(failed_here), n, float(units.max()), float(units.sum())], self.device
+        )
         rows = rows[rows[:, 0] > 0]
         budget = getattr(self.sampler, "budget", None)
         new_budget = budget
@@ -436,41 +362,6 @@ class OOMGuard:
             ", memory model refitted" if refit else "",
         )
 
-    def _reduce_gradients(self) -> None:
-        if not self._distributed():
-            return
-        import torch
-        import torch.distributed as dist
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-        world = dist.get_world_size()
-        grads = []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                if p.grad is None:  # a rank whose batch did not touch p still joins the reduction
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-        # buckets of one dtype and device, up to _BUCKET_BYTES: few collectives, bounded extra memory
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for i, g in enumerate(grads):
-            bucket.append(g)
-            size += g.numel() * g.element_size()
-            last = i + 1 == len(grads)
-            if (
-                last
-                or size >= _BUCKET_BYTES
-                or (grads[i + 1].dtype, grads[i + 1].device) != (g.dtype, g.device)
-            ):
-                flat = _flatten_dense_tensors(bucket)
-                dist.all_reduce(flat)
-                flat.div_(world)
-                for g_out, reduced in zip(
-                    bucket, _unflatten_dense_tensors(flat, bucket), strict=True
-                ):
-                    g_out.copy_(reduced)
-                bucket, size = [], 0
-
     def _track(self, peak: float, *, clean: bool) -> None:
         """Grow the budget after ``grow_after`` clean steps with steady headroom."""
         if not clean:
@@ -479,13 +370,7 @@ class OOMGuard:
         self._window_peak = max(self._window_peak, peak)
         if self.grow_after is None or self._clean_steps < self.grow_after:
             return
-        window_peak = self._window_peak
-        if self._distributed():
-            import torch.distributed as dist
-
-            flag = self._comm_tensor([window_peak])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            window_peak = float(flag[0].item())
+        window_peak = max_over_ranks(self._window_peak, self.device)
         self._clean_steps, self._window_peak = 0, 0.0
         budget = getattr(self.sampler, "budget", None)
         assert self.capacity is not None  # checked in __init__ with grow_after
@@ -507,59 +392,3 @@ class OOMGuard:
                 budget,
                 new_budget,
             )
-
-
-# ------------------------------------------------------------------- batch plumbing
-
-
-def _check_loss(loss: Any) -> torch.Tensor:
-    import torch
-
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(
-            f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
-            f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}"
-        )
-    return loss
-
-
-def _batch_len(batch: Any) -> int:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        n = int(batch.shape[0]) if batch.dim() else 0
-    elif isinstance(batch, Mapping):
-        lengths = {
-            k: (int(v.shape[0]) if isinstance(v, torch.Tensor) else len(v))
-            for k, v in batch.items()
-        }
-        if len(set(lengths.values())) != 1:
-            raise ValueError(
-                f"mapping batch values must share their first dimension, got {lengths}"
-            )
-        n = next(iter(lengths.values()))
-    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
-        n = len(batch)
-    else:
-        raise TypeError(
-            f"batch must be a list or tuple of samples, a tensor or a mapping of tensors, got {type(batch).__name__}"
-        )
-    if n == 0:
-        raise ValueError("batch is empty; OOMGuard.step needs at least one sample")
-    return n
-
-
-def _item(batch: Any, i: int) -> Any:
-    if isinstance(batch, Mapping):
-        return {k: v[i] for k, v in batch.items()}
-    return batch[i]
-
-
-def _take(batch: Any, idx: NDArray[np.int64]) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch[torch.as_tensor(idx, device=batch.device)]
-    if isinstance(batch, Mapping):
-        return {k: _take(v, idx) for k, v in batch.items()}
-    return [batch[int(i)] for i in idx]
