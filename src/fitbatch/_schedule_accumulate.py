@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitbatch._schedule_sampler import MicroBatchInfo
-from fitbatch._validate import choice, non_negative_int, parse_budget
+from fitbatch._validate import check_state, choice, non_negative_int, parse_budget
 
 logger = logging.getLogger(__name__)
 
@@ -219,11 +219,7 @@ class GradientAccumulator:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore ``state``; rejects unknown keys, versions and another configuration."""
-        unknown = set(state) - _STATE_KEYS
-        if unknown:
-            raise ValueError(f"unknown accumulator state keys {sorted(unknown)}; expected {sorted(_STATE_KEYS)}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported accumulator state version {state.get('version')!r}; expected {STATE_VERSION}")
+        check_state("accumulator", state, _STATE_KEYS, STATE_VERSION)
         if dict(state.get("config", {})) != self._config():
             raise ValueError(f"state was saved with {state.get('config')!r}, this accumulator has {self._config()!r}")
         if (state.get("scaler") is None) != (self.scaler is None):

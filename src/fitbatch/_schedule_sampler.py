@@ -34,7 +34,7 @@ import numpy as np
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._schedule_layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
 from fitbatch._schedule_sizes import BatchSizeSchedule, ScheduleLike
-from fitbatch._validate import choice, non_negative_int, positive_int
+from fitbatch._validate import check_state, choice, non_negative_int, positive_int
 from fitbatch.distributed import world_info
 from fitbatch.plan import BatchPlan, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
@@ -297,11 +297,7 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where ``state`` was taken: re-plans the epoch, no replay."""
-        unknown = set(state) - _STATE_KEYS
-        if unknown:
-            raise ValueError(f"unknown sampler state keys {sorted(unknown)}; expected {sorted(_STATE_KEYS)}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported sampler state version {state.get('version')!r}; expected {STATE_VERSION}")
+        check_state("sampler", state, _STATE_KEYS, STATE_VERSION)
         missing = _STATE_KEYS - set(state)
         if missing:
             raise ValueError(f"sampler state lacks keys {sorted(missing)}")

@@ -28,7 +28,7 @@ from typing import Any
 
 from fitbatch import _rng
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import non_negative_int, positive_int
+from fitbatch._validate import check_state, non_negative_int, positive_int
 
 logger = logging.getLogger("fitbatch.streaming")
 
@@ -261,11 +261,7 @@ class EqualSteps(Iterator[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore; the source is restored to the window start and the run batches fetched again."""
-        unknown = set(state) - _EQUAL_KEYS
-        if unknown:
-            raise ValueError(f"unknown equal_steps state keys {sorted(unknown)}")
-        if state.get("version") != EQUAL_STEPS_VERSION:
-            raise ValueError(f"unsupported equal_steps state version {state.get('version')!r}")
+        check_state("equal_steps", state, _EQUAL_KEYS, EQUAL_STEPS_VERSION)
         if self._it is not None:
             raise ValueError("load_state_dict must be called before iterating")
         if state["source"] is not None:

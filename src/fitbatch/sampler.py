@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fitbatch._validate import choice, non_negative_int, parse_budget
+from fitbatch._validate import check_state, choice, non_negative_int, parse_budget
 from fitbatch.distributed import (
     POLICIES,
     Steps,
@@ -212,11 +212,7 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where ``state`` was taken (see the module docstring)."""
-        unknown = set(state) - _STATE_KEYS
-        if unknown:
-            raise ValueError(f"unknown sampler state keys {sorted(unknown)}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported sampler state version {state.get('version')!r}; expected {STATE_VERSION}")
+        check_state("sampler", state, _STATE_KEYS, STATE_VERSION)
         if state["n_samples"] != len(self._sizes):
             raise ValueError(f"state is for {state['n_samples']} samples, this sampler has {len(self._sizes)}")
         if state["options"] != self._opts.to_dict():

@@ -57,7 +57,7 @@ from fitbatch._streaming_plan import (
     whole_runs,
 )
 from fitbatch._streaming_rounds import StreamSummary, Totals, _Round
-from fitbatch._validate import choice, format_offenders, parse_budget, positive_int
+from fitbatch._validate import check_state, choice, format_offenders, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.plan import OVERSIZED
 from fitbatch.strategies import Buckets, Strategy
@@ -368,11 +368,7 @@ class BatchStream(Iterator[Any]):
             ValueError: unknown keys or version, other options, a stream already started, or a
                 source that replays fewer items than the state recorded.
         """
-        unknown = set(state) - _STATE_KEYS
-        if unknown:
-            raise ValueError(f"unknown stream state keys {sorted(unknown)}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported stream state version {state.get('version')!r}; expected {STATE_VERSION}")
+        check_state("stream", state, _STATE_KEYS, STATE_VERSION)
         if state["options"] != self._options():
             raise ValueError(
                 "state was saved with other stream options; build the stream with the same ones "
