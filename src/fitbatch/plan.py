@@ -128,15 +128,6 @@ class PlanOptions:
         }
 
 
-def _scatter(values: FloatArray, ids: IntArray | None, size: int) -> FloatArray:
-    """Per-batch values of a selection, put back at their base batch positions."""
-    if ids is None:
-        return values
-    out = np.zeros(size, dtype=values.dtype)
-    out[ids] = values
-    return out
-
-
 class BatchPlan(Sequence[IntArray]):
     """One epoch's batches: a sequence of int64 index arrays (views of one ``order`` array).
 
@@ -167,18 +158,24 @@ class BatchPlan(Sequence[IntArray]):
         plan_seconds: float = 0.0,
         straggler_ratio: float | None = None,
         batch_ids: IntArray | None = None,
+        ids_permute_all: bool = False,
     ) -> None:
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
-        # here describe (order, offsets) and are selected once.
+        # here describe (order, offsets) and are selected on first use (a shuffled epoch of
+        # millions of batches never pays for arrays nobody reads).
         self._base_order = order
         self._base_offsets = offsets
         self._ids = batch_ids
-        pick = (lambda a: a) if batch_ids is None else (lambda a: a[batch_ids])
-        self.costs: FloatArray = pick(costs)
-        self.real_units: FloatArray = pick(real_units)
-        self.padded_units: FloatArray = pick(padded_units)
-        self.counts: IntArray = pick(np.diff(offsets))
-        self._heads: IntArray = pick(offsets[:-1])
+        self._base: dict[str, Any] = {
+            "costs": costs,
+            "real_units": real_units,
+            "padded_units": padded_units,
+            "counts": np.diff(offsets),
+            "heads": offsets[:-1],
+        }
+        self._picked: dict[str, Any] = {}
+        # whether batch_ids reorders every batch (then sums and extremes equal the base arrays')
+        self._all = batch_ids is None or (ids_permute_all and batch_ids.size == offsets.size - 1)
         self.budget = budget
         self.cost_name = cost_name
         self.strategy_name = strategy_name
@@ -189,6 +186,41 @@ class BatchPlan(Sequence[IntArray]):
         self.plan_seconds = plan_seconds
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
+
+    def _pick(self, name: str) -> Any:
+        if self._ids is None:
+            return self._base[name]
+        if name not in self._picked:
+            self._picked[name] = self._base[name][self._ids]
+        return self._picked[name]
+
+    @property
+    def costs(self) -> FloatArray:
+        """Cost of each batch under the plan's cost model."""
+        return self._pick("costs")  # type: ignore[no-any-return]
+
+    @property
+    def real_units(self) -> FloatArray:
+        """Real (unpadded) size units of each batch."""
+        return self._pick("real_units")  # type: ignore[no-any-return]
+
+    @property
+    def padded_units(self) -> FloatArray:
+        """Padded units of each batch: count x padded length."""
+        return self._pick("padded_units")  # type: ignore[no-any-return]
+
+    @property
+    def counts(self) -> IntArray:
+        """Samples in each batch."""
+        return self._pick("counts")  # type: ignore[no-any-return]
+
+    @property
+    def _heads(self) -> IntArray:
+        return self._pick("heads")  # type: ignore[no-any-return]
+
+    def _totals(self, name: str) -> Any:
+        """The per-batch array for order-free reductions (the base one when no batch is left out)."""
+        return self._base[name] if self._all else self._pick(name)
 
     @property
     def order(self) -> IntArray:
@@ -206,10 +238,10 @@ class BatchPlan(Sequence[IntArray]):
 
     @property
     def n_samples(self) -> int:
-        return int(self.counts.sum())
+        return int(self._totals("counts").sum())
 
     def __len__(self) -> int:
-        return int(self.counts.size)
+        return int(self._base["counts"].size if self._ids is None else self._ids.size)
 
     @overload
     def __getitem__(self, i: int) -> IntArray: ...
@@ -244,13 +276,12 @@ class BatchPlan(Sequence[IntArray]):
         """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
         batches = np.asarray(batches, dtype=np.int64)
         base_ids = batches if self._ids is None else self._ids[batches]
-        base_counts = np.diff(self._base_offsets)
         return BatchPlan(
             self._base_order,
             self._base_offsets,
-            costs=_scatter(self.costs, self._ids, base_counts.size),
-            real_units=_scatter(self.real_units, self._ids, base_counts.size),
-            padded_units=_scatter(self.padded_units, self._ids, base_counts.size),
+            costs=self._base["costs"],
+            real_units=self._base["real_units"],
+            padded_units=self._base["padded_units"],
             budget=self.budget,
             cost_name=self.cost_name,
             strategy_name=self.strategy_name,
@@ -297,13 +328,13 @@ class BatchPlan(Sequence[IntArray]):
 
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""
-        padded = float(self.padded_units.sum())
-        fills = self.costs / self.budget
+        padded = float(self._totals("padded_units").sum())
+        fills = self._totals("costs") / self.budget
         return PlanStats(
             n_samples=self.n_samples,
             n_batches=len(self),
             lower_bound=self.lower_bound,
-            padding_efficiency=float(self.real_units.sum()) / padded if padded > 0 else 1.0,
+            padding_efficiency=float(self._totals("real_units").sum()) / padded if padded > 0 else 1.0,
             mean_fill=float(fills.mean()) if fills.size else 0.0,
             max_fill=float(fills.max()) if fills.size else 0.0,
             skipped=int(self.skipped.size),
@@ -441,6 +472,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         dropped=dropped,
         dropped_batches=int(dropped_ids.size),
         batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
+        ids_permute_all=not dropped_ids.size,
     )
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:
