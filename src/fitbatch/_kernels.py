@@ -320,6 +320,14 @@ def _walk_windows(
 # --------------------------------------------------------------------------- sorted segments
 
 
+def _prefix_sums(values: FloatArray) -> FloatArray:
+    """``[0, v0, v0+v1, ...]`` (n + 1 entries) without a second n-length temporary."""
+    out = np.empty(values.shape[0] + 1, dtype=np.float64)
+    out[0] = 0.0
+    np.cumsum(values, dtype=np.float64, out=out[1:])
+    return out
+
+
 def segment_ends(seg_starts: IntArray, n: int) -> IntArray:
     """For every position, the end (exclusive) of the segment that holds it."""
     bounds = np.append(seg_starts, n).astype(np.int64)
@@ -327,14 +335,22 @@ def segment_ends(seg_starts: IntArray, n: int) -> IntArray:
 
 
 def _counts_by_search(
-    edge: FloatArray, sizes: FloatArray, room: IntArray, budget: float, cost: CostModel
+    level: NDArray[Any], edges: FloatArray, sizes: FloatArray, room: IntArray, budget: float, cost: CostModel
 ) -> IntArray:
-    """Largest count per position whose cost (max = edge, real sum) fits: vectorised bisection."""
-    csum = np.concatenate([np.zeros(1), np.cumsum(sizes, dtype=np.float64)])
-    pos = np.arange(edge.size, dtype=np.int64)
+    """Largest count per position whose cost (max = its level's edge, real sum) fits.
+
+    A vectorised bisection; for the unweighted sum cost a single search of the prefix sums.
+    """
+    csum = _prefix_sums(sizes)
     if isinstance(cost, SumCost) and cost.weights is None:
-        reach = np.searchsorted(csum, csum[:-1] + budget, side="right") - 1
-        return np.clip(reach - pos, 1, room)
+        # in place, to keep the peak at a few arrays of n
+        reach = np.searchsorted(csum, csum[:-1] + budget, side="right")
+        del csum
+        reach -= 1
+        reach -= np.arange(sizes.shape[0], dtype=np.int64)
+        return np.clip(reach, 1, room, out=reach)
+    edge = edges[level]
+    pos = np.arange(edge.size, dtype=np.int64)
     lo = np.ones(edge.size, dtype=np.int64)  # always feasible (a lone sample)
     hi = room.copy()
     # Invariant: count lo fits (or is the forced minimum 1), count hi+1 does not or exceeds room.
@@ -439,9 +455,10 @@ def descending_starts(
         return np.zeros(0, np.int64)
     table = level_counts(edges, budget, cost, cap)
     if table is None:  # cost uses the sum: one length per position, searched
-        to_end = segment_ends(seg_starts, n) - np.arange(n, dtype=np.int64)
+        to_end = segment_ends(seg_starts, n)
+        to_end -= np.arange(n, dtype=np.int64)
         room = to_end if cap is None else np.minimum(to_end, cap)
-        per_pos = _counts_by_search(edges[level], sizes, room, budget, cost)
+        per_pos = _counts_by_search(level, edges, sizes, room, budget, cost)
         if multiple > 1:  # the last batch of a segment is not cut
             cut = (per_pos >= multiple) & (per_pos < to_end)
             per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)

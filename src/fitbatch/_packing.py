@@ -11,7 +11,7 @@ import bisect
 
 import numpy as np
 
-from fitbatch._kernels import FloatArray, IntArray, _concat_ranges
+from fitbatch._kernels import FloatArray, IntArray, _concat_ranges, _prefix_sums
 
 
 def two_ended_starts(
@@ -27,7 +27,7 @@ def two_ended_starts(
     smallest remaining ones of its segment.
     """
     n = sizes.size
-    csum = np.concatenate([np.zeros(1), np.cumsum(sizes, dtype=np.float64)])
+    csum = _prefix_sums(sizes)
     capn = n if cap is None else cap
     bounds = seg_starts.tolist() + [n]
     view = csum.data
@@ -51,6 +51,7 @@ def two_ended_starts(
                 small_start = max(small_start, lo - (capn - (big_end - hi)))
             add((hi, big_end, small_start, lo))
             hi, lo = big_end, small_start
+    del view, sizes_view, csum  # free the prefix sums before the order is built
     r = np.asarray(runs, dtype=np.int64).reshape(-1, 4)
     lengths = np.stack([r[:, 1] - r[:, 0], r[:, 3] - r[:, 2]], axis=1).ravel()
     firsts = np.stack([r[:, 0], r[:, 2]], axis=1).ravel()

@@ -132,6 +132,15 @@ def _greedy(
     return Result(order, starts, _tails(starts, seg_starts, order.size), identity)
 
 
+def _gather_into(values: IntArray, index: IntArray) -> IntArray:
+    """``values[index]`` written over ``index`` (one array of n int64 fewer at the peak).
+
+    Each output element depends only on the index at the same position, and ``mode="clip"``
+    does not buffer, so overwriting the index array in place is safe.
+    """
+    return np.take(values, index, out=index, mode="clip")
+
+
 def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
@@ -145,7 +154,7 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
     keys, edges = ctx.keys()
     base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
     down = np.uint16(K.KEY_LEVELS - 1) - keys[base]
-    order = base[K.sort_within_segments(down, pool_size)]
+    order = _gather_into(base, K.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     return order, seg_starts, (keys[order], edges)
 
@@ -232,7 +241,8 @@ class Packed(Strategy):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
-        order = order[inner]
+        del values
+        order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         return Result(order, starts, _tails(starts, seg_starts, order.size))
 
@@ -284,7 +294,9 @@ class Buckets(Strategy):
         n_buckets = top.size
         # descending bucket id, as 16-bit keys where possible (an O(n) radix sort)
         down = (n_buckets - 1) - ids[base]
-        order = base[np.argsort(down.astype(np.uint16) if n_buckets <= 1 << 16 else down, kind="stable")]
+        idx = np.argsort(down.astype(np.uint16) if n_buckets <= 1 << 16 else down, kind="stable")
+        order = _gather_into(base, idx.astype(np.int64, copy=False))
+        del base, down, idx  # n int64 fewer while the batches are planned
         counts = np.bincount(ids, minlength=n_buckets)[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.ndim > 1:
