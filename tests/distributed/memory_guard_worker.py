@@ -119,6 +119,7 @@ def main(rank: int, world: int, init_file: str, out_file: str) -> None:
             },
             out_file,
         )
+        dist.barrier()  # no rank tears the group down while another is still in a collective
     finally:
         dist.destroy_process_group()
 

@@ -119,6 +119,7 @@ def main(rank: int, world: int, init_file: str, out_file: str, trace: str, norma
         checkpoint = train(world, rank, trace, normalize, stop=STOP_AT)
         resumed = train(world, rank, trace, normalize, state=checkpoint)
         torch.save({"log": log, "straight": straight, "resumed": resumed}, out_file)
+        dist.barrier()  # no rank tears the group down while another is still in a collective
     finally:
         dist.destroy_process_group()
 
