@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -37,22 +38,15 @@ import numpy as np
 
 import fitbatch
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-LOCAL = Path(__file__).resolve().parents[1] / "tests" / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load, resample  # noqa: E402
+
 SETS = {"cpython_stdlib_functions": "error", "cpython_stdlib_pytokens": "skip"}
 BUDGET = 16384.0
 
 
-def load(name: str) -> np.ndarray:
-    for root in (DATA, LOCAL):
-        path = root / f"{name}.npy"
-        if path.exists():
-            return np.load(path)
-    raise FileNotFoundError(f"{name}.npy not found in {DATA} or {LOCAL}")
 
 
-def resample(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
-    return base[np.random.default_rng(seed).integers(0, base.size, n)]
 
 
 def straggler_and_idle(step_costs: np.ndarray) -> tuple[float, float]:

@@ -35,44 +35,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _metrics import optimal_padded_batches, repeat_rate, spearman_position_size  # noqa: E402
+from _common import (  # noqa: E402
+    load,
+    optimal_padded_batches,
+    repeat_rate,
+    resample,
+    seed_greedy,
+    spearman_position_size,
+)
 
 import fitbatch  # noqa: E402
 from fitbatch import fixed_size_plan, largest_safe_batch_size  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-LOCAL = Path(__file__).resolve().parents[1] / "tests" / "data"
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 STRATEGIES = ("sequential", "sorted", "pooled", "buckets", "packed")
 BUDGET = 16384.0
 
 
-def load(name: str) -> np.ndarray:
-    for root in (DATA, LOCAL):
-        path = root / f"{name}.npy"
-        if path.exists():
-            return np.load(path)
-    raise FileNotFoundError(f"{name}.npy not found in {DATA} or {LOCAL}")
 
 
-def resample(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
-    if n == base.size:
-        return base
-    return base[np.random.default_rng(seed).integers(0, base.size, n)]
 
 
-def seed_greedy(sampler, sizeof, max_total):
-    """The seed tools' loop (bionemo SizeAwareBatchSampler / equibatch / aistore), verbatim in spirit."""
-    batch, total = [], 0
-    for idx in sampler:
-        size = sizeof(idx)
-        if batch and total + size > max_total:
-            yield batch
-            batch, total = [], 0
-        batch.append(idx)
-        total += size
-    if batch:
-        yield batch
 
 
 def _original_seed_samplers(sizes_list):

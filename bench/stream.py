@@ -27,6 +27,7 @@ import gc
 import logging
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,33 +37,17 @@ import numpy as np
 import fitbatch
 from fitbatch.streaming import batch_stream
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load, seed_greedy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 BUDGET = 16384.0
 BUFFER = 10_000
 
 
-def load(name: str) -> np.ndarray:
-    for root in (ROOT.parent / "shared" / "data", ROOT / "tests" / "data"):
-        path = root / f"{name}.npy"
-        if path.exists():
-            return np.load(path)
-    raise FileNotFoundError(f"{name}.npy not found")
 
 
-def seed_greedy(dataset: Iterable[int], sizeof: Callable[[int], float], max_total: float):
-    """bionemo ``size_aware_batching``'s loop (sum budget, order kept), without logging/collate."""
-    batch: list[int] = []
-    total = 0.0
-    for data in dataset:
-        size = sizeof(data)
-        if batch and total + size > max_total:
-            yield batch
-            batch, total = [], 0.0
-        batch.append(data)
-        total += size
-    if batch:
-        yield batch
 
 
 def padding_efficiency(batches: list[list[int]], sizes: np.ndarray) -> float:

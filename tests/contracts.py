@@ -2,8 +2,8 @@
 
 :func:`check_plan` recomputes everything it checks from the sizes and the cost model alone, one
 batch at a time (through :mod:`reference`), never from the plan's own per-batch arrays. The
-plan-quality metrics at the bottom are copied from ``bench/_metrics.py`` so tests never import
-``bench/``.
+plan-quality metrics at the bottom come from ``fitbatch.metrics`` (tests never import
+``bench/``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,55 @@
+"""What the benchmarks share: the real length sets, the seed tools' loop, plan metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+import fitbatch
+
+# The library's metrics, under the names the benchmarks use.
+from fitbatch.metrics import batch_of_sample as batch_ids  # noqa: E402, F401
+from fitbatch.metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
+from fitbatch.metrics import repeat_rate  # noqa: E402, F401
+
+
+def optimal_padded_batches(sizes: np.ndarray, budget: float, cost="padded", **kw) -> int:
+    """Greedy over globally sorted sizes: optimal batch count for the padded cost."""
+    return len(fitbatch.plan_batches(sizes, budget, cost=cost, strategy="sorted", **kw))
+
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_DIRS = (ROOT.parent / "shared" / "data", ROOT / "tests" / "data")
+
+
+def load(name: str) -> np.ndarray:
+    """A real length set by name (the shared data, else the copy in tests/data)."""
+    for root in DATA_DIRS:
+        path = root / f"{name}.npy"
+        if path.exists():
+            return np.load(path)
+    raise FileNotFoundError(f"{name}.npy not found in {[str(d) for d in DATA_DIRS]}")
+
+
+def resample(base: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` lengths drawn with replacement from ``base`` (``base`` itself when n is its size)."""
+    if n == base.size:
+        return base
+    return base[np.random.default_rng(seed).integers(0, base.size, n)]
+
+
+def seed_greedy(dataset: Iterable[int], sizeof: Callable[[int], float], max_total: float) -> Iterator[list[int]]:
+    """The seed tools' loop (bionemo/equibatch/aistore): sum budget, order kept, no logging/collate."""
+    batch: list[int] = []
+    total = 0.0
+    for data in dataset:
+        size = sizeof(data)
+        if batch and total + size > max_total:
+            yield batch
+            batch, total = [], 0.0
+        batch.append(data)
+        total += size
+    if batch:
+        yield batch
