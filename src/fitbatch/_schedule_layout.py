@@ -155,12 +155,8 @@ def budget_layout(
 ) -> Layout:
     """Budget steps: core plan -> rows of ``world`` micro-batches -> steps of rows."""
     plan = plan_with(sizes, opts, epoch)
-    if world == 1:
-        grid = np.arange(len(plan), dtype=np.int64)[:, None]
-        row_units = plan.real_units
-    else:
-        arranged = arrange(plan, sizes, opts.cost, world, seed=opts.seed, epoch=epoch, purpose="schedule-rows")
-        plan, grid, row_units = arranged.plan, arranged.grid, arranged.step_units
+    arranged = arrange(plan, sizes, opts.cost, world, seed=opts.seed, epoch=epoch, purpose="schedule-rows")
+    plan, grid, row_units = arranged.plan, arranged.grid, arranged.step_units
     cum = np.concatenate([[0.0], np.cumsum(row_units)])
     bounds: list[int] = [0]
     budgets: list[int] = []

@@ -170,8 +170,6 @@ def plan_row_cells(row: PlanRow) -> list[str]:
 
 def _spread(plan: fitbatch.BatchPlan, sizes: fitbatch.Sizes, model: fitbatch.CostModel, world: int, seed: int, epoch: int) -> fitbatch.BatchPlan:
     """The global plan as ``world`` ranks run it (count evened out), with its straggler ratio."""
-    if world == 1:
-        return plan
     try:
         steps = arrange(plan, sizes, model, world, seed=seed, epoch=epoch)
     except ValueError:  # too few samples to split batches for every rank: drop (counted) instead

@@ -159,8 +159,14 @@ def arrange(
     policy: str = "split",
     purpose: str = "steps",
 ) -> Steps:
-    """Arrange a global plan into cost-balanced steps of ``world`` batches (see the module doc)."""
+    """Arrange a global plan into cost-balanced steps of ``world`` batches (see the module doc).
+
+    One rank runs the plan as it is, in its order, with no straggler ratio.
+    """
     choice("policy", policy, POLICIES)
+    if world == 1:
+        grid = np.arange(len(plan), dtype=np.int64)[:, None]
+        return Steps(plan, grid, plan.counts.copy(), plan.real_units.copy(), None)
     plan = _even_count(plan, sizes, model, world, policy)
     n_steps = len(plan) // world
     rng = _rng.generator(seed, epoch, purpose)

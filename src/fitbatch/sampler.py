@@ -153,9 +153,6 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
         if self._budgets is not None:
             return arrange_budgets(self._sizes, self._opts, self._budgets, epoch)
         plan = plan_with(self._sizes, self._opts, epoch)
-        if world == 1:
-            grid = np.arange(len(plan), dtype=np.int64)[:, None]
-            return Steps(plan, grid, plan.counts.copy(), plan.real_units.copy(), None)
         return arrange(plan, self._sizes, self._opts.cost, world, seed=self._opts.seed, epoch=epoch, policy=self.policy)
 
     def plan(self, epoch: int | None = None) -> BatchPlan:
@@ -248,9 +245,6 @@ class BudgetBatchSampler(_Base):  # type: ignore[misc,valid-type]
 
     def _rearrange(self, steps: Steps, done: int, world: int, epoch: int, generation: int) -> Steps:
         rest = remaining_plan(steps, min(done, steps.n_steps))
-        if world == 1:
-            grid = np.arange(len(rest), dtype=np.int64)[:, None]
-            return Steps(rest, grid, rest.counts.copy(), rest.real_units.copy(), None)
         return arrange(
             rest, self._sizes, self._opts.cost, world, seed=self._opts.seed, epoch=epoch,
             policy=self.policy, purpose=f"resume-steps-{generation}",
