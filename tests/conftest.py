@@ -42,3 +42,14 @@ def pytokens() -> np.ndarray:
 def functions() -> np.ndarray:
     """Tokens per function of the same stdlib (58,754 functions)."""
     return load_lengths("functions")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one intra-op thread for a module (two shared cores: spinning threads cost 10x)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -9,8 +9,10 @@ plan-quality metrics at the bottom come from ``fitbatch.metrics`` (tests never i
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -182,6 +184,16 @@ def batch_sets(plan: fitbatch.BatchPlan) -> set[tuple[int, ...]]:
     """The batches as a set of sorted tuples (ignores batch order and order inside batches)."""
     return {tuple(sorted(b.tolist())) for b in plan}
 
+
+
+def load_script(path: Path, name: str) -> Any:
+    """Import a worker script (run by subprocesses) as a module, to call its functions in-process."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # --------------------------------------------------------------------------- quality metrics
 # The library's own metrics (fitbatch.metrics), under the names the tests use.

@@ -15,13 +15,7 @@ from fitbatch.memory.calibrate import Calibration, calibrate  # noqa: E402
 VOCAB, DIM = 64, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two shared cores: intra-op threads spinning against other processes cost 10x here
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class TinyLM(torch.nn.Module):

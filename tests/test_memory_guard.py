@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from contracts import load_script
 
 torch = pytest.importorskip("torch")
 
@@ -19,19 +19,10 @@ from fitbatch.memory import fit_batch_model  # noqa: E402
 from fitbatch.memory.guard import OOMGuard, SampleTooLargeError  # noqa: E402
 
 WORKER = Path(__file__).parent / "distributed" / "memory_guard_worker.py"
-_spec = importlib.util.spec_from_file_location("memory_guard_worker", WORKER)
-assert _spec is not None and _spec.loader is not None
-W = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(W)
+W = load_script(WORKER, "memory_guard_worker")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two shared cores: intra-op threads spinning against other processes cost 10x here
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class BudgetSampler:

@@ -19,14 +19,7 @@ from fitbatch.memory import (  # noqa: E402
 )
 from fitbatch.memory.profile import as_device  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # two shared cores: intra-op threads spinning against other processes cost 10x here
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])

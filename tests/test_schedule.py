@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
 import json
 import math
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from contracts import load_script
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,18 +29,10 @@ from fitbatch.schedule import (  # noqa: E402
 )
 
 WORKER = Path(__file__).parent / "schedule_scripts" / "gloo_worker.py"
-_spec = importlib.util.spec_from_file_location("schedule_gloo_worker", WORKER)
-assert _spec is not None and _spec.loader is not None
-W = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(W)
+W = load_script(WORKER, "schedule_gloo_worker")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def csv_schedule(text: str, **kw) -> BatchSizeSchedule:
