@@ -7,7 +7,9 @@ segment start, a lone sample over budget forming a batch of its own:
 * :func:`greedy_starts` — any order, any cost model. Chunks the sequence, runs the greedy in
   lock-step over all chunks at once (one numpy step per position *within* a chunk), then repairs
   each chunk seam sequentially: the true chain entering a chunk is simulated with vectorised
-  windows until it meets the chunk's local chain, after which the two coincide.
+  windows until it meets the chunk's local chain, after which the two coincide. With the
+  ``fast`` extra (numba) the built-in cost models run it as a compiled per-sample loop instead
+  (:mod:`fitbatch._jit`: the same arithmetic, so the same starts).
 * :func:`descending_starts` — positions whose planning size (an upper bound of the true size) is
   non-increasing within each segment: the first sample of a batch bounds its max, so every
   position's batch length is known in closed form and only the chain of batch starts is walked
@@ -24,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit
 from fitbatch.costs import CostModel, SumCost
 
 IntArray = NDArray[np.int64]
@@ -182,6 +185,10 @@ def greedy_starts(
         return np.zeros(0, np.int64), state
     if multiple > 1:
         return _walk_windows(sizes, budget, cost, capf, multiple, force, state)
+    compiled = _jit.greedy(sizes, budget, cost, capf, force, state.count, state.max_size, state.sum_size)
+    if compiled is not None:
+        starts, (count, mx, sm) = compiled
+        return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
     chunk = int(min(4096, max(64, math.isqrt(n))))
     local = _lockstep(sizes, budget, cost, capf, force, chunk, state)
     return _repair_seams(sizes, budget, cost, capf, force, chunk, local, state)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._validate import choice
 from fitbatch.costs import CostModel, SumCost
@@ -110,6 +111,9 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
     csum[0] = 0.0
     np.cumsum(sizes, dtype=np.float64, out=csum[1:])
     room = n if cap is None else cap
+    compiled = _jit.prefix_sum_starts(csum, budget, room)
+    if compiled is not None:
+        return compiled.tolist()
     out: list[int] = []
     add = out.append
     i = 0

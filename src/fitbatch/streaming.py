@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit
 from fitbatch._streaming_plan import (
     BucketPlanner,
     Run,
@@ -202,6 +203,14 @@ class BatchStream(Iterator[Any]):
             items = seg.items
             heads, tails = bounds[:-1], bounds[1:]
             cuts = np.fromiter(bounds, dtype=np.int64, count=len(bounds))
+            compiled = _jit.run_totals(seg.sizes, cuts, self.cost, self.budget, base)
+            if compiled is not None:
+                head_it = iter(heads)
+                self._round = _Round(
+                    map(items.__getitem__, map(slice, head_it, tails)), head_it, len(heads), base, *compiled,
+                    [(seg.positions, bounds[0], bounds[-1])],
+                )
+                return
             # each batch reduced over the same items as with [head, tail) pairs, in one pass
             real = np.add.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
             top = np.maximum.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])

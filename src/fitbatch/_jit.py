@@ -1,0 +1,161 @@
+"""Optional compiled greedy loops (the ``fast`` extra: numba).
+
+The in-order greedy has no numpy formulation that is cheap for short batches: numpy pays a
+Python step per batch (the walk over batch ends) or a few numpy calls per chunk (the lock-step
+scan). With numba installed, :func:`greedy` and :func:`prefix_sum_starts` run the same
+arithmetic as a compiled per-sample loop and return the same starts; without it (or with the
+environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use numpy.
+
+Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.costs.SumCost`,
+:class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
+classes: a subclass may change ``evaluate``). numba is imported once a process has planned
+``LOAD_AT`` samples (small plans do not pay for the import); the first use compiles (a few
+seconds) and numba caches the machine code next to the module, so later processes load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
+
+logger = logging.getLogger(__name__)
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+# Samples planned in this process before numba is imported: importing it and loading the cached
+# machine code takes about half a second once, more than numpy needs for smaller plans.
+LOAD_AT = 1 << 18
+
+_module: ModuleType | None = None
+_tried = False
+_work = 0
+_NO_FORCE = np.zeros(0, dtype=np.bool_)
+
+
+def enabled() -> bool:
+    """Whether the compiled loops can be used (numba importable, ``FITBATCH_JIT`` not ``0``).
+
+    Loads them now if they were not loaded yet.
+    """
+    return _mode() != "off" and _load() is not None
+
+
+def _mode() -> str:
+    value = os.environ.get("FITBATCH_JIT", "auto").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "always" if value in ("1", "true", "yes", "on", "always") else "auto"
+
+
+def _load() -> ModuleType | None:
+    global _module, _tried
+    if not _tried:
+        _tried = True
+        try:
+            from fitbatch import _jit_kernels
+        except ImportError:
+            logger.debug("numba is not installed: the greedy loops run in numpy")
+        else:
+            _warm(_jit_kernels)
+            _module = _jit_kernels
+    return _module
+
+
+def _warm(module: ModuleType) -> None:
+    """Compile (or load from numba's cache) every loop now, so that a long stream does not
+    pay the compiler's time and memory at some later batch."""
+    one, params = np.ones(2), np.zeros(4)
+    module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
+    module.prefix_sum_starts(np.arange(3.0), 1.0, 2)
+    module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
+
+
+def _kernels(work: int) -> ModuleType | None:
+    """The compiled module, once this process has planned ``LOAD_AT`` samples (``work`` more now).
+
+    ``FITBATCH_JIT=1`` loads it at the first call, ``FITBATCH_JIT=0`` never; numba already
+    imported by the program also loads it at once.
+    """
+    global _work
+    mode = _mode()
+    if mode == "off":
+        return None
+    if _module is not None or _tried:
+        return _module
+    _work += work
+    if mode == "always" or _work >= LOAD_AT or "numba" in sys.modules:
+        return _load()
+    return None
+
+
+def _cost_params(cost: CostModel) -> tuple[int, FloatArray] | None:
+    kind = type(cost)
+    if kind is SumCost:
+        return 0, np.zeros(4)
+    if kind is PaddedCost:
+        return 1, np.zeros(4)
+    if kind is PaddedPolynomial:
+        p: Any = cost
+        return 2, np.array([p.fixed, p.linear, p.per_token, p.quadratic], dtype=np.float64)
+    return None
+
+
+def greedy(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: float,
+    force: NDArray[np.bool_] | None,
+    count: int,
+    max_size: Any,
+    sum_size: Any,
+) -> tuple[IntArray, tuple[int, float, float]] | None:
+    """Greedy starts in order and the open batch at the end, or ``None`` when not compiled."""
+    if sizes.ndim != 1:
+        return None
+    params = _cost_params(cost)
+    module = _kernels(sizes.shape[0]) if params is not None else None
+    if module is None or params is None:
+        return None
+    values = np.ascontiguousarray(sizes, dtype=np.float64)
+    flags = _NO_FORCE if force is None else np.ascontiguousarray(force, dtype=np.bool_)
+    starts, c, m, s = module.greedy(
+        values, float(budget), params[0], params[1], float(cap), flags, force is not None,
+        float(count), float(max_size), float(sum_size),
+    )
+    return starts, (int(c), m, s)
+
+
+def prefix_sum_starts(csum: FloatArray, budget: float, room: int) -> IntArray | None:
+    """:func:`fitbatch._streaming_plan.sum_starts` compiled, or ``None`` when not compiled."""
+    module = _kernels(csum.shape[0] - 1)
+    if module is None:
+        return None
+    result: IntArray = module.prefix_sum_starts(csum, float(budget), int(room))
+    return result
+
+
+def run_totals(
+    sizes: FloatArray, cuts: IntArray, cost: CostModel, budget: float, base: tuple[int, int, float, float, int]
+) -> tuple[IntArray, FloatArray, FloatArray, IntArray] | None:
+    """Running (items, real units, padded units, batches over budget) after each batch
+    ``sizes[cuts[b]:cuts[b + 1]]`` added to ``base`` (a stream's totals), or ``None``."""
+    params = _cost_params(cost)
+    module = _kernels(0) if params is not None and sizes.ndim == 1 else None
+    if module is None or params is None:
+        return None
+    _, e0, r0, p0, o0 = base
+    result: tuple[IntArray, FloatArray, FloatArray, IntArray] = module.run_totals(
+        np.ascontiguousarray(sizes, dtype=np.float64), cuts, params[0], params[1], float(budget),
+        int(e0), float(r0), float(p0), int(o0),
+    )
+    return result

@@ -1,0 +1,119 @@
+"""numba-compiled greedy loops (imported by :mod:`fitbatch._jit` only when numba is installed).
+
+Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
+search of :func:`fitbatch._streaming_plan.sum_starts`) written as the plain per-sample loop, with
+the same floating-point operations in the same order, so the batches are the same. numpy's
+vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
+a few nanoseconds, which matters for short batches read from a stream in small chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+SUM, PADDED, POLYNOMIAL = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def _cost(kind: int, count: float, mx: float, sm: float, p: np.ndarray) -> float:  # pragma: no cover - compiled
+    if kind == SUM:
+        return sm
+    if kind == PADDED:
+        return count * mx
+    # PaddedPolynomial.evaluate: fixed + count * (linear + L * (per_token + quadratic * L))
+    return p[0] + count * (p[1] + mx * (p[2] + p[3] * mx))
+
+
+@njit(cache=True, nogil=True)
+def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in tests/test_jit.py
+    sizes: np.ndarray,
+    budget: float,
+    kind: int,
+    params: np.ndarray,
+    cap: float,
+    force: np.ndarray,
+    use_force: bool,
+    count: float,
+    mx: float,
+    sm: float,
+) -> tuple[np.ndarray, float, float, float]:
+    """Starts of the greedy in order; (count, max, sum) is the batch open before position 0."""
+    n = sizes.shape[0]
+    starts = np.empty(n, dtype=np.int64)
+    k = 0
+    for t in range(n):
+        x = sizes[t]
+        new_count = count + 1.0
+        new_max = mx if mx >= x else x
+        if mx != mx or x != x:  # NaN propagates as in np.maximum
+            new_max = x + mx
+        new_sum = sm + x
+        start = _cost(kind, new_count, new_max, new_sum, params) > budget or new_count > cap
+        if use_force and force[t]:
+            start = True
+        if count == 0.0:
+            start = True  # an empty batch takes its first sample
+        if start:
+            starts[k] = t
+            k += 1
+            count, mx, sm = 1.0, x, x
+        else:
+            count, mx, sm = new_count, new_max, new_sum
+    return starts[:k].copy(), count, mx, sm
+
+
+@njit(cache=True, nogil=True)
+def prefix_sum_starts(csum: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget."""
+    n = csum.shape[0] - 1
+    starts = np.empty(n, dtype=np.int64)
+    k = 0
+    i = 0
+    while i < n:
+        starts[k] = i
+        k += 1
+        limit = csum[i] + budget
+        stop = i + room if room < n - i else n
+        j = i + 1
+        while j < stop and csum[j + 1] <= limit:
+            j += 1
+        i = j
+    return starts[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def run_totals(  # pragma: no cover - compiled; checked against numpy in tests/test_jit.py
+    sizes: np.ndarray,
+    cuts: np.ndarray,
+    kind: int,
+    params: np.ndarray,
+    budget: float,
+    emitted: int,
+    real: float,
+    padded: float,
+    over: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Running totals after each batch ``sizes[cuts[b]:cuts[b + 1]]``, from the given totals."""
+    m = cuts.shape[0] - 1
+    out_e = np.empty(m, dtype=np.int64)
+    out_r = np.empty(m, dtype=np.float64)
+    out_p = np.empty(m, dtype=np.float64)
+    out_o = np.empty(m, dtype=np.int64)
+    for b in range(m):
+        a, z = cuts[b], cuts[b + 1]
+        s = 0.0
+        top = sizes[a]
+        for i in range(a, z):
+            x = sizes[i]
+            s += x
+            if x > top:
+                top = x
+        count = z - a
+        emitted += count
+        real += s
+        padded += count * top
+        if _cost(kind, float(count), top, s, params) > budget:
+            over += 1
+        out_e[b], out_r[b], out_p[b], out_o[b] = emitted, real, padded, over
+    return out_e, out_r, out_p, out_o

@@ -1,0 +1,195 @@
+"""The optional compiled loops (``fitbatch._jit``, the ``fast`` extra) give the numpy kernels' results.
+
+Every comparison runs the same call twice, with ``FITBATCH_JIT=0`` (numpy) and ``FITBATCH_JIT=1``
+(numba, loaded at once), and checks the compiled one against the reference oracle too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import reference as R
+from contracts import COSTS
+from hypothesis import given
+from hypothesis import strategies as st
+from test_kernels import make_sizes, ns
+
+import fitbatch
+from fitbatch import _jit
+from fitbatch import _kernels as K
+from fitbatch._streaming_plan import sum_starts
+from fitbatch.streaming import batch_stream
+
+numba = pytest.importorskip("numba", reason="the fast extra (numba) is not installed")
+
+COMPILED = ("sum", "padded", "polynomial")
+
+
+@contextlib.contextmanager
+def jit(mode: str) -> Iterator[None]:
+    before = os.environ.get("FITBATCH_JIT")
+    os.environ["FITBATCH_JIT"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FITBATCH_JIT"]
+        else:
+            os.environ["FITBATCH_JIT"] = before
+
+
+def both(fn):  # noqa: ANN001, ANN202 - a test helper
+    with jit("0"):
+        plain = fn()
+    with jit("1"):
+        compiled = fn()
+    return plain, compiled
+
+
+def test_enabled_follows_the_environment():
+    with jit("0"):
+        assert not _jit.enabled()
+        assert _jit.greedy(np.ones(3), 2.0, COSTS["sum"], np.inf, None, 0, 0.0, 0.0) is None
+    with jit("1"):
+        assert _jit.enabled()
+        assert _jit.greedy(np.ones(3), 2.0, COSTS["sum"], np.inf, None, 0, 0.0, 0.0) is not None
+
+
+@pytest.mark.parametrize(
+    ("sizes", "cost"),
+    [
+        (np.ones(4), COSTS["function"]),  # a user's function: only numpy can call it
+        (np.ones((4, 2)), COSTS["padded"]),  # several dimensions
+        (np.ones(4), type("Mine", (fitbatch.PaddedCost,), {})()),  # a subclass may change evaluate
+    ],
+)
+def test_other_costs_and_shapes_stay_in_numpy(sizes, cost):
+    with jit("1"):
+        assert _jit.greedy(sizes, 2.0, cost, np.inf, None, 0, 0.0, 0.0) is None
+        got, _ = K.greedy_starts(sizes, 2.0, cost)
+    with jit("0"):
+        want, _ = K.greedy_starts(sizes, 2.0, cost)
+    assert got.tolist() == want.tolist()
+
+
+@given(
+    kind=st.sampled_from(("int", "dyadic", "equal", "zeros", "dup")),
+    n=ns,
+    seed=st.integers(0, 2**16),
+    cost=st.sampled_from(COMPILED),
+    budget=st.sampled_from([1.0, 7.0, 13.5, 40.0, 100.0, 1000.0]),
+    cap=st.one_of(st.none(), st.integers(1, 9)),
+    force_rate=st.sampled_from([0.0, 0.02, 0.3]),
+    carried=st.integers(0, 4),
+)
+def test_greedy_matches_numpy_and_reference(kind, n, seed, cost, budget, cap, force_rate, carried):
+    sizes = make_sizes(kind, n, seed)
+    model = COSTS[cost]
+    force = np.random.default_rng(seed + 1).random(n) < force_rate if force_rate else None
+    before = make_sizes(kind, carried, seed + 7)
+    carry = K.OpenBatch(carried, before.max(), before.sum()) if carried else None
+    (plain, plain_open), (compiled, compiled_open) = both(
+        lambda: K.greedy_starts(sizes, budget, model, cap=cap, force=force, carry=carry)
+    )
+    assert compiled.dtype == np.int64
+    assert compiled.tolist() == plain.tolist()
+    assert compiled_open.count == plain_open.count
+    assert float(compiled_open.max_size) == float(plain_open.max_size)
+    assert float(compiled_open.sum_size) == float(plain_open.sum_size)  # exact: integers and eighths
+    forced = [] if force is None else np.flatnonzero(force).tolist()
+    want, want_open = R.greedy_starts(
+        R.as_python(sizes), budget, R.model_cost(model), cap=cap, forced=forced,
+        carry=None if carry is None else (carried, float(before.max()), float(before.sum())),
+    )
+    assert compiled.tolist() == want
+    assert compiled_open.count == want_open[0]
+
+
+@given(
+    n=st.integers(0, 3000),
+    seed=st.integers(0, 2**16),
+    budget=st.sampled_from([1.0, 5.0, 40.0, 600.0, 1e6]),  # short batches, long ones (bisect path)
+    cap=st.one_of(st.none(), st.integers(1, 50)),
+    dyadic=st.booleans(),
+)
+def test_prefix_sum_starts_matches_numpy(n, seed, budget, cap, dyadic):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 30, n) / (8.0 if dyadic else 1.0)
+    plain, compiled = both(lambda: sum_starts(sizes, budget, cap))
+    assert compiled == plain
+    # and both are the indexed planner's sequential plan (the greedy over a sum)
+    want, _ = R.greedy_starts(R.as_python(sizes), budget, R.model_cost(COSTS["sum"]), cap=cap)
+    assert compiled == want
+
+
+@given(n=st.integers(1, 400), seed=st.integers(0, 2**16), cost=st.sampled_from(COMPILED), cuts=st.integers(1, 40))
+def test_run_totals_match_numpy(n, seed, cost, cuts):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 50, n).astype(np.float64)
+    bounds = np.unique(np.concatenate([[0, n], rng.integers(0, n, cuts)])).astype(np.int64)
+    base = (3, 10, 100.0, 150.0, 1)
+    with jit("1"):
+        e, r, p, o = _jit.run_totals(sizes, bounds, COSTS[cost], 60.0, base)
+    real = np.add.reduceat(sizes, bounds[:-1])
+    top = np.maximum.reduceat(sizes, bounds[:-1])
+    counts = np.diff(bounds)
+    over = COSTS[cost].evaluate(counts.astype(np.float64), top, real) > 60.0
+    assert e.tolist() == (10 + np.cumsum(counts)).tolist()
+    assert r.tolist() == (100.0 + np.cumsum(real)).tolist()
+    assert p.tolist() == (150.0 + np.cumsum(counts * top)).tolist()
+    assert o.tolist() == (1 + np.cumsum(over)).tolist()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cost", "oversized"),
+    [("sequential", "sum", "single"), ("sequential", "padded", "skip"), ("sequential", "polynomial", "single"),
+     ("buckets", "padded", "single")],
+)
+def test_streams_are_the_same_batches(strategy, cost, oversized):
+    sizes = np.random.default_rng(5).integers(0, 700, 30_000).astype(np.float64)
+    model = COSTS[cost]
+
+    def run():
+        stream = batch_stream(
+            range(sizes.size), sizeof_batch=lambda ids: sizes[ids], budget=600.0, cost=model,
+            strategy=strategy, buffer_size=2000, oversized=oversized,
+        )
+        return list(stream), stream.summary
+
+    (plain, plain_summary), (compiled, compiled_summary) = both(run)
+    assert compiled == plain
+    assert compiled_summary == plain_summary
+
+
+def _in_fresh_process(code: str, mode: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "FITBATCH_JIT"}
+    if mode is not None:
+        env["FITBATCH_JIT"] = mode
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PROBE = """
+import json, sys
+import numpy as np
+from fitbatch import _jit, plan_batches
+sizes = np.random.default_rng(0).integers(1, 50, {n}).astype(float)
+plan_batches(sizes, 200, strategy="sequential")
+print(json.dumps({{"numba": "numba" in sys.modules, "loaded": _jit._module is not None}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("n", "mode", "loaded"),
+    [(1000, None, False), (_jit.LOAD_AT + 1, None, True), (1000, "1", True), (_jit.LOAD_AT + 1, "0", False)],
+)
+def test_numba_is_imported_only_for_large_work(n, mode, loaded):
+    got = _in_fresh_process(PROBE.format(n=n), mode)
+    assert got == {"numba": loaded, "loaded": loaded}
