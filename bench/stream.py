@@ -2,16 +2,27 @@
 
 Run from the repository root:
 
-    python bench/stream.py              # 1M items per real length set (about a minute)
+    python bench/stream.py              # 1M items per real length set (a few minutes)
     python bench/stream.py --n 200000   # quicker
 
-The stream is a pre-built list of item ids (so building the source is not timed) whose size is
-looked up in the real length sets (resampled to ``--n``, items over the budget left out). Rows:
+Two kinds of stream, both pre-built lists (building the source is not timed), sizes from the real
+length sets (resampled to ``--n``, items over the budget left out):
+
+* ``ids``: items are sample ids and ``sizeof`` looks the size up in a Python list, the cheapest
+  ``sizeof`` there is (a C call per item), so the hardest case for anything against the seed loop;
+  ``sizeof_batch`` indexes a numpy array with the chunk of ids;
+* ``records``: items are dicts ``{"input_ids": array}`` as a tokenized streaming dataset yields
+  them (the arrays are views of one buffer) and ``sizeof`` is ``len(item["input_ids"])``, a
+  Python function per item as in the seed's documentation; ``sizeof_batch`` maps ``len`` over
+  the chunk's arrays in C.
+
+Rows:
 
 * seed greedy loop: bionemo's ``size_aware_batching`` algorithm, pure Python, one ``sizeof`` call
-  per item, a sum budget (the seed's semantics);
+  per item, a sum budget (the seed's semantics); bionemo's installed function too when importable;
 * ``batch_stream`` ``sequential`` with ``sizeof`` (one call per item) and with ``sizeof_batch``
-  (one call per chunk), sum and padded costs; ``sequential``/sum yields the seed's batches;
+  (one call per chunk), sum and padded costs, with the ``fast`` extra (numba) and without it
+  (``FITBATCH_JIT=0``: numpy only); ``sequential``/sum yields the seed's batches (checked);
 * ``batch_stream`` ``buckets`` (padded cost, ``buffer_size=10_000``);
 * lhotse's ``DynamicBucketingSampler`` (sum of durations = ``max_duration``, ``buffer_size=10_000``,
   30 buckets, no shuffle) on the first ``--lhotse-n`` items, when lhotse is installed.
@@ -24,17 +35,22 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import logging
+import operator
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Iterable
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import fitbatch
+import fitbatch._jit
 from fitbatch.streaming import batch_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,10 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 BUDGET = 16384.0
 BUFFER = 10_000
-
-
-
-
+JIT = fitbatch._jit.enabled()  # loads the compiled loops now when numba is installed
 
 
 def padding_efficiency(batches: list[list[int]], sizes: np.ndarray) -> float:
@@ -60,7 +73,11 @@ def padding_efficiency(batches: list[list[int]], sizes: np.ndarray) -> float:
 
 
 def best(fn: Callable[[], Iterable[list[int]]], repeat: int) -> tuple[float, list[list[int]]]:
-    """Best time to consume the batches (counted, not kept), and the batches of an untimed run."""
+    """Best time to consume the batches (counted, not kept), and the batches of an untimed run.
+
+    Each run starts after a full collection with no earlier row's batches alive, so the garbage
+    collector (left on, as in training) walks the same heap for every row.
+    """
     t_best = float("inf")
     for _ in range(repeat):
         gc.collect()
@@ -88,46 +105,104 @@ def lhotse_row(sizes: np.ndarray) -> tuple[float, list[list[int]]] | None:
     return time.perf_counter() - t0, batches
 
 
-def table(name: str, sizes: np.ndarray, repeat: int, lhotse_n: int) -> str:
+class Stream:
+    """One kind of source: its items, a per-item ``sizeof``, a per-chunk one, item -> id."""
+
+    def __init__(self, kind: str, sizes: np.ndarray) -> None:
+        self.kind = kind
+        n = sizes.size
+        if kind == "ids":
+            self.items: list[Any] = list(range(n))
+            lookup = sizes.tolist()
+            self.sizeof: Callable[[Any], float] = lookup.__getitem__
+            self.sizeof_batch: Callable[[list[Any]], Any] = lambda ids: sizes[np.asarray(ids, dtype=np.int64)]
+            self.ids: Callable[[list[Any]], list[int]] = lambda batch: batch
+        else:
+            lengths = sizes.astype(np.int64)
+            tokens = np.zeros(int(lengths.max()) + 1, dtype=np.int32)  # every record views one buffer
+            self.items = [{"id": i, "input_ids": tokens[:length]} for i, length in enumerate(lengths.tolist())]
+            self.sizeof = lambda record: len(record["input_ids"])
+            ids_of = operator.itemgetter("input_ids")
+            self.sizeof_batch = lambda chunk: np.fromiter(map(len, map(ids_of, chunk)), np.float64, len(chunk))
+            self.ids = lambda batch: [record["id"] for record in batch]
+
+
+def bionemo_loop() -> Callable[..., Iterable[list[Any]]] | None:
+    try:
+        from bionemo.size_aware_batching.sampler import size_aware_batching
+    except Exception:  # noqa: BLE001 - any import problem means "not available"
+        return None
+    return size_aware_batching
+
+
+def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -> str:
     n = sizes.size
-    items = list(range(n))
-    lookup = sizes.tolist()
-    by_chunk = lambda ids: sizes[np.asarray(ids, dtype=np.int64)]  # noqa: E731
+    src = Stream(kind, sizes)
 
-    def stream(strategy: str, cost: str, vectorised: bool) -> Callable[[], Iterable[list[int]]]:
-        kw = {"sizeof_batch": by_chunk} if vectorised else {"sizeof": lookup.__getitem__}
-        return lambda: batch_stream(items, budget=BUDGET, cost=cost, strategy=strategy, buffer_size=BUFFER, **kw)
+    def stream(strategy: str, cost: str, vectorised: bool) -> Callable[[], Iterable[list[Any]]]:
+        kw: dict[str, Any] = {"sizeof_batch": src.sizeof_batch} if vectorised else {"sizeof": src.sizeof}
+        return lambda: batch_stream(src.items, budget=BUDGET, cost=cost, strategy=strategy, buffer_size=BUFFER, **kw)
 
-    t_seed, seed_batches = best(lambda: seed_greedy(items, lookup.__getitem__, BUDGET), repeat)
-    rows = [("seed greedy loop (pure Python, sizeof per item)", "sum", t_seed, seed_batches, n)]
+    def fingerprint(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        # batches as two arrays (lengths, ids in order): nothing kept for the GC to walk later
+        return np.fromiter(map(len, ids), np.int64), np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+
+    def row(label: str, cost: str, t: float, ids: list[list[int]], count: int) -> tuple[Any, ...]:
+        return (label, cost, t, len(ids), padding_efficiency(ids, sizes), count)
+
+    t_seed, seed_batches = best(lambda: seed_greedy(src.items, src.sizeof, BUDGET), repeat)
+    seed_ids = [src.ids(b) for b in seed_batches]
+    del seed_batches
+    seed_print = fingerprint(seed_ids)
+    rows = [row("seed greedy loop (pure Python, sizeof per item)", "sum", t_seed, seed_ids, n)]
+    del seed_ids
+    original = bionemo_loop()
+    if original is not None:
+        t, batches = best(lambda: original(src.items, src.sizeof, BUDGET), repeat)
+        ids = [src.ids(b) for b in batches]
+        assert all(np.array_equal(a, b) for a, b in zip(fingerprint(ids), seed_print))
+        rows.append(row("bionemo size_aware_batching (installed)", "sum", t, ids, n))
     cases = [
-        ("sequential, sizeof per item", "sequential", "sum", False),
-        ("sequential, sizeof_batch per chunk", "sequential", "sum", True),
-        ("sequential, sizeof_batch per chunk", "sequential", "padded", True),
-        ("buckets, sizeof per item", "buckets", "padded", False),
-        ("buckets, sizeof_batch per chunk", "buckets", "padded", True),
+        ("sequential, sizeof per item", "sequential", "sum", False, True),
+        ("sequential, sizeof per item, numpy only", "sequential", "sum", False, False),
+        ("sequential, sizeof_batch per chunk", "sequential", "sum", True, True),
+        ("sequential, sizeof_batch per chunk, numpy only", "sequential", "sum", True, False),
+        ("sequential, sizeof_batch per chunk", "sequential", "padded", True, True),
+        ("sequential, sizeof_batch per chunk, numpy only", "sequential", "padded", True, False),
+        ("buckets, sizeof per item", "buckets", "padded", False, True),
+        ("buckets, sizeof_batch per chunk", "buckets", "padded", True, True),
     ]
-    for label, strategy, cost, vectorised in cases:
-        t, batches = best(stream(strategy, cost, vectorised), repeat)
+    for label, strategy, cost, vectorised, compiled in cases:
+        if compiled and not JIT:
+            continue  # numba not installed: the numpy-only rows say it all
+        os.environ["FITBATCH_JIT"] = "1" if compiled else "0"
+        try:
+            t, batches = best(stream(strategy, cost, vectorised), repeat)
+        finally:
+            os.environ.pop("FITBATCH_JIT", None)
+        ids = [src.ids(b) for b in batches]
+        del batches
         if strategy == "sequential" and cost == "sum":
-            assert batches == seed_batches, "sequential/sum must yield the seed's batches"
-        rows.append((f"batch_stream {label}", cost, t, batches, n))
-    got = lhotse_row(sizes[:lhotse_n])
+            got_print = fingerprint(ids)
+            assert all(np.array_equal(a, b) for a, b in zip(got_print, seed_print)), "sequential/sum must yield the seed's batches"
+        rows.append(row(f"batch_stream {label}", cost, t, ids, n))
+        del ids
+    got = lhotse_row(sizes[:lhotse_n]) if kind == "ids" and lhotse_n else None
     if got is not None:
-        rows.append((f"lhotse DynamicBucketingSampler (first {min(n, lhotse_n):,} items)", "sum", got[0], got[1], min(n, lhotse_n)))
+        m = min(n, lhotse_n)
+        rows.append(row(f"lhotse DynamicBucketingSampler (first {m:,} items)", "sum", got[0], got[1], m))
     lines = [
-        f"\n### {name}, {n:,} items (budget {BUDGET:g}, buffer_size {BUFFER:,})\n",
+        f"\n### {name}, {kind}, {n:,} items (budget {BUDGET:g}, buffer_size {BUFFER:,})\n",
         "| batcher | cost | items/s | vs seed loop | batches | padding eff |",
         "|---|---|---|---|---|---|",
     ]
     seed_rate = n / t_seed
-    for label, cost, t, batches, count in rows:
+    for label, cost, t, n_batches, efficiency, count in rows:
         rate = count / t
         lines.append(
-            f"| {label} | {cost} | {rate / 1e6:.2f} M | {rate / seed_rate:.2f}x | {len(batches):,} | "
-            f"{padding_efficiency(batches, sizes):.4f} |"
+            f"| {label} | {cost} | {rate / 1e6:.2f} M | {rate / seed_rate:.2f}x | {n_batches:,} | {efficiency:.4f} |"
         )
-    if got is None:
+    if kind == "ids" and lhotse_n and got is None:
         lines.append("| lhotse DynamicBucketingSampler | – | not installed | | | |")
     return "\n".join(lines)
 
@@ -136,16 +211,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1_000_000, help="items per set (resampled)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--lhotse-n", type=int, default=200_000, help="items given to lhotse (its cuts are slow to build)")
+    parser.add_argument("--lhotse-n", type=int, default=200_000, help="items given to lhotse (its cuts are slow to build; 0: none)")
+    parser.add_argument("--kinds", default="ids,records", help="which streams: ids, records or both")
     args = parser.parse_args()
     logging.getLogger("fitbatch").setLevel(logging.ERROR)
+    numba = "numba " + version("numba") + " (fast extra)" if JIT else "numba not installed"
     print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores")
+          f"{platform.machine()}, {os.cpu_count()} cores, {numba}")
     for name in SETS:
         base = load(name).astype(np.float64)
         sizes = base[np.random.default_rng(0).integers(0, base.size, args.n)]
         sizes = sizes[sizes <= BUDGET]
-        print(table(name, sizes, args.repeat, args.lhotse_n), flush=True)
+        for kind in args.kinds.split(","):
+            print(table(name, sizes, kind, args.repeat, args.lhotse_n), flush=True)
 
 
 if __name__ == "__main__":

@@ -93,10 +93,10 @@ def test_sequential_equals_indexed_plan(n, seed, kind, cost, budget, cap, oversi
 
 def test_sequential_long_open_batch_uses_the_kernel_carry():
     # a budget far above the stream's total keeps one batch open across many chunks
-    sizes = make_sizes(3 * SP.CHUNK + 17, 1, "int")
+    sizes = make_sizes(3 * SP.SEQUENTIAL_CHUNK + 17, 1, "int")
     for cost in ("sum", "padded"):
-        got = list(stream_of(sizes, budget=1e9, cost=cost, max_batch_size=2 * SP.CHUNK + 5))
-        want = fitbatch.plan_batches(sizes, 1e9, cost=cost, strategy="sequential", max_batch_size=2 * SP.CHUNK + 5)
+        got = list(stream_of(sizes, budget=1e9, cost=cost, max_batch_size=2 * SP.SEQUENTIAL_CHUNK + 5))
+        want = fitbatch.plan_batches(sizes, 1e9, cost=cost, strategy="sequential", max_batch_size=2 * SP.SEQUENTIAL_CHUNK + 5)
         assert got == want.to_lists()
 
 
@@ -130,14 +130,15 @@ def test_next_and_iter_share_one_position_and_errors_do_not_end_the_stream():
             raise KeyError("boom")
         return 1.0
 
-    stream = batch_stream(range(20000), sizeof=sizeof, budget=4, cost="sum")
+    c = 4096  # items read per round: buffer_size
+    stream = batch_stream(range(2 * c + 100), sizeof=sizeof, budget=4, cost="sum", buffer_size=c)
     with pytest.raises(KeyError, match="stream item 3"):
         next(stream)
-    assert next(stream) == [8192, 8193, 8194, 8195]  # the failed chunk is lost, as it is read
+    assert next(stream) == [c, c + 1, c + 2, c + 3]  # the failed chunk is lost, as it is read
     it = iter(stream)
-    assert next(it) == [8196, 8197, 8198, 8199] and next(stream)[0] == 8200
+    assert next(it) == [c + 4, c + 5, c + 6, c + 7] and next(stream)[0] == c + 8
     batch = next(iter(stream))  # a for loop's first step
-    assert batch[0] == 8204 and stream.summary.batches == 4
+    assert batch[0] == c + 12 and stream.summary.batches == 4
     assert stream.summary.items_emitted == 16
 
 

@@ -75,7 +75,7 @@ def _warm(module: ModuleType) -> None:
     pay the compiler's time and memory at some later batch."""
     one, params = np.ones(2), np.zeros(4)
     module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
-    module.prefix_sum_starts(np.arange(3.0), 1.0, 2)
+    module.prefix_sum_starts(one, 1.0, 2)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
 
 
@@ -135,12 +135,12 @@ def greedy(
     return starts, (int(c), m, s)
 
 
-def prefix_sum_starts(csum: FloatArray, budget: float, room: int) -> IntArray | None:
+def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray | None:
     """:func:`fitbatch._streaming_plan.sum_starts` compiled, or ``None`` when not compiled."""
-    module = _kernels(csum.shape[0] - 1)
+    module = _kernels(sizes.shape[0])
     if module is None:
         return None
-    result: IntArray = module.prefix_sum_starts(csum, float(budget), int(room))
+    result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
     return result
 
 

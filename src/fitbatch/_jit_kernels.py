@@ -64,9 +64,18 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
 
 
 @njit(cache=True, nogil=True)
-def prefix_sum_starts(csum: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
-    """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget."""
-    n = csum.shape[0] - 1
+def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget.
+
+    ``csum`` is the running sum ``[0, s0, s0 + s1, ...]`` added in order, as ``np.cumsum`` does.
+    """
+    n = sizes.shape[0]
+    csum = np.empty(n + 1, dtype=np.float64)
+    csum[0] = 0.0
+    acc = 0.0
+    for i in range(n):
+        acc += sizes[i]
+        csum[i + 1] = acc
     starts = np.empty(n, dtype=np.int64)
     k = 0
     i = 0

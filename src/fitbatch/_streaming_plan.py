@@ -33,6 +33,9 @@ FloatArray = NDArray[np.float64]
 STREAM_STRATEGIES = ("sequential", "buckets")
 # Items read from the source per round; large enough to amortise the kernels' numpy calls.
 CHUNK = 8192
+# A sequential stream reads min(this, buffer_size) items per round and holds one round plus the
+# open batch: larger rounds make fewer per-round calls, buffer_size bounds memory for big items.
+SEQUENTIAL_CHUNK = 32768
 # Bucket boundaries are refitted while fewer than this many sizes have been seen.
 RESERVOIR = 1 << 16
 # Buckets are fitted as narrow as for this many buffers' worth of the sizes seen: each then fills
@@ -107,13 +110,13 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
     every position at once when batches are short, bisected once per batch when they are long.
     """
     n = sizes.size
+    room = n if cap is None else cap
+    compiled = _jit.prefix_sum_starts(sizes, budget, room)
+    if compiled is not None:
+        return compiled.tolist()
     csum = np.empty(n + 1)
     csum[0] = 0.0
     np.cumsum(sizes, dtype=np.float64, out=csum[1:])
-    room = n if cap is None else cap
-    compiled = _jit.prefix_sum_starts(csum, budget, room)
-    if compiled is not None:
-        return compiled.tolist()
     out: list[int] = []
     add = out.append
     i = 0
@@ -166,8 +169,9 @@ def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) 
 class SequentialPlanner:
     """Greedy in source order; the batch still open at a chunk's end waits for the next chunk."""
 
-    def __init__(self, budget: float, cost: CostModel, cap: int | None) -> None:
+    def __init__(self, budget: float, cost: CostModel, cap: int | None, buffer_size: int = SEQUENTIAL_CHUNK) -> None:
         self.budget, self.cost, self.cap = budget, cost, cap
+        self.chunk = max(1, min(SEQUENTIAL_CHUNK, buffer_size))
         self._open: list[Segment] = []
         self.integral = True
         self._held = 0
@@ -178,12 +182,12 @@ class SequentialPlanner:
         return self._held
 
     def want(self) -> int:
-        return CHUNK
+        return self.chunk
 
     def absorb(self, seg: Segment) -> list[Run]:
         if not len(seg):
             return []
-        if self._held <= CHUNK:
+        if self._held <= self.chunk:
             # re-plan the open batch with the chunk: cheap (one batch) and allows the sum fast path
             whole = Segment.join([*self._open, seg])
             starts = start_list(whole.sizes, self.budget, self.cost, self.cap)

@@ -7,7 +7,7 @@ kernels as :func:`fitbatch.plan_batches`:
 
 * ``strategy="sequential"`` keeps the source order and batches greedily (bionemo's
   ``size_aware_batching``): the batches equal the indexed ``sequential`` plan of the same sizes.
-  Memory: one chunk plus the batch still open.
+  Memory: one round of ``min(buffer_size, 32768)`` items plus the batch still open.
 * ``strategy="buckets"`` (or ``fitbatch.Buckets(boundaries=...)``) holds at most
   ``buffer_size`` items in size buckets whose boundaries are fitted to the sizes seen so far
   (refitted as the stream grows, up to 65,536 sizes) or given; a bucket emits a batch as soon as
@@ -124,7 +124,7 @@ class BatchStream(Iterator[Any]):
         if isinstance(strategy, Buckets):
             self._planner = BucketPlanner(budget, cost, max_batch_size, buffer_size, strategy)
         else:
-            self._planner = SequentialPlanner(budget, cost, max_batch_size)
+            self._planner = SequentialPlanner(budget, cost, max_batch_size, buffer_size)
         self._it: Iterator[Any] | None = None
         # the batches planned and not all yielded yet, and the iterator that yields them all
         self._round = _Round.empty((0, 0, 0.0, 0.0, 0))
@@ -463,8 +463,8 @@ def batch_stream(
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
         strategy: ``"sequential"``, ``"buckets"``, or ``fitbatch.Buckets(boundaries=...)``
             (given bucket upper edges; ``spread`` and ``min_batches`` tune fitted ones).
-        buffer_size: items held at most by ``"buckets"`` (sequential holds one chunk and the
-            open batch).
+        buffer_size: items held at most by ``"buckets"``; ``"sequential"`` reads
+            ``min(buffer_size, 32768)`` items per round and holds them plus the open batch.
         max_batch_size: at most this many items per batch (``None``: no limit).
         oversized: an item whose own cost exceeds the budget: ``"error"``, ``"single"`` (a
             batch of its own) or ``"skip"`` (left out, counted in the summary and logged).
