@@ -147,6 +147,18 @@ def test_run_totals_match_numpy(n, seed, cost, cuts):
     assert o.tolist() == (1 + np.cumsum(over)).tolist()
 
 
+@given(
+    values=st.lists(
+        st.one_of(st.integers(0, 10**6).map(float), st.floats(0, 1e6), st.sampled_from([np.inf, np.nan, 0.5, 2.0**53])),
+        max_size=40,
+    )
+)
+def test_all_integral_matches_numpy(values):
+    sizes = np.asarray(values, dtype=np.float64)
+    plain, compiled = both(lambda: _jit.all_integral(sizes))
+    assert compiled == plain == bool(np.all(sizes == np.floor(sizes)))
+
+
 @pytest.mark.parametrize(
     ("strategy", "cost", "oversized"),
     [("sequential", "sum", "single"), ("sequential", "padded", "skip"), ("sequential", "polynomial", "single"),

@@ -77,6 +77,7 @@ def _warm(module: ModuleType) -> None:
     module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
     module.prefix_sum_starts(one, 1.0, 2)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
+    module.all_integral(one)
 
 
 def _kernels(work: int) -> ModuleType | None:
@@ -142,6 +143,14 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
         return None
     result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
     return result
+
+
+def all_integral(sizes: FloatArray) -> bool:
+    """Whether every size is a whole number (one compiled pass; numpy's floor and compare else)."""
+    module = _kernels(0) if sizes.ndim == 1 else None
+    if module is None:
+        return bool(np.all(sizes == np.floor(sizes)))
+    return bool(module.all_integral(np.ascontiguousarray(sizes, dtype=np.float64)))
 
 
 def run_totals(

@@ -126,3 +126,12 @@ def run_totals(  # pragma: no cover - compiled; checked against numpy in tests/t
             over += 1
         out_e[b], out_r[b], out_p[b], out_o[b] = emitted, real, padded, over
     return out_e, out_r, out_p, out_o
+
+
+@njit(cache=True, nogil=True)
+def all_integral(sizes: np.ndarray) -> bool:  # pragma: no cover - compiled; checked in tests/test_jit.py
+    """Whether ``sizes == floor(sizes)`` everywhere, as numpy compares (NaN is not whole)."""
+    for x in sizes:
+        if not x == np.floor(x):
+            return False
+    return True

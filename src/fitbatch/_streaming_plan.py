@@ -88,6 +88,9 @@ def _fast_sum(cost: CostModel) -> bool:
 def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
     """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan)."""
     if _fast_sum(cost) and sizes.size:
+        compiled = _jit.prefix_sum_starts(sizes, budget, sizes.size if cap is None else cap)
+        if compiled is not None:
+            return compiled
         return np.asarray(sum_starts(sizes, budget, cap), dtype=np.int64)
     starts, _ = K.greedy_starts(sizes, budget, cost, cap=cap)
     return starts
@@ -159,7 +162,7 @@ def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) 
     lowers the budget the same way for fractional sizes (so both agree, and no batch overshoots
     by rounding). The switch is sticky: a stream cannot know its later sizes.
     """
-    if planner.integral and not np.all(sizes == np.floor(sizes)):
+    if planner.integral and not _jit.all_integral(sizes):
         planner.integral = False
         planner.budget *= 1.0 - 1e-12
         if isinstance(planner, BucketPlanner) and planner.tops is not None:
@@ -176,6 +179,8 @@ class SequentialPlanner:
         self.integral = True
         self._held = 0
         self._carry: K.OpenBatch | None = None
+        # the bounds list of the run absorb() returned last, and the same bounds as an array
+        self.last_cuts: tuple[list[int], IntArray] | None = None
 
     @property
     def held(self) -> int:
@@ -190,10 +195,12 @@ class SequentialPlanner:
         if self._held <= self.chunk:
             # re-plan the open batch with the chunk: cheap (one batch) and allows the sum fast path
             whole = Segment.join([*self._open, seg])
-            starts = start_list(whole.sizes, self.budget, self.cost, self.cap)
+            cuts = plan_starts(whole.sizes, self.budget, self.cost, self.cap)
+            starts = cuts.tolist()
             last = starts[-1]
             self._open, self._held = [whole.cut(last, len(whole))], len(whole) - last
             self._carry = None
+            self.last_cuts = (starts, cuts)
             return [(whole, starts)] if len(starts) > 1 else []
         # a long open batch (a huge budget): continue it with the kernel's carry, no re-planning
         carry = self._carry or self._carry_of(self._open)

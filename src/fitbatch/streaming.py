@@ -202,7 +202,11 @@ class BatchStream(Iterator[Any]):
             seg, bounds = runs[0]
             items = seg.items
             heads, tails = bounds[:-1], bounds[1:]
-            cuts = np.fromiter(bounds, dtype=np.int64, count=len(bounds))
+            known = getattr(self._planner, "last_cuts", None)
+            if known is not None and known[0] is bounds:  # the array the planner found them as
+                cuts = known[1]
+            else:
+                cuts = np.fromiter(bounds, dtype=np.int64, count=len(bounds))
             compiled = _jit.run_totals(seg.sizes, cuts, self.cost, self.budget, base)
             if compiled is not None:
                 head_it = iter(heads)
