@@ -62,6 +62,22 @@ def test_enabled_follows_the_environment():
         assert _jit.greedy(np.ones(3), 2.0, COSTS["sum"], np.inf, None, 0, 0.0, 0.0) is not None
 
 
+def test_a_numba_that_fails_falls_back_to_numpy(monkeypatch, caplog):
+    monkeypatch.setattr(_jit, "_module", None)
+    monkeypatch.setattr(_jit, "_tried", False)
+
+    def broken(module):  # noqa: ANN001, ANN202
+        raise RuntimeError("cannot cache function: no locator available")
+
+    monkeypatch.setattr(_jit, "_warm", broken)
+    sizes = np.array([3.0, 4.0, 5.0, 1.0])
+    with jit("1"), caplog.at_level("WARNING", logger="fitbatch._jit"):
+        assert not _jit.enabled()
+        got, _ = K.greedy_starts(sizes, 8.0, COSTS["sum"])
+    assert got.tolist() == [0, 2]
+    assert "could not be compiled (RuntimeError: cannot cache function" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("sizes", "cost"),
     [

@@ -15,6 +15,7 @@ seconds) and numba caches the machine code next to the module, so later processe
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -60,13 +61,17 @@ def _load() -> ModuleType | None:
     global _module, _tried
     if not _tried:
         _tried = True
+        if importlib.util.find_spec("numba") is None:
+            logger.debug("numba is not installed: the greedy loops run in numpy")
+            return None
         try:
             from fitbatch import _jit_kernels
-        except ImportError:
-            logger.debug("numba is not installed: the greedy loops run in numpy")
-        else:
+
             _warm(_jit_kernels)
-            _module = _jit_kernels
+        except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
+            logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
+            return None
+        _module = _jit_kernels
     return _module
 
 
