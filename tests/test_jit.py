@@ -19,12 +19,12 @@ import reference as R
 from contracts import COSTS
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kernels import make_sizes, ns
+from test_kernels import make_sizes, ns, ref_carry
 
 import fitbatch
 from fitbatch import _jit
 from fitbatch import _kernels as K
-from fitbatch._streaming_plan import sum_starts
+from fitbatch._streaming_plan import plan_starts, sum_starts
 from fitbatch.streaming import batch_stream
 
 numba = pytest.importorskip("numba", reason="the fast extra (numba) is not installed")
@@ -122,7 +122,7 @@ def test_greedy_matches_numpy_and_reference(kind, n, seed, cost, budget, cap, fo
     forced = [] if force is None else np.flatnonzero(force).tolist()
     want, want_open = R.greedy_starts(
         R.as_python(sizes), budget, R.model_cost(model), cap=cap, forced=forced,
-        carry=None if carry is None else (carried, float(before.max()), float(before.sum())),
+        carry=ref_carry(carry, False),
     )
     assert compiled.tolist() == want
     assert compiled_open.count == want_open[0]
@@ -138,8 +138,8 @@ def test_greedy_matches_numpy_and_reference(kind, n, seed, cost, budget, cap, fo
 def test_prefix_sum_starts_matches_numpy(n, seed, budget, cap, dyadic):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 30, n) / (8.0 if dyadic else 1.0)
-    plain, compiled = both(lambda: sum_starts(sizes, budget, cap))
-    assert compiled == plain
+    plain, compiled = both(lambda: plan_starts(sizes, budget, COSTS["sum"], cap).tolist())
+    assert compiled == plain == sum_starts(sizes, budget, cap)
     # and both are the indexed planner's sequential plan (the greedy over a sum)
     want, _ = R.greedy_starts(R.as_python(sizes), budget, R.model_cost(COSTS["sum"]), cap=cap)
     assert compiled == want

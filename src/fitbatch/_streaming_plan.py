@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -86,7 +86,11 @@ def _fast_sum(cost: CostModel) -> bool:
 
 
 def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
-    """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan)."""
+    """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan).
+
+    An unweighted sum cost searches prefix sums (compiled with the ``fast`` extra, else
+    :func:`sum_starts`); other costs run :func:`fitbatch._kernels.greedy_starts`.
+    """
     if _fast_sum(cost) and sizes.size:
         compiled = _jit.prefix_sum_starts(sizes, budget, sizes.size if cap is None else cap)
         if compiled is not None:
@@ -94,13 +98,6 @@ def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | No
         return np.asarray(sum_starts(sizes, budget, cap), dtype=np.int64)
     starts, _ = K.greedy_starts(sizes, budget, cost, cap=cap)
     return starts
-
-
-def start_list(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> list[int]:
-    """:func:`plan_starts` as a list."""
-    if _fast_sum(cost) and sizes.size:
-        return sum_starts(sizes, budget, cap)
-    return plan_starts(sizes, budget, cost, cap).tolist()
 
 
 def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
@@ -114,9 +111,6 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
     """
     n = sizes.size
     room = n if cap is None else cap
-    compiled = _jit.prefix_sum_starts(sizes, budget, room)
-    if compiled is not None:
-        return compiled.tolist()
     csum = np.empty(n + 1)
     csum[0] = 0.0
     np.cumsum(sizes, dtype=np.float64, out=csum[1:])
@@ -146,13 +140,17 @@ def split(seg: Segment, starts: IntArray) -> list[Segment]:
     return [seg.cut(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-# Planners emit runs: a segment and the bounds of consecutive batches in it, so that thousands
-# of small batches cost one list slice each, not an object each.
-Run = tuple[Segment, list[int]]
+class Run(NamedTuple):
+    """A segment and the bounds of consecutive batches in it, so that thousands of small
+    batches cost one list slice each, not an object each (the planners' output)."""
+
+    seg: Segment
+    bounds: list[int]
+    cuts: IntArray | None = None  # ``bounds`` as an array, when the planner found them as one
 
 
 def whole_runs(batches: list[Segment]) -> list[Run]:
-    return [(b, [0, len(b)]) for b in batches]
+    return [Run(b, [0, len(b)]) for b in batches]
 
 
 def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) -> None:
@@ -179,8 +177,6 @@ class SequentialPlanner:
         self.integral = True
         self._held = 0
         self._carry: K.OpenBatch | None = None
-        # the bounds list of the run absorb() returned last, and the same bounds as an array
-        self.last_cuts: tuple[list[int], IntArray] | None = None
 
     @property
     def held(self) -> int:
@@ -200,8 +196,7 @@ class SequentialPlanner:
             last = starts[-1]
             self._open, self._held = [whole.cut(last, len(whole))], len(whole) - last
             self._carry = None
-            self.last_cuts = (starts, cuts)
-            return [(whole, starts)] if len(starts) > 1 else []
+            return [Run(whole, starts, cuts)] if len(starts) > 1 else []
         # a long open batch (a huge budget): continue it with the kernel's carry, no re-planning
         carry = self._carry or self._carry_of(self._open)
         found, self._carry = K.greedy_starts(seg.sizes, self.budget, self.cost, cap=self.cap, carry=carry)
@@ -212,7 +207,7 @@ class SequentialPlanner:
         starts = found.tolist()
         first = Segment.join([*self._open, seg.cut(0, starts[0])])
         self._open, self._held = [seg.cut(starts[-1], len(seg))], len(seg) - starts[-1]
-        return [(first, [0, len(first)]), (seg, starts)]
+        return [Run(first, [0, len(first)]), Run(seg, starts, found)]
 
     def _carry_of(self, parts: list[Segment]) -> K.OpenBatch:
         s = _cat([p.sizes for p in parts], np.float64)
@@ -418,7 +413,7 @@ class BucketPlanner:
             return []
         rest = parts[0]
         plan = plan_batches(rest.sizes, self.budget, cost=self.cost, strategy="sorted", max_batch_size=self.cap, oversized="single")
-        return [(rest.take(plan.order), plan.offsets.tolist())] if len(plan) else []
+        return [Run(rest.take(plan.order), plan.offsets.tolist(), plan.offsets)] if len(plan) else []
 
     def held_segments(self) -> list[Segment]:
         return [s for b in self._buckets for s in b] + list(self._warm)

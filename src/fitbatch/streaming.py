@@ -194,46 +194,37 @@ class BatchStream(Iterator[Any]):
     def _enqueue(self, runs: Iterable[Run]) -> None:
         """Start a round with the batches of planner runs (the last round is fully yielded)."""
         base = self._round.totals(self._round.size)
-        runs = [(seg, bounds) for seg, bounds in runs if len(bounds) > 1]
+        runs = [run for run in runs if len(run.bounds) > 1]
         if not runs:
             self._round = _Round.empty(base)
             return
         if len(runs) == 1:  # the sequential case: one segment, batches back to back
-            seg, bounds = runs[0]
+            seg, bounds, cuts = runs[0]
             items = seg.items
             heads, tails = bounds[:-1], bounds[1:]
-            known = getattr(self._planner, "last_cuts", None)
-            if known is not None and known[0] is bounds:  # the array the planner found them as
-                cuts = known[1]
-            else:
+            if cuts is None:
                 cuts = np.fromiter(bounds, dtype=np.int64, count=len(bounds))
-            compiled = _jit.run_totals(seg.sizes, cuts, self.cost, self.budget, base)
-            if compiled is not None:
-                head_it = iter(heads)
-                self._round = _Round(
-                    map(items.__getitem__, map(slice, head_it, tails)), head_it, len(heads), base, *compiled,
-                    [(seg.positions, bounds[0], bounds[-1])],
-                )
-                return
-            # each batch reduced over the same items as with [head, tail) pairs, in one pass
-            real = np.add.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
-            top = np.maximum.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
-            counts = np.diff(cuts)
+            totals = _jit.run_totals(seg.sizes, cuts, self.cost, self.budget, base)
+            if totals is None:
+                # each batch reduced over the same items as with [head, tail) pairs, in one pass
+                real = np.add.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
+                top = np.maximum.reduceat(seg.sizes[: bounds[-1]], cuts[:-1])
+                totals = self._running_totals(base, np.diff(cuts), real, top)
         else:
             items = []
             heads = []
             tails = []
             offsets: list[int] = []
             offset = 0
-            for seg, bounds in runs:
-                items.extend(seg.items)
-                heads.extend(bounds[:-1])
-                tails.extend(bounds[1:])
+            for run in runs:
+                items.extend(run.seg.items)
+                heads.extend(run.bounds[:-1])
+                tails.extend(run.bounds[1:])
                 offsets.append(offset)
-                offset += len(seg)
+                offset += len(run.seg)
             # a run may leave items out (the open batch): reduce over [head, tail) pairs
-            sizes = np.concatenate([*(seg.sizes for seg, _ in runs), np.zeros(1)])
-            shift = np.repeat(np.asarray(offsets, dtype=np.int64), [len(b) - 1 for _, b in runs])
+            sizes = np.concatenate([*(run.seg.sizes for run in runs), np.zeros(1)])
+            shift = np.repeat(np.asarray(offsets, dtype=np.int64), [len(run.bounds) - 1 for run in runs])
             pairs = np.empty(2 * len(heads), dtype=np.int64)
             pairs[0::2], pairs[1::2] = heads, tails
             pairs[0::2] += shift
@@ -241,15 +232,20 @@ class BatchStream(Iterator[Any]):
             heads, tails = pairs[0::2].tolist(), pairs[1::2].tolist()
             real = np.add.reduceat(sizes, pairs)[0::2]
             top = np.maximum.reduceat(sizes, pairs)[0::2]
-            counts = pairs[1::2] - pairs[0::2]
-        over = self.cost.evaluate(counts.astype(np.float64), top, real) > self.budget
-        _, e0, r0, p0, o0 = base
+            totals = self._running_totals(base, pairs[1::2] - pairs[0::2], real, top)
         head_it = iter(heads)
         self._round = _Round(
-            map(items.__getitem__, map(slice, head_it, tails)), head_it, len(heads),
-            base, e0 + np.cumsum(counts), r0 + np.cumsum(real), p0 + np.cumsum(counts * top), o0 + np.cumsum(over),
-            [(seg.positions, b[0], b[-1]) for seg, b in runs],
+            map(items.__getitem__, map(slice, head_it, tails)), head_it, len(heads), base, *totals,
+            [(run.seg.positions, run.bounds[0], run.bounds[-1]) for run in runs],
         )
+
+    def _running_totals(
+        self, base: Totals, counts: IntArray, real: NDArray[np.float64], top: NDArray[np.float64]
+    ) -> tuple[IntArray, NDArray[np.float64], NDArray[np.float64], IntArray]:
+        """(items, real units, padded units, batches over budget) after each batch, from ``base``."""
+        over = self.cost.evaluate(counts.astype(np.float64), top, real) > self.budget
+        _, e0, r0, p0, o0 = base
+        return e0 + np.cumsum(counts), r0 + np.cumsum(real), p0 + np.cumsum(counts * top), o0 + np.cumsum(over)
 
     # ------------------------------------------------------------------ sizes
 
