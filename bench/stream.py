@@ -51,6 +51,9 @@ import numpy as np
 
 import fitbatch
 import fitbatch._jit
+from fitbatch.costs import SumCost
+from fitbatch.plan import measure_batches
+from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.streaming import batch_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,13 +66,17 @@ BUFFER = 10_000
 JIT = fitbatch._jit.enabled()  # loads the compiled loops now when numba is installed
 
 
-def padding_efficiency(batches: list[list[int]], sizes: np.ndarray) -> float:
-    real = padded = 0.0
-    for b in batches:
-        s = sizes[b]
-        real += float(s.sum())
-        padded += len(b) * float(s.max())
-    return real / padded if padded else 1.0
+def fingerprint(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Batches as two arrays (lengths, ids in order): nothing kept for the GC to walk later."""
+    return np.fromiter(map(len, ids), np.int64), np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+
+
+def padding_efficiency(batches: tuple[np.ndarray, np.ndarray], sizes: Sizes) -> float:
+    """sum(sizes) / sum(count x max) over ``fingerprint`` batches (the library's batch measures)."""
+    lengths, order = batches
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    _, _, real, padded = measure_batches(sizes, SumCost(), order, offsets)
+    return float(real.sum() / padded.sum()) if padded.sum() else 1.0
 
 
 def best(fn: Callable[[], Iterable[list[int]]], repeat: int) -> tuple[float, list[list[int]]]:
@@ -143,12 +150,10 @@ def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -
         kw: dict[str, Any] = {"sizeof_batch": src.sizeof_batch} if vectorised else {"sizeof": src.sizeof}
         return lambda: batch_stream(src.items, budget=BUDGET, cost=cost, strategy=strategy, buffer_size=BUFFER, **kw)
 
-    def fingerprint(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        # batches as two arrays (lengths, ids in order): nothing kept for the GC to walk later
-        return np.fromiter(map(len, ids), np.int64), np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+    measured = as_sizes(sizes)
 
     def row(label: str, cost: str, t: float, ids: list[list[int]], count: int) -> tuple[Any, ...]:
-        return (label, cost, t, len(ids), padding_efficiency(ids, sizes), count)
+        return (label, cost, t, len(ids), padding_efficiency(fingerprint(ids), measured), count)
 
     t_seed, seed_batches = best(lambda: seed_greedy(src.items, src.sizeof, BUDGET), repeat)
     seed_ids = [src.ids(b) for b in seed_batches]
