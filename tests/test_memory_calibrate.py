@@ -51,19 +51,18 @@ def lm_step():
     return step, make_batch
 
 
+def calibrate_lm(step, make_batch, log, capacity):
+    """The language-model calibration of these tests, probes logged to (and resumed from) ``log``."""
+    return calibrate(
+        step, make_batch, device="cpu", capacity=capacity, lengths=(8, 16, 32, 64, 128), log=log, progress=False
+    )
+
+
 @pytest.fixture(scope="module")
 def calibration(lm_step, tmp_path_factory):
     step, make_batch = lm_step
     log = tmp_path_factory.mktemp("cal") / "probes.jsonl"
-    cal = calibrate(
-        step,
-        make_batch,
-        device="cpu",
-        capacity="4MiB",
-        lengths=(8, 16, 32, 64, 128),
-        log=log,
-        progress=False,
-    )
+    cal = calibrate_lm(step, make_batch, log, "4MiB")
     return cal, log
 
 
@@ -102,27 +101,11 @@ def test_probe_log_resumes_without_rerunning(calibration, lm_step):
         calls.append(batch.shape)
         step(batch)
 
-    again = calibrate(
-        counting_step,
-        make_batch,
-        device="cpu",
-        capacity="4MiB",
-        lengths=(8, 16, 32, 64, 128),
-        log=log,
-        progress=False,
-    )
+    again = calibrate_lm(counting_step, make_batch, log, "4MiB")
     assert calls == []
     assert again.model == cal.model and again.max_counts == cal.max_counts
     # a smaller capacity re-decides from the logged peaks: fewer samples fit, few new probes
-    smaller = calibrate(
-        counting_step,
-        make_batch,
-        device="cpu",
-        capacity="2MiB",
-        lengths=(8, 16, 32, 64, 128),
-        log=log,
-        progress=False,
-    )
+    smaller = calibrate_lm(counting_step, make_batch, log, "2MiB")
     assert all(smaller.max_counts[L] <= cal.max_counts[L] for L in smaller.max_counts)
 
 

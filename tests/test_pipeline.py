@@ -447,18 +447,18 @@ def test_source_error_arrives_after_the_batches_before_it() -> None:
     assert "raised in fitbatch.pipeline stage source" in notes(info.value)
 
 
-def test_thread_stage_error_keeps_type_and_traceback() -> None:
-    with Infinite(
-        range(10),
-        Threads(workers.fail_at_three, n_workers=2),
-        batch_size=2,
-        batches_per_epoch=3,
-        combiner=list,
-    ) as batches:
+def _boom_at_three(stage: Any) -> pytest.ExceptionInfo[workers.Boom]:
+    """The error a stage raised on item 3, after the first batch came through."""
+    with Infinite(range(10), stage, batch_size=2, batches_per_epoch=3, combiner=list) as batches:
         it = batches()
         assert next(it) == [0, 1]
         with pytest.raises(workers.Boom, match="item 3") as info:
             next(it)
+    return info
+
+
+def test_thread_stage_error_keeps_type_and_traceback() -> None:
+    info = _boom_at_three(Threads(workers.fail_at_three, n_workers=2))
     assert any(
         "Threads(fail_at_three" in note and "worker thread" in note for note in notes(info.value)
     )
@@ -468,17 +468,7 @@ def test_thread_stage_error_keeps_type_and_traceback() -> None:
 
 
 def test_process_stage_error_keeps_type_and_remote_traceback() -> None:
-    with Infinite(
-        range(10),
-        Processes(workers.fail_at_three, n_workers=2),
-        batch_size=2,
-        batches_per_epoch=3,
-        combiner=list,
-    ) as batches:
-        it = batches()
-        assert next(it) == [0, 1]
-        with pytest.raises(workers.Boom, match="item 3") as info:
-            next(it)
+    info = _boom_at_three(Processes(workers.fail_at_three, n_workers=2))
     assert any("worker process" in note for note in notes(info.value))
     assert "fail_at_three" in str(info.value.__cause__)  # the worker's traceback, as text
 
