@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -194,6 +197,29 @@ def load_script(path: Path, name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+def run_processes(commands: list[list[str]], timeout: float) -> list[str]:
+    """Run one process per command at once (one thread each, this sys.path); all must exit 0.
+
+    Returns their combined stdout/stderr; a process still running after a failure is killed.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for cmd in commands
+    ]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(logs)
+    return logs
+
 
 # --------------------------------------------------------------------------- quality metrics
 # The library's own metrics (fitbatch.metrics), under the names the tests use.

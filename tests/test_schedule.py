@@ -6,15 +6,13 @@ import copy
 import io
 import json
 import math
-import os
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from contracts import load_script
+from contracts import load_script, run_processes
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -514,24 +512,10 @@ def run_gloo(tmp_path, world, sizes_trace, normalize):
     trace.write_text("step,batchsize\r\n" + "".join(f" {k}, {v}\r\n" for k, v in enumerate(sizes_trace)))
     init_file = tmp_path / "init"
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(world), str(init_file), str(outs[r]), str(trace), normalize],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        for r in range(world)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=100)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert [p.returncode for p in procs] == [0] * world, "\n".join(logs)
+    run_processes(
+        [[sys.executable, str(WORKER), str(r), str(world), str(init_file), str(outs[r]), str(trace), normalize] for r in range(world)],
+        timeout=100,
+    )
     return [torch.load(o) for o in outs], trace
 
 

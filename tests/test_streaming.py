@@ -9,14 +9,13 @@ and stop together.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from contracts import COSTS
+from contracts import COSTS, run_processes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -417,13 +416,10 @@ def test_equal_steps_resume_mid_window():
 def test_equal_steps_gloo_two_ranks(tmp_path):
     init = tmp_path / "init"
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen([sys.executable, str(SCRIPTS / "equal_steps_gloo.py"), str(r), "2", str(init), str(outs[r])], env=env)
-        for r in range(2)
-    ]
-    for p in procs:
-        assert p.wait(timeout=120) == 0
+    run_processes(
+        [[sys.executable, str(SCRIPTS / "equal_steps_gloo.py"), str(r), "2", str(init), str(outs[r])] for r in range(2)],
+        timeout=120,
+    )
     res = [json.loads(o.read_text()) for o in outs]
     assert res[0]["steps"] == res[1]["steps"] == res[0]["batches"] == res[1]["batches"]
     assert res[0]["exhausted"] and not res[1]["exhausted"]  # rank 0's shard is shorter
