@@ -28,6 +28,7 @@ Two batch layouts, one model:
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import time
@@ -434,3 +435,18 @@ def mode_lr(lr: float, tokens_per_step: float, baseline_tokens_per_step: float, 
     if rule == "same":
         return lr
     return lr * math.sqrt(tokens_per_step / max(baseline_tokens_per_step, 1.0))
+
+
+def short_run_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the short framework examples (Hugging Face datasets, Lightning)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--mode", choices=("padded", "packed"), default="padded")
+    p.add_argument("--files", type=int, default=100)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--max-len", type=int, default=256)
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--tokens", type=int, default=30_000)
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="tiny")
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--seed", type=int, default=0)
+    return p

@@ -18,7 +18,6 @@ real tokens (a callback), and the held-out loss is printed at the end.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,17 +62,7 @@ class StopAfterTokens(L.Callback):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("padded", "packed"), default="padded")
-    p.add_argument("--files", type=int, default=100)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--max-len", type=int, default=256)
-    p.add_argument("--budget", type=int, default=2048)
-    p.add_argument("--tokens", type=int, default=30_000)
-    p.add_argument("--model-size", choices=sorted(lm.MODEL_SIZES), default="tiny")
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = lm.short_run_parser(__doc__.splitlines()[0]).parse_args(argv)
 
     import fitbatch
 
