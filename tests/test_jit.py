@@ -24,8 +24,8 @@ from test_kernels import make_sizes, ns, ref_carry
 import fitbatch
 from fitbatch import _jit
 from fitbatch import _kernels as K
-from fitbatch._streaming_plan import plan_starts, sum_starts
 from fitbatch.streaming import batch_stream
+from fitbatch.streaming._plan import plan_starts, sum_starts
 
 numba = pytest.importorskip("numba", reason="the fast extra (numba) is not installed")
 

@@ -28,7 +28,7 @@ CLI_DATA = Path(__file__).resolve().parent / "cli_data"
 
 def test_sizes_module_imports_only_numpy() -> None:
     code = (
-        "import sys, fitbatch._size_sources, fitbatch.sizes\n"
+        "import sys, fitbatch.sizes, fitbatch.sizes\n"
         "bad = [m for m in ('fsspec', 's3fs', 'pyarrow', 'pandas', 'datasets', 'matplotlib') if m in sys.modules]\n"
         "print(bad)"
     )

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fitbatch
-import fitbatch._streaming_plan as SP
+import fitbatch.streaming._plan as SP
 from fitbatch.streaming import (
     BatchStream,
     StreamDataset,
@@ -367,7 +367,7 @@ def test_dataloader_two_workers_every_item_once():
 
 
 def test_stream_shards_seeds_per_worker_and_epoch():
-    from fitbatch._streaming_parallel import current_shard
+    from fitbatch.streaming._parallel import current_shard
 
     a = current_shard(7, 0, 0, 1)
     assert a == current_shard(7, 0, 0, 1)

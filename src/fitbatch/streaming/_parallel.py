@@ -117,7 +117,7 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         **stream_options: Any,
     ) -> None:
         from fitbatch.distributed import world_info
-        from fitbatch.streaming import batch_stream
+        from fitbatch.streaming._stream import batch_stream
 
         self._source = source
         self.seed = resolve_seed(seed)
@@ -135,7 +135,7 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         return current_shard(self.seed, self.epoch, self.rank, self.num_replicas)
 
     def __iter__(self) -> Iterator[Any]:
-        from fitbatch.streaming import batch_stream
+        from fitbatch.streaming._stream import batch_stream
 
         shard = self.shard()
         if callable(self._source) and not isinstance(self._source, Iterable):

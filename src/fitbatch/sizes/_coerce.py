@@ -132,13 +132,3 @@ def _check_values(values: NDArray[np.float64]) -> None:
             + format_offenders(bad, shown)
         )
 
-
-# Sizes from where data lives (array columns, datasets, tokenizers, files and objects); their
-# optional dependencies are imported inside the helpers, so this module still needs only numpy.
-from fitbatch._size_columns import (  # noqa: E402, F401 - re-exported: fitbatch.sizes.from_array etc.
-    from_array,
-    from_dataset,
-    from_tokenizer,
-)
-from fitbatch._size_files import cache_path, from_files, list_files  # noqa: E402, F401 - re-exported
-from fitbatch._size_readers import from_source  # noqa: E402, F401 - re-exported

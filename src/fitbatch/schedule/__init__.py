@@ -28,10 +28,10 @@ Three parts, each in its own private module, re-exported here:
 
 from __future__ import annotations
 
-from fitbatch._schedule_accumulate import LR_RULES, NORMALIZE, GradientAccumulator
-from fitbatch._schedule_layout import ROUNDING
-from fitbatch._schedule_sampler import MicroBatchInfo, ScheduledBatchSampler
-from fitbatch._schedule_sizes import ON_EXHAUSTED, BatchSizeSchedule
+from fitbatch.schedule._accumulate import LR_RULES, NORMALIZE, GradientAccumulator
+from fitbatch.schedule._layout import ROUNDING
+from fitbatch.schedule._sampler import MicroBatchInfo, ScheduledBatchSampler
+from fitbatch.schedule._sizes import ON_EXHAUSTED, BatchSizeSchedule
 
 __all__ = [
     "BatchSizeSchedule",

@@ -38,8 +38,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fitbatch._schedule_sampler import MicroBatchInfo
 from fitbatch._validate import check_state, choice, non_negative_int, parse_budget
+from fitbatch.schedule._sampler import MicroBatchInfo
 
 logger = logging.getLogger(__name__)
 

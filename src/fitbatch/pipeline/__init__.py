@@ -26,16 +26,17 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, cast
 
-from fitbatch._pipeline._runtime import END, Failure, Runtime, annotate
-from fitbatch._pipeline.batching import Budget, resolve_rule
-from fitbatch._pipeline.combiners import (
+from fitbatch._validate import positive_int
+from fitbatch.pipeline._batching import Budget, resolve_rule
+from fitbatch.pipeline._combiners import (
     combine_batches,
     combine_pad,
     combine_to_arrays,
     combine_to_tensors,
 )
-from fitbatch._pipeline.sources import sample
-from fitbatch._pipeline.transforms import (
+from fitbatch.pipeline._runtime import END, Failure, Runtime, annotate
+from fitbatch.pipeline._sources import sample
+from fitbatch.pipeline._transforms import (
     Loky,
     Parallel,
     Processes,
@@ -44,7 +45,6 @@ from fitbatch._pipeline.transforms import (
     describe,
     unpack_args,
 )
-from fitbatch._validate import positive_int
 
 __all__ = [
     "Budget",

@@ -1,35 +1,6 @@
-"""Streaming: size-aware batches from an iterable of unknown length, in bounded memory.
+"""``batch_stream`` and ``BatchStream``: size-aware batches from one iterable of unknown length.
 
-:func:`batch_stream` reads a source (a generator, a webdataset or Hugging Face streaming
-dataset, lines of a file) in chunks, measures each item with ``sizeof`` (or a whole chunk with
-``sizeof_batch``) and yields batches whose cost fits ``budget`` under the same cost models and
-kernels as :func:`fitbatch.plan_batches`:
-
-* ``strategy="sequential"`` keeps the source order and batches greedily (bionemo's
-  ``size_aware_batching``): the batches equal the indexed ``sequential`` plan of the same sizes.
-  Memory: one round of ``min(buffer_size, 32768)`` items plus the batch still open.
-* ``strategy="buckets"`` (or ``fitbatch.Buckets(boundaries=...)``) holds at most
-  ``buffer_size`` items in size buckets whose boundaries are fitted to the sizes seen so far
-  (refitted as the stream grows, up to 65,536 sizes) or given; a bucket emits a batch as soon as
-  it is full, the fullest bucket emits when the buffer is full, and the rest is planned sorted
-  at the end. Memory: ``buffer_size`` items.
-
-The returned :class:`BatchStream` has a :attr:`~BatchStream.summary` (items read and emitted,
-batches, skipped items, padding efficiency so far) and ``state_dict()``/``load_state_dict()``:
-the state records how many source items were read and the positions of the items read but not
-yet emitted (at most ``buffer_size`` plus one chunk, stored as runs). A restarted stream reads
-the source again from its start, skips what was emitted, re-buffers what was not, and continues:
-**exact when the source replays the same items in the same order**.
-
-Data-parallel training and DataLoader workers: see :class:`StreamDataset` and
-:func:`equal_steps` (re-exported here from :mod:`fitbatch._streaming_parallel` and imported on
-first use: :func:`batch_stream` alone never imports torch).
-
->>> stream = batch_stream([6, 10, 7, 57, 9, 7, 10], sizeof=int, budget=60, cost="sum")
->>> list(stream)
-[[6, 10, 7], [57], [9, 7, 10]]
->>> stream.summary.batches, stream.summary.items_emitted
-(3, 7)
+See :mod:`fitbatch.streaming` for the strategies, the memory bounds and the resume contract.
 """
 
 from __future__ import annotations
@@ -39,13 +10,17 @@ import itertools
 import logging
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _jit
-from fitbatch._streaming_plan import (
+from fitbatch._validate import check_state, choice, format_offenders, parse_budget, positive_int
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.plan import OVERSIZED
+from fitbatch.strategies import Buckets, Strategy
+from fitbatch.streaming._plan import (
     BucketPlanner,
     Run,
     Segment,
@@ -57,20 +32,7 @@ from fitbatch._streaming_plan import (
     to_runs,
     whole_runs,
 )
-from fitbatch._streaming_rounds import StreamSummary, Totals, _Round
-from fitbatch._validate import check_state, choice, format_offenders, parse_budget, positive_int
-from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.plan import OVERSIZED
-from fitbatch.strategies import Buckets, Strategy
-
-if TYPE_CHECKING:  # imported lazily below: StreamDataset subclasses torch's IterableDataset
-    from fitbatch._streaming_parallel import (
-        EqualSteps,
-        EqualStepsSummary,
-        StreamDataset,
-        StreamShard,
-        equal_steps,
-    )
+from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +43,6 @@ _STATE_KEYS = frozenset(
      "skipped_positions", "oversized_batches", "buckets"}
 )
 _SHOWN = 10  # skipped positions kept in the summary
-# Names from fitbatch._streaming_parallel, which imports torch (seconds): loaded on first use, so
-# that batch_stream alone never imports torch.
-_LAZY = frozenset({"EqualSteps", "EqualStepsSummary", "StreamDataset", "StreamShard", "equal_steps"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from fitbatch import _streaming_parallel
-
-        return getattr(_streaming_parallel, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class BatchStream(Iterator[Any]):
@@ -505,14 +456,3 @@ def batch_stream(
         collate_fn=collate_fn,
     )
 
-
-__all__ = [
-    "BatchStream",
-    "EqualSteps",
-    "EqualStepsSummary",
-    "StreamDataset",
-    "StreamShard",
-    "StreamSummary",
-    "batch_stream",
-    "equal_steps",
-]

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._size_columns import _finish, _require, from_array, to_numbers
-from fitbatch._size_files import _GLOB_CHARS, _url_to_fs, from_files
+from fitbatch.sizes._columns import _finish, _require, from_array, to_numbers
+from fitbatch.sizes._files import _GLOB_CHARS, _url_to_fs, from_files
 
 FILE_FORMATS = (".npy", ".txt", ".csv", ".parquet")
 

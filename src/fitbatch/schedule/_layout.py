@@ -25,10 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch._schedule_sizes import BatchSizeSchedule
 from fitbatch.costs import SumCost
 from fitbatch.distributed import arrange
 from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
+from fitbatch.schedule._sizes import BatchSizeSchedule
 from fitbatch.sizes import Sizes
 
 logger = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._size_columns import _require
+from fitbatch.sizes._columns import _require
 
-logger = logging.getLogger("fitbatch._size_sources")  # one logger for every size source, as before the split
+logger = logging.getLogger("fitbatch.sizes")  # one logger for every size source
 
 CACHE_PREFIX = ".fitbatch-sizes"
 _GLOB_CHARS = re.compile(r"[*?\[]")

@@ -2,7 +2,7 @@
 
 Step s of the schedule (counted across epochs) consumes ``schedule(s)`` samples (or size units,
 with ``micro_budget``) over all ranks, as an equal number of micro-batches on every rank; see
-:mod:`fitbatch._schedule_layout` for the split and the rounding rule. The sampler yields this
+:mod:`fitbatch.schedule._layout` for the split and the rounding rule. The sampler yields this
 rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``); :meth:`with_info` and
 :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
 :class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._schedule_layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
-from fitbatch._schedule_sizes import BatchSizeSchedule, ScheduleLike
 from fitbatch._validate import check_state, choice, non_negative_int, positive_int
 from fitbatch.distributed import world_info
 from fitbatch.plan import BatchPlan, PlanOptions
+from fitbatch.schedule._layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
+from fitbatch.schedule._sizes import BatchSizeSchedule, ScheduleLike
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
         shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
         rounding: sample-count sizes that do not split evenly: ``"error"`` (default), ``"down"``,
-            ``"up"`` or ``"uneven"`` (see ``fitbatch._schedule_layout.ROUNDING``).
+            ``"up"`` or ``"uneven"`` (see ``fitbatch.schedule._layout.ROUNDING``).
 
     Raises:
         ValueError: a schedule value that cannot be split (naming the trace line), a schedule

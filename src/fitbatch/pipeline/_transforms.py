@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, cast
 
-from fitbatch._pipeline import _shutdown
 from fitbatch._validate import choice, positive_int
+from fitbatch.pipeline import _shutdown
 
 logger = logging.getLogger("fitbatch.pipeline")
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from fitbatch._pipeline import _shutdown
-from fitbatch._pipeline.batching import BatchState
-from fitbatch._pipeline.sources import endless
-from fitbatch._pipeline.transforms import Parallel, Pool, describe
+from fitbatch.pipeline import _shutdown
+from fitbatch.pipeline._batching import BatchState
+from fitbatch.pipeline._sources import endless
+from fitbatch.pipeline._transforms import Parallel, Pool, describe
 
 logger = logging.getLogger("fitbatch.pipeline")
 

@@ -3,7 +3,7 @@
 Every helper returns a 1-D numpy array (int64 when every size is a whole number, else float64),
 validated like :func:`fitbatch.as_sizes`. Optional libraries (``pyarrow``, ``pandas``,
 ``datasets``) are imported inside the helpers that need them, never at import time; the other
-size sources (:mod:`fitbatch._size_files`, :mod:`fitbatch._size_readers`) build on
+size sources (:mod:`fitbatch.sizes._files`, :mod:`fitbatch.sizes._readers`) build on
 :func:`_finish`, :func:`to_numbers` and :func:`from_array` here.
 
 >>> from_array([3, 1, 2])
@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch.sizes import as_sizes
+from fitbatch.sizes._coerce import as_sizes
 
-logger = logging.getLogger("fitbatch._size_sources")  # one logger for every size source, as before the split
+logger = logging.getLogger("fitbatch.sizes")  # one logger for every size source
 
 
 def _require(module: str, extra: str, what: str) -> Any:

@@ -1,1 +1,0 @@
-"""Private implementation of :mod:`fitbatch.pipeline`; import the public names from there."""
