@@ -21,7 +21,26 @@ import numpy as np
 
 
 class PaddedBatch(NamedTuple):
-    """Padded sequences: ``values`` (B, L, ...), ``lengths`` (B,), ``mask`` (B, L) True = real."""
+    """Padded sequences: ``values`` (B, L, ...), ``lengths`` (B,), ``mask`` (B, L) True = real.
+
+    What :func:`pad_collate` returns for a field of sequences: a named tuple, so it unpacks.
+    The three are torch tensors when torch is installed, numpy arrays otherwise.
+
+    Attributes:
+        values: the sequences padded to the batch's longest (or to a multiple, see
+            :func:`make_pad_collate`), shape ``(B, L, ...)``.
+        lengths: each sequence's real length, int64, shape ``(B,)``.
+        mask: ``True`` on real positions, ``False`` on padding, shape ``(B, L)``.
+
+    >>> import torch
+    >>> values, lengths, mask = pad_collate([torch.tensor([1, 2]), torch.tensor([3])])
+    >>> values
+    tensor([[1, 2],
+            [3, 0]])
+    >>> lengths, mask
+    (tensor([2, 1]), tensor([[ True,  True],
+            [ True, False]]))
+    """
 
     values: Any
     lengths: Any
@@ -80,11 +99,35 @@ def _stack(items: Sequence[Any]) -> Any:
 
 
 def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -> Callable[[Sequence[Any]], Any]:
-    """A collate function padding with ``padding_value`` to a multiple of ``pad_to_multiple_of``."""
+    """A collate function padding with ``padding_value`` to a multiple of ``pad_to_multiple_of``.
+
+    The function it returns collates like :func:`pad_collate`: a field of sequences becomes a
+    :class:`PaddedBatch`, scalars are stacked, tuples and dicts are collated field by field.
+
+    Args:
+        padding_value: the value written in padded positions (``-100`` for ignored labels).
+        pad_to_multiple_of: round every padded length up to a multiple of this (8 for tensor
+            cores, a fixed set of shapes for compilers).
+
+    Returns:
+        ``collate(batch) -> collated batch``, to pass as a ``DataLoader``'s ``collate_fn``.
+
+    Raises:
+        ValueError: if ``pad_to_multiple_of`` is not an int >= 1; the collate function raises
+            ``ValueError`` for an empty batch or samples whose shapes differ beyond the first
+            (length) axis.
+
+    >>> import numpy as np
+    >>> collate = make_pad_collate(-1, pad_to_multiple_of=4)
+    >>> batch = collate([(np.array([5, 6, 7]), 0), (np.array([8]), 1)])
+    >>> batch[0].values.tolist(), batch[0].lengths.tolist(), batch[1].tolist()
+    ([[5, 6, 7, -1], [8, -1, -1, -1]], [3, 1], [0, 1])
+    """
     if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, numbers.Integral) or pad_to_multiple_of < 1:
         raise ValueError(f"pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}")
 
     def collate(batch: Sequence[Any]) -> Any:
+        """Collate ``batch``, padding sequences (see :func:`make_pad_collate`)."""
         if len(batch) == 0:
             raise ValueError("cannot collate an empty batch")
         first = batch[0]
@@ -104,5 +147,30 @@ def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -
     return collate
 
 
-pad_collate = make_pad_collate()
-"""Pad with zeros; see :func:`make_pad_collate` for other padding values."""
+_ZERO_PAD = make_pad_collate()
+
+
+def pad_collate(batch: Sequence[Any]) -> Any:
+    """Collate a batch of samples, padding every sequence field with zeros to the longest.
+
+    A sample may be a sequence (a tensor or array whose first axis is its length, or a list),
+    a scalar, or a tuple or dict of those: sequence fields become :class:`PaddedBatch`, scalar
+    fields are stacked, anything else is returned as a list. Use :func:`make_pad_collate` for
+    another padding value or padded lengths rounded to a multiple.
+
+    Args:
+        batch: the samples of one batch (what a ``DataLoader`` with a batch sampler fetches).
+
+    Returns:
+        The collated batch, with the structure of one sample.
+
+    Raises:
+        ValueError: for an empty batch, or samples whose shapes differ beyond the first axis.
+
+    >>> import torch
+    >>> batch = pad_collate([{"ids": torch.tensor([1, 2, 3]), "label": 0},
+    ...                      {"ids": torch.tensor([4]), "label": 1}])
+    >>> batch["ids"].values.tolist(), batch["ids"].mask.tolist(), batch["label"].tolist()
+    ([[1, 2, 3], [4, 0, 0]], [[True, True, True], [True, False, False]], [0, 1])
+    """
+    return _ZERO_PAD(batch)

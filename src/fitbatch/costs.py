@@ -66,7 +66,26 @@ class CostModel(ABC):
 
     Subclasses implement :meth:`evaluate`; a model whose cost does not depend on the sum of
     sizes may also implement :meth:`max_count` (a closed form the sorted kernels use instead of
-    a search). Models are immutable and compare by value.
+    a search). Models are immutable and compare by value: make a subclass a frozen dataclass
+    of its configuration, and set the class variable ``name`` (used by :meth:`to_dict`).
+
+    >>> import dataclasses
+    >>> import numpy as np
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class PaddedPlusOverhead(CostModel):
+    ...     overhead: float = 8.0                # size units each sample costs on top
+    ...     name = "padded+overhead"
+    ...     def evaluate(self, count, max_size, sum_size):
+    ...         return np.asarray(count, dtype=np.float64) * (max_size + self.overhead)
+    >>> model = PaddedPlusOverhead()
+    >>> model.evaluate(np.array([2, 3]), np.array([10.0, 4.0]), np.array([15.0, 9.0]))
+    array([36., 36.])
+    >>> model.sample_cost(np.array([5.0, 1.0]))
+    array([13.,  9.])
+    >>> model.to_dict()
+    {'kind': 'padded+overhead', 'overhead': 8.0}
+    >>> resolve_cost(model) is model
+    True
     """
 
     name: ClassVar[str] = "custom"
@@ -98,7 +117,21 @@ class CostModel(ABC):
 
 @dataclasses.dataclass(frozen=True)
 class SumCost(CostModel):
-    """Sum of sizes: packed / variable-length batches, and the seed tools' semantics."""
+    """Sum of sizes: packed / variable-length batches, and the seed tools' semantics.
+
+    Args:
+        weights: for ``(N, D)`` sizes, one non-negative weight per dimension: the cost is the
+            weighted sum of the dimensions' sums (``None``: their plain sum).
+
+    Raises:
+        ValueError: if a weight is negative or not finite.
+
+    >>> import numpy as np
+    >>> SumCost().evaluate(np.array([2, 3]), np.array([10.0, 4.0]), np.array([15.0, 9.0]))
+    array([15.,  9.])
+    >>> SumCost(weights=(1.0, 0.5)).sample_cost(np.array([[4.0, 2.0], [1.0, 6.0]]))
+    array([5., 4.])
+    """
 
     weights: tuple[float, ...] | None = None
     name: ClassVar[str] = "sum"
@@ -117,7 +150,23 @@ class SumCost(CostModel):
 
 @dataclasses.dataclass(frozen=True)
 class PaddedCost(CostModel):
-    """count x padded length: what a batch padded to its longest sample holds."""
+    """count x padded length: what a batch padded to its longest sample holds.
+
+    Args:
+        weights: for ``(N, D)`` sizes, the padded length is the weighted sum of the
+            per-dimension maxima; ``None`` (default) takes their product, a padded volume.
+
+    Raises:
+        ValueError: if a weight is negative or not finite.
+
+    >>> import numpy as np
+    >>> PaddedCost().evaluate(np.array([2, 3]), np.array([10.0, 4.0]), np.array([15.0, 9.0]))
+    array([20., 12.])
+    >>> PaddedCost().max_count(np.array([10.0, 4.0]), 40.0)   # closed form: budget / length
+    array([ 4., 10.])
+    >>> PaddedCost().evaluate(np.array([2]), np.array([[3.0, 4.0]]), np.array([[5.0, 6.0]]))
+    array([24.])
+    """
 
     weights: tuple[float, ...] | None = None
     name: ClassVar[str] = "padded"
@@ -185,7 +234,23 @@ class PaddedPolynomial(CostModel):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class FunctionCost(CostModel):
-    """A user function ``fn(count, max_size, sum_size) -> cost`` evaluated on arrays."""
+    """A user function ``fn(count, max_size, sum_size) -> cost`` evaluated on arrays.
+
+    Args:
+        fn: called with float64 ``count`` and the ``max_size``/``sum_size`` arrays of many
+            batches at once; it must return one cost per batch (vectorised, not per batch),
+            non-decreasing in each argument. Compared by identity.
+
+    Raises:
+        ValueError: from :meth:`evaluate`, if ``fn`` returns a shape other than ``count``'s.
+
+    >>> import numpy as np
+    >>> model = FunctionCost(lambda count, max_size, sum_size: sum_size + 2 * count)
+    >>> model.evaluate(np.array([2, 3]), np.array([10.0, 4.0]), np.array([15.0, 9.0]))
+    array([19., 15.])
+    >>> model.to_dict()
+    {'kind': 'function', 'fn': '<lambda>'}
+    """
 
     fn: Callable[[FloatArray, FloatArray, FloatArray], Any]
     name: ClassVar[str] = "function"
@@ -211,6 +276,31 @@ def resolve_cost(cost: str | CostModel | Callable[..., Any]) -> CostModel:
 
     User models are probed for monotonicity on a small grid so that a decreasing model fails
     here rather than producing batches over budget.
+
+    Args:
+        cost: a name (``"padded"``, ``"polynomial"``, ``"sum"``: the model with default
+            settings), a :class:`CostModel` (returned as is), or a function
+            ``fn(count, max_size, sum_size)`` (wrapped in a :class:`FunctionCost`).
+
+    Returns:
+        The cost model.
+
+    Raises:
+        TypeError: ``cost`` is none of these.
+        ValueError: an unknown name, or a user model that decreases somewhere.
+
+    >>> resolve_cost("padded")
+    PaddedCost(weights=None)
+    >>> resolve_cost(lambda count, max_size, sum_size: count * max_size).name
+    'function'
+    >>> resolve_cost("tokens")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown cost 'tokens'; expected one of ('padded', 'polynomial', 'sum')
+    >>> resolve_cost(lambda count, max_size, sum_size: 100 - sum_size)
+    Traceback (most recent call last):
+    ...
+    ValueError: cost model FunctionCost(...) decreases with the sum of sizes at count=1, max=0, sum=0; cost models must be non-decreasing
     """
     if isinstance(cost, CostModel):
         model = cost

@@ -37,7 +37,29 @@ def batch_of_sample(plan: BatchPlan, n: int) -> NDArray[np.int64]:
 def repeat_rate(plan_a: BatchPlan, plan_b: BatchPlan, n: int | None = None) -> float:
     """Share of sample pairs sharing a batch in ``plan_a`` that share one again in ``plan_b``.
 
-    ``n`` is the number of samples (default: one more than the largest index planned).
+    Compare two epochs' plans: near 1.0, the same samples meet in the same batches every epoch;
+    near 0, batches are re-drawn (what a shuffled fixed-size loader gives).
+
+    Args:
+        plan_a: one epoch's plan.
+        plan_b: another epoch's plan of the same samples.
+        n: the number of samples (default: one more than the largest index planned).
+
+    Returns:
+        A share in [0, 1]; 0.0 when ``plan_a`` has no batch of two or more samples.
+
+    >>> import fitbatch
+    >>> sizes = [5, 1, 4, 2, 3, 3, 6, 2]
+    >>> a = fitbatch.plan_batches(sizes, 6, strategy="sorted")
+    >>> a.to_lists()
+    [[1, 7, 3], [5, 4], [2], [0], [6]]
+    >>> repeat_rate(a, fitbatch.plan_batches(sizes, 6, strategy="sorted", epoch=1))
+    1.0
+    >>> b = fitbatch.plan_batches(sizes, 6, strategy="sequential", cost="sum")
+    >>> b.to_lists()
+    [[0, 1], [2, 3], [4, 5], [6], [7]]
+    >>> repeat_rate(a, b)   # of the pairs (1, 7), (1, 3), (7, 3), (5, 4), only (5, 4) meets again
+    0.25
     """
     if n is None:
         n = 1 + max(int(plan_a.order.max(initial=-1)), int(plan_b.order.max(initial=-1)))
@@ -54,7 +76,26 @@ def repeat_rate(plan_a: BatchPlan, plan_b: BatchPlan, n: int | None = None) -> f
 
 
 def position_size_correlation(plan: BatchPlan, sizes: Any) -> float:
-    """Spearman correlation between a batch's position in the epoch and its mean size."""
+    """Spearman correlation between a batch's position in the epoch and its mean size.
+
+    Args:
+        plan: one epoch's plan.
+        sizes: the sizes it was planned from (for ``(N, D)`` sizes, each row's product).
+
+    Returns:
+        A correlation in [-1, 1]: about 1 (or -1) when batch sizes drift through the epoch,
+        about 0 when large and small batches are interleaved; 0.0 for fewer than three batches
+        or when every batch has the same mean size.
+
+    >>> import fitbatch
+    >>> sizes = [5, 1, 4, 2, 3, 3, 6, 2]
+    >>> a = fitbatch.plan_batches(sizes, 6, strategy="sorted")
+    >>> round(position_size_correlation(a, sizes), 6)   # batch means 5/3, 3, 4, 5, 6
+    1.0
+    >>> b = fitbatch.plan_batches(sizes, 6, strategy="sequential", cost="sum")
+    >>> round(position_size_correlation(b, sizes), 3)   # batch means 3, 3, 3, 6, 2
+    -0.224
+    """
     if len(plan) < 3:
         return 0.0
     values = np.asarray(sizes, dtype=np.float64)

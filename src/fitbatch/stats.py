@@ -24,6 +24,18 @@ class PlanStats:
         straggler_ratio: for data-parallel plans, the mean over steps of max rank cost / mean
             rank cost (1.0 is perfect balance); ``None`` for a single process.
         plan_seconds: time spent planning.
+
+    Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
+
+    >>> import fitbatch
+    >>> plan = fitbatch.plan_batches([12, 3, 7, 9, 4, 30], 24, strategy="sorted", oversized="skip")
+    >>> stats = plan.stats()
+    >>> stats.n_batches, stats.lower_bound, stats.skipped, round(stats.padding_efficiency, 3)
+    (2, 2, 1, 0.778)
+    >>> stats.summary()
+    'sorted/padded: 2 batches (1.000x lower bound), 5 samples, padding efficiency 0.778, fill mean 0.938 max 1.000, skipped 1, dropped 0 in 0 batches, 0 oversized alone'
+    >>> stats.as_dict()["batches_vs_lower_bound"]
+    1.0
     """
 
     n_samples: int
