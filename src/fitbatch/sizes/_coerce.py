@@ -36,7 +36,23 @@ SizesLike = Union[NDArray[Any], "list[float]", Mapping[int, float], Callable[[in
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """Validated sizes: ``values`` is float64, shape ``(N,)`` or ``(N, D)``."""
+    """Validated sizes: ``values`` is float64, shape ``(N,)`` or ``(N, D)``.
+
+    Built by :func:`as_sizes`, which every planner calls on its ``sizes`` argument (and which
+    returns a ``Sizes`` unchanged, so sizes validated once are not validated again).
+
+    Attributes:
+        values: the sizes, float64, C-contiguous; treat as read-only.
+        integral: whether every size is a whole number.
+
+    >>> sizes = as_sizes([[3, 4], [1, 2], [5, 1]])
+    >>> len(sizes), sizes.ndim, sizes.integral
+    (3, 2, True)
+    >>> sizes.real_units()
+    array([12.,  2.,  5.])
+    >>> as_sizes(sizes) is sizes
+    True
+    """
 
     values: NDArray[np.float64]
     integral: bool
@@ -63,7 +79,34 @@ class Sizes:
 
 
 def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
-    """Validate and convert ``sizes`` (see the module docstring for the accepted forms)."""
+    """Validate and convert ``sizes`` once, into a :class:`Sizes`.
+
+    Args:
+        sizes: a 1-D array-like of non-negative finite numbers (list, numpy array, torch
+            tensor), an ``(N, D)`` array for samples with several size dimensions, a mapping
+            ``index -> size`` whose keys are exactly ``0 .. N-1``, a callable
+            ``index -> size`` (with ``n``), or a :class:`Sizes` (returned as is).
+        n: the number of samples: required with a callable, checked otherwise.
+
+    Returns:
+        A :class:`Sizes`.
+
+    Raises:
+        TypeError: non-numeric sizes, or a callable without ``n``.
+        ValueError: a negative, infinite or NaN size (the message lists the first offenders),
+            a wrong shape, a mapping with missing keys, or ``n`` not matching.
+
+    >>> as_sizes([3, 1, 2]).values
+    array([3., 1., 2.])
+    >>> as_sizes({1: 5, 0: 7}).values
+    array([7., 5.])
+    >>> as_sizes(lambda i: 10 * i, n=3).values
+    array([ 0., 10., 20.])
+    >>> as_sizes([1, float("nan")])
+    Traceback (most recent call last):
+    ...
+    ValueError: sizes must be non-negative and finite; 1 bad value: index 1 (size nan)
+    """
     if isinstance(sizes, Sizes):
         return sizes
     if callable(sizes) and not hasattr(sizes, "__len__"):

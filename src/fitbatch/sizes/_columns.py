@@ -218,6 +218,20 @@ def from_dataset(
 
     Raises:
         ValueError: ``column`` is missing and no ``source`` is given, or ``source`` is missing.
+
+    A stand-in with the two members a dataset whose size column exists needs (with the
+    ``datasets`` library, pass the ``Dataset`` itself):
+
+    >>> class Rows:
+    ...     column_names = ["text", "n_tokens"]
+    ...     def with_format(self, kind):          # kind is "arrow": columns without a copy
+    ...         return {"text": ["a b", "c", "d e f"], "n_tokens": [2, 1, 3]}
+    >>> from_dataset(Rows(), "n_tokens")
+    array([2, 1, 3])
+    >>> from_dataset(Rows(), "length")
+    Traceback (most recent call last):
+    ...
+    ValueError: dataset has no column 'length'; columns: ['text', 'n_tokens']. Pass source='<column>' to compute 'length' as the length (or, with tokenizer=, the token count) of each value
     """
     names = list(dataset.column_names)
     if column not in names:

@@ -155,6 +155,16 @@ def list_files(
     Raises:
         FileNotFoundError: nothing exists at ``urlpath``.
         ImportError: ``fsspec`` is needed for non-local URLs.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> os.mkdir(os.path.join(d, "sub"))
+    >>> for name, n in [("b.tar", 10), ("a.tar", 3), ("sub/c.tar", 7), ("notes.txt", 1)]:
+    ...     with open(os.path.join(d, name), "wb") as f:
+    ...         _ = f.write(b"x" * n)
+    >>> paths, sizes = list_files(os.path.join(d, "**.tar"))
+    >>> [os.path.relpath(p, d) for p in paths], sizes.tolist()
+    (['a.tar', 'b.tar', 'sub/c.tar'], [3, 10, 7])
     """
     url = os.fspath(urlpath)
     local = "://" not in url or url.startswith("file://")

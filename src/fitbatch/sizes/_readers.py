@@ -136,6 +136,23 @@ def from_source(
         FileNotFoundError: no such file, directory or prefix.
         ValueError: an unknown format, a wrong column, an empty input, or a bad value (the
             message names its line or row).
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open(os.path.join(d, "sizes.csv"), "w") as f:
+    ...     for line in ["id,tokens", "0,12", "1,3", "2,7"]:
+    ...         print(line, file=f)
+    >>> from_source(os.path.join(d, "sizes.csv"), column="tokens")
+    array([12,  3,  7])
+    >>> from_source(d)                     # a directory: the byte size of each file in it
+    array([23])
+    >>> with open(os.path.join(d, "sizes.txt"), "w") as f:
+    ...     for line in ["# tokens per sample", "12", "3.5", "seven"]:
+    ...         print(line, file=f)
+    >>> from_source(os.path.join(d, "sizes.txt"))
+    Traceback (most recent call last):
+    ...
+    ValueError: ...sizes.txt line 4: 'seven' is not a number
     """
     src = os.fspath(source)
     if _is_listing(src):
