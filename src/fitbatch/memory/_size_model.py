@@ -215,6 +215,36 @@ def fit_size_model(
 # ------------------------------------------------------------------------------ torch glue
 
 
+_POLYNOMIAL_REGRESSION_DOC = """The seed tool's module: a polynomial of a sample's size, coefficients in buffers.
+
+    ``forward(x)`` evaluates the mean polynomial (as the seed did); ``fit(x, y)`` fits it
+    with :func:`fit_size_model`; :meth:`to_cost_model` returns the
+    :class:`SizeMemoryModel` to plan with. ``state_dict()`` holds ``coef``, ``domain``,
+    ``margin`` and ``confidence``, so ``torch.save``/``load_state_dict`` round-trip it.
+
+    Args:
+        degree: the polynomial degree, 0 to 12.
+
+    Raises:
+        ValueError: for a degree outside 0 to 12, or (``load_model``) a model of another degree.
+
+    >>> import torch
+    >>> from fitbatch.memory import PolynomialRegression
+    >>> module = PolynomialRegression(degree=1)
+    >>> module.fit(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([3.0, 5.0, 7.0, 9.0]))
+    >>> module(torch.tensor([10.0]))
+    tensor([21.], dtype=torch.float64)
+    >>> sorted(module.state_dict())
+    ['coef', 'confidence', 'domain', 'margin']
+    >>> module.to_cost_model().predict([10]).round(6).tolist()
+    [21.0]
+    """
+
+# The class is built on first use (it subclasses torch.nn.Module), so doctest cannot find its
+# docstring by walking the module: run it from here.
+__test__ = {"PolynomialRegression": _POLYNOMIAL_REGRESSION_DOC}
+
+
 _MODULE_CLASS: list[type] = []
 
 
@@ -225,13 +255,7 @@ def _polynomial_regression_class() -> Any:
     import torch
 
     class PolynomialRegression(torch.nn.Module):
-        """The seed tool's module: a polynomial of a sample's size, coefficients in buffers.
-
-        ``forward(x)`` evaluates the mean polynomial (as the seed did); ``fit(x, y)`` fits it
-        with :func:`fit_size_model`; :meth:`to_cost_model` returns the
-        :class:`SizeMemoryModel` to plan with. ``state_dict()`` holds ``coef``, ``domain``,
-        ``margin`` and ``confidence``, so ``torch.save``/``load_state_dict`` round-trip it.
-        """
+        __doc__ = _POLYNOMIAL_REGRESSION_DOC
 
         coef: torch.Tensor
         domain: torch.Tensor

@@ -56,6 +56,11 @@ class Probe:
         peak: absolute peak bytes (allocator baseline + added; off CUDA, added only), or
             ``None`` when the step ran out of memory.
         seconds: wall time of the step.
+
+    >>> Probe(count=32, length=8, peak=3072.0).fits(4096)
+    True
+    >>> Probe(count=64, length=8, peak=None).fits(4096)      # ran out of memory
+    False
     """
 
     count: int
@@ -79,6 +84,17 @@ class Calibration:
         probes: every probe used, in the order made (or read from the log).
         max_counts: for each probed length, the largest count that fitted (0: not even one).
         complete: ``False`` when the time limit stopped the search early.
+
+    >>> import torch
+    >>> cal = calibrate(lambda batch: (batch + 1) * 2,
+    ...                 lambda count, length: torch.zeros(count, length, device="meta"),
+    ...                 device="meta", capacity="4KiB", lengths=(8, 16), progress=False)
+    >>> cal.max_counts, cal.budget, cal.capacity, cal.complete
+    ({8: 42, 16: 21}, 3891.2, 4096.0, True)
+    >>> cal.probes[0].count, cal.probes[0].length, cal.probes[0].peak
+    (1, 8, 96.0)
+    >>> sorted(cal.to_dict())
+    ['budget', 'capacity', 'complete', 'max_counts', 'model', 'probes']
     """
 
     model: BatchMemoryModel
@@ -259,6 +275,23 @@ def calibrate(
     Raises:
         ValueError: for invalid arguments.
         RuntimeError: if fewer than 4 steps completed, too few to fit the model.
+
+    On the ``meta`` device nothing is allocated, yet every tensor's bytes are counted: a
+    step's memory behaviour can be calibrated (and tested) without the accelerator.
+
+    >>> import fitbatch, torch
+    >>> def make_batch(count, length):
+    ...     return torch.zeros(count, length, device="meta")
+    >>> def step(batch):                  # peak: the batch and two results, 12 bytes per token
+    ...     return (batch + 1) * 2
+    >>> cal = calibrate(step, make_batch, device="meta", capacity="4KiB", lengths=(8, 16),
+    ...                 progress=False)
+    >>> cal.max_counts, round(cal.model.mean.per_token, 6), cal.budget
+    ({8: 42, 16: 21}, 12.0, 3891.2)
+    >>> plan = fitbatch.plan_batches([100, 300, 150, 40, 60], cal.budget, cost=cal.model,
+    ...                              strategy="sorted")
+    >>> plan.to_lists(), plan.costs.tolist()
+    ([[3, 4], [0, 2], [1]], [1440.0, 3600.0, 3600.0])
     """
     dev = as_device(device)
     cap = detect_capacity(dev) if capacity is None else parse_budget(capacity, "capacity")

@@ -108,8 +108,21 @@ def detect_capacity(device: Any) -> float:
     by ``torch.cuda.set_per_process_memory_fraction`` when one is set. CPU: the available
     physical memory. Other devices have no capacity to detect.
 
+    Args:
+        device: ``"cuda"``/``"cuda:N"``, ``"cpu"`` or a ``torch.device``.
+
+    Returns:
+        The capacity in bytes, a float.
+
     Raises:
         ValueError: for devices such as ``meta`` (pass ``capacity=`` explicitly).
+
+    >>> detect_capacity("cpu") > 0
+    True
+    >>> detect_capacity("meta")
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot detect the memory capacity of device 'meta'; pass capacity= (bytes or '70GiB')
     """
     dev = as_device(device)
     if dev.type == "cuda":
@@ -296,6 +309,17 @@ class MemoryProfile:
         indices: dataset positions of the completed items.
         failed: dataset positions of the items that ran out of memory.
         errors: the error message of each failed item, aligned with ``failed``.
+
+    >>> import torch
+    >>> def work(n):
+    ...     if n > 100:
+    ...         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+    ...     return torch.empty(n, device="meta").numel()
+    >>> prof = collect_peak_memory([10, 1000, 20], work, device="meta", progress=False)
+    >>> len(prof), prof.features, prof.peaks.tolist(), prof.indices.tolist()
+    (2, [10, 20], [40, 80], [0, 2])
+    >>> prof.failed, prof.errors
+    ((1,), ('OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB',))
     """
 
     features: list[Any]
