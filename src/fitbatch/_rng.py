@@ -29,6 +29,26 @@ def resolve_seed(seed: SeedLike) -> int:
 
     ``None`` draws fresh entropy once; the drawn value is returned so the run stays
     reproducible from its saved state.
+
+    Args:
+        seed: an int >= 0, a root ``numpy.random.SeedSequence``, or ``None``.
+
+    Returns:
+        The int entropy.
+
+    Raises:
+        TypeError: for anything else (bools included).
+        ValueError: a negative int, or a spawned ``SeedSequence``.
+
+    >>> resolve_seed(7), resolve_seed(np.random.SeedSequence(7))
+    (7, 7)
+    >>> drawn = resolve_seed(None)
+    >>> int(generator(drawn, 0, "shuffle").integers(100)) == int(generator(drawn, 0, "shuffle").integers(100))
+    True
+    >>> resolve_seed(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be >= 0, got -1
     """
     if seed is None:
         return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
