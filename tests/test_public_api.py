@@ -1,11 +1,26 @@
-"""The public surface: a sorted __all__ whose names resolve, and no torch import on import."""
+"""The public surface: a sorted __all__ whose names resolve, no torch import on import, and an
+example in the docstring of every public name."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import subprocess
 import sys
 
+import pytest
+
 import fitbatch
+
+# fitbatch and its public subpackages: every name in their __all__ is public (STYLE 2, 12)
+PUBLIC_MODULES = (
+    "fitbatch",
+    "fitbatch.sizes",
+    "fitbatch.pipeline",
+    "fitbatch.memory",
+    "fitbatch.streaming",
+    "fitbatch.schedule",
+)
 
 
 def test_all_is_sorted_and_resolves():
@@ -34,3 +49,32 @@ def test_import_does_not_import_torch():
 
 def test_version():
     assert isinstance(fitbatch.__version__, str) and fitbatch.__version__.count(".") >= 1
+
+
+def _own_doc(obj: object) -> str:
+    """The object's own docstring, cleaned: not one inherited from a base class."""
+    own = vars(obj).get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    return inspect.cleandoc(own) if isinstance(own, str) else ""
+
+
+@pytest.mark.xfail(strict=False, reason="examples for names owned by the sampler/plan refactor land with it")
+def test_every_public_name_has_an_example():
+    """Every public class and function has a ``>>>`` example in its own docstring (STYLE 12).
+
+    Constants, tuples of names and type aliases (``__version__``, ``SizesLike``, ``LR_RULES``)
+    have no docstring of their own and are skipped. Run with ``--runxfail`` to see the names
+    still missing one.
+    """
+    missing: dict[str, str] = {}
+    seen: set[int] = set()
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isroutine(obj)) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if ">>>" not in _own_doc(obj):
+                missing[f"{module_name}.{name}"] = obj.__module__
+    report = "\n".join(f"  {name} (defined in {where})" for name, where in sorted(missing.items()))
+    assert not missing, f"{len(missing)} public names have no >>> example in their docstring:\n{report}"
