@@ -271,6 +271,26 @@ def test_oversized_policies(strategy, caplog):
     assert "stream ended: 2 oversized items skipped" in caplog.text
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "buckets"])
+def test_streams_and_plans_refuse_oversized_items_with_one_message(strategy):
+    data = [3, 50, 4, 60, 2]
+    with pytest.raises(ValueError) as planned:
+        fitbatch.plan_batches(data, 10, cost="sum")
+    with pytest.raises(ValueError) as streamed:
+        list(batch_stream(data, sizeof=float, budget=10, cost="sum", strategy=strategy))
+    # one rule and one message (fitbatch._rules.screen_oversized); only the names differ
+    names = {
+        "2 samples": "2 items",
+        "index 3 (size 60.0), index 1 (size 50.0)": "stream item 3 (size 60), stream item 1 (size 50)",
+        "plan's stats": "stream's summary",
+    }
+    expected = str(planned.value)
+    for plan_name, stream_name in names.items():
+        assert plan_name in expected
+        expected = expected.replace(plan_name, stream_name)
+    assert str(streamed.value) == expected
+
+
 # ---------------------------------------------------------------------------- resume
 
 

@@ -24,14 +24,8 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import (
-    choice,
-    format_offenders,
-    fraction,
-    non_negative_int,
-    parse_budget,
-    positive_int,
-)
+from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch._validate import choice, fraction, non_negative_int, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats
@@ -41,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
-OVERSIZED = ("error", "single", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,28 +406,13 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     values = sizes.values
     model, budget = opts.cost, opts.budget
     alone = model.sample_cost(values)
-    over = np.flatnonzero(alone > budget)
-    skipped = np.zeros(0, np.int64)
-    kept: IntArray | None = None
-    if over.size:
-        if opts.oversized == "error":
-            worst = over[np.argsort(-alone[over], kind="stable")]
-            raise ValueError(
-                f"{over.size} sample{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
-                f"even alone; largest: {format_offenders(worst, alone[worst])}. "
-                "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
-                "them out (they are counted in the plan's stats)."
-            )
-        if opts.oversized == "skip":
-            skipped = over.astype(np.int64)
-            kept = np.flatnonzero(alone <= budget).astype(np.int64)
-            logger.warning("skipping %d oversized samples (budget %g)", over.size, budget)
+    skipped, kept = screen_oversized(alone, budget, opts.oversized)
+    if skipped.size:
+        logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
-    # Kernels add sizes in another order than measure_batches does: with fractional sizes,
-    # plan against a budget one part in 1e12 lower so no batch overshoots by rounding.
     ctx = Context(
         sizes=sub,
-        budget=budget if sizes.integral else budget * (1.0 - 1e-12),
+        budget=planning_budget(budget, sizes.integral),
         cost=model,
         cap=opts.max_batch_size,
         multiple=opts.batch_size_multiple,

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _jit
 from fitbatch import _kernels as K
+from fitbatch._rules import planning_budget
 from fitbatch._validate import choice
 from fitbatch.costs import CostModel, SumCost
 from fitbatch.plan import plan_batches
@@ -154,15 +155,14 @@ def whole_runs(batches: list[Segment]) -> list[Run]:
 
 
 def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) -> None:
-    """Plan against a budget one part in 1e12 lower once a fractional size shows up.
+    """Plan against :func:`fitbatch._rules.planning_budget` once a fractional size shows up.
 
-    Kernels add sizes in another order than the batch measurements do; the indexed planner
-    lowers the budget the same way for fractional sizes (so both agree, and no batch overshoots
-    by rounding). The switch is sticky: a stream cannot know its later sizes.
+    The indexed planner follows the same rule, so both agree. The switch is sticky: a stream
+    cannot know its later sizes.
     """
     if planner.integral and not _jit.all_integral(sizes):
         planner.integral = False
-        planner.budget *= 1.0 - 1e-12
+        planner.budget = planning_budget(planner.budget, integral=False)
         if isinstance(planner, BucketPlanner) and planner.tops is not None:
             planner.restore(planner.tops, planner.next_fit)
 
