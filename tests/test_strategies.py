@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import _kernels as K
+from fitbatch import _size_keys as SK
 from fitbatch.costs import PaddedCost
 from fitbatch.sizes import as_sizes
 from fitbatch.strategies import STRATEGIES, Context, fit_buckets, strategy_names
@@ -126,7 +126,7 @@ def test_buckets_batches_stay_in_their_bucket():
 def test_fit_buckets_partitions_the_keys(n, seed, spread, min_batches):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 3000, n).astype(np.float64)
-    keys, edges = K.size_keys(sizes, True)
+    keys, edges = SK.size_keys(sizes, True)
     lut, top = fit_buckets(keys, edges, 16384.0, PaddedCost(), None, spread, min_batches)
     ids = lut[keys].astype(np.int64)
     assert ids.min() >= 0 and ids.max() == top.size - 1

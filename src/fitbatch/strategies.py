@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch import _rng
+from fitbatch import _size_keys as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import choice, fraction, positive_int
 from fitbatch.costs import CostModel, SumCost
@@ -62,9 +63,9 @@ class Context:
         if self._keys is None:
             v = self.sizes.values
             if v.ndim == 1:
-                self._keys = self.sizes.cached("size_keys", lambda: K.size_keys(v, self.sizes.integral))
+                self._keys = self.sizes.cached("size_keys", lambda: SK.size_keys(v, self.sizes.integral))
             else:
-                self._keys = K.size_keys(self.cost.sample_cost(v), False)
+                self._keys = SK.size_keys(self.cost.sample_cost(v), False)
         return self._keys
 
 
@@ -145,7 +146,7 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
         return rng.permutation(n).astype(np.int64)
-    return K.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+    return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
 
 
 def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
@@ -153,8 +154,8 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
     n = len(ctx.sizes)
     keys, edges = ctx.keys()
     base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-    down = np.uint16(K.KEY_LEVELS - 1) - keys[base]
-    order = _gather_into(base, K.sort_within_segments(down, pool_size))
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
+    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     return order, seg_starts, (keys[order], edges)
 
@@ -314,7 +315,7 @@ class Buckets(Strategy):
         in_loose = np.repeat(loose, lengths)
         rest = first.order[in_loose]
         keys, edges = ctx.keys()
-        sub_order = rest[np.argsort(np.uint16(K.KEY_LEVELS - 1) - keys[rest], kind="stable")]
+        sub_order = rest[np.argsort(np.uint16(SK.KEY_LEVELS - 1) - keys[rest], kind="stable")]
         again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
         # compact the kept positions to the front of the order buffer, the re-plan after them
         order = first.order
@@ -341,7 +342,7 @@ def fit_buckets(
 
     Returns a lookup table key -> bucket id (0 = smallest) and each bucket's upper edge.
     """
-    hist = np.bincount(keys, minlength=K.KEY_LEVELS)
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
     present = np.flatnonzero(hist)[::-1]
     lows = np.concatenate([[0.0], edges[:-1]])  # every value with key k is > edges[k-1]
     if ndim == 1:
@@ -353,7 +354,7 @@ def fit_buckets(
     per_batch = np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
     epoch_batches = float(np.sum(hist[present] / per_batch))
     min_batches = int(np.clip(epoch_batches / 64, 2, max(min_batches, 2)))
-    bucket_of = np.zeros(K.KEY_LEVELS, dtype=np.int64)
+    bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
     tops: list[float] = []
     pop = 0
     top = 0.0
