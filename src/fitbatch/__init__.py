@@ -35,7 +35,8 @@ from fitbatch.memory import (
     measure_peak,
 )
 from fitbatch.metrics import position_size_correlation, repeat_rate
-from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
+from fitbatch.options import PlanOptions
+from fitbatch.plan import BatchPlan, plan_batches
 from fitbatch.sizes import (
     Sizes,
     as_sizes,
