@@ -51,20 +51,23 @@ class OpenBatch(NamedTuple):
 # --------------------------------------------------------------------------- any order
 
 
-def _window_next(
-    sizes: FloatArray,
-    p: int,
-    end: int,
-    state: OpenBatch,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-) -> tuple[int, OpenBatch]:
+class _Greedy(NamedTuple):
+    """What one greedy scan works on: sizes in order, the budget and cost, the count cap
+    (``inf``: none) and the positions that must start a batch."""
+
+    sizes: FloatArray
+    budget: float
+    cost: CostModel
+    cap: float
+    force: NDArray[np.bool_] | None
+
+
+def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, OpenBatch]:
     """First position q in [p, end) that must start a new batch when ``state`` is open at p.
 
     Returns (q, state of the open batch just before q); q == end when no new batch starts.
     """
+    sizes, budget, cost, cap, force = g
     count, mx, sm = state.count, state.max_size, state.sum_size
     width = 64
     while p < end:
@@ -123,27 +126,20 @@ def greedy_starts(
     state = carry if carry is not None else _empty_state(sizes)
     if n == 0:
         return np.zeros(0, np.int64), state
+    g = _Greedy(sizes, budget, cost, capf, force)
     if multiple > 1:
-        return _walk_windows(sizes, budget, cost, capf, multiple, force, state)
+        return _walk_windows(g, multiple, state)
     compiled = _jit.greedy(sizes, budget, cost, capf, force, state.count, state.max_size, state.sum_size)
     if compiled is not None:
         starts, (count, mx, sm) = compiled
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
     chunk = int(min(4096, max(64, math.isqrt(n))))
-    local = _lockstep(sizes, budget, cost, capf, force, chunk, state)
-    return _repair_seams(sizes, budget, cost, capf, force, chunk, local, state)
+    return _repair_seams(g, chunk, _lockstep(g, chunk, state), state)
 
 
-def _lockstep(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-    chunk: int,
-    carry: OpenBatch,
-) -> NDArray[np.bool_]:
+def _lockstep(g: _Greedy, chunk: int, carry: OpenBatch) -> NDArray[np.bool_]:
     """Greedy start flags computed independently in every chunk, all chunks at once."""
+    sizes, budget, cost, cap, force = g
     n, tail = sizes.shape[0], sizes.shape[1:]
     n_chunks = -(-n // chunk)
     grid = np.zeros((n_chunks * chunk, *tail), dtype=np.float64)
@@ -184,17 +180,9 @@ def _lockstep(
     return flags.T.reshape(-1)[:n].copy()
 
 
-def _repair_seams(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-    chunk: int,
-    local: NDArray[np.bool_],
-    carry: OpenBatch,
-) -> tuple[IntArray, OpenBatch]:
+def _repair_seams(g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenBatch) -> tuple[IntArray, OpenBatch]:
     """Make chunk-local start flags globally correct, chunk by chunk, left to right."""
+    sizes = g.sizes
     n = sizes.shape[0]
     open_start: int | None = None  # None: the batch carried in from before position 0 is open
     first = np.flatnonzero(local[:chunk])
@@ -209,7 +197,7 @@ def _repair_seams(
         p = c0
         # Invariant: `state` is the true open batch at position p; flags in [c0, p) are true.
         while True:
-            q, _ = _window_next(sizes, p, c1, state, budget, cost, cap, force)
+            q, _ = _window_next(g, p, c1, state)
             local[p:q] = False
             if q >= c1 or local[q]:
                 break  # chunk done, or merged with the chunk's own chain: the rest is right
@@ -232,21 +220,14 @@ def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch
     return OpenBatch(carry.count + end, np.maximum(carry.max_size, part.max(axis=0)), carry.sum_size + part.sum(axis=0))
 
 
-def _walk_windows(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    multiple: int,
-    force: NDArray[np.bool_] | None,
-    state: OpenBatch,
-) -> tuple[IntArray, OpenBatch]:
+def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch) -> tuple[IntArray, OpenBatch]:
+    sizes, force = g.sizes, g.force
     n = sizes.shape[0]
     starts: list[int] = []
     batch_start = 0 if state.count == 0 else -state.count
     p = 0
     while p < n:
-        q, state = _window_next(sizes, p, n, state, budget, cost, cap, force)
+        q, state = _window_next(g, p, n, state)
         if q >= n:
             break
         size = q - batch_start
