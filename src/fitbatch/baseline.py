@@ -16,7 +16,7 @@ from fitbatch import _rng
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._validate import non_negative_int, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.plan import BatchPlan, lower_bound, measure_batches
+from fitbatch.plan import BatchPlan, lower_bound
 from fitbatch.sizes import SizesLike, as_sizes
 
 
@@ -46,20 +46,13 @@ def fixed_size_plan(
     rng = _rng.generator(resolve_seed(seed), non_negative_int("epoch", epoch), "fixed-order")
     order = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
     offsets = np.append(np.arange(0, n, bs), n).astype(np.int64) if n else np.zeros(1, np.int64)
-    counts, costs, real, padded = measure_batches(sz, model, order, offsets)
     alone = model.sample_cost(sz.values)
-    return BatchPlan(
-        order,
-        offsets,
-        costs=costs,
-        real_units=real,
-        padded_units=padded,
-        budget=cap,
-        cost_name=model.name,
-        strategy_name=f"fixed({bs})",
+    plan = BatchPlan.from_batches(
+        sz, model, order, offsets, budget=cap, strategy_name=f"fixed({bs})",
         lower_bound=lower_bound(model, cap, float(alone.sum()), n),
-        plan_seconds=time.perf_counter() - t0,
     )
+    plan.plan_seconds = time.perf_counter() - t0
+    return plan
 
 
 def largest_safe_batch_size(sizes: SizesLike, budget: float | str, cost: str | CostModel | Any = "padded") -> int:

@@ -23,8 +23,8 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
-from fitbatch._validate import non_negative_int
-from fitbatch.costs import CostModel
+from fitbatch._validate import non_negative_int, parse_budget
+from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.options import PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats
@@ -36,6 +36,11 @@ logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
+
+
+def _per_batch(name: str, doc: str) -> Any:
+    """A read-only per-batch array of a plan (selected for the plan's batches on first use)."""
+    return property(lambda plan: plan._pick(name), doc=doc)
 
 
 class BatchPlan(Sequence[IntArray]):
@@ -55,21 +60,13 @@ class BatchPlan(Sequence[IntArray]):
         order: IntArray,
         offsets: IntArray,
         *,
-        costs: FloatArray,
-        real_units: FloatArray,
-        padded_units: FloatArray,
-        budget: float,
-        cost_name: str,
-        strategy_name: str,
-        lower_bound: int = 0,
-        skipped: IntArray | None = None,
-        dropped: IntArray | None = None,
-        dropped_batches: int = 0,
-        plan_seconds: float = 0.0,
-        straggler_ratio: float | None = None,
-        batch_ids: IntArray | None = None,
-        ids_permute_all: bool = False,
+        costs: FloatArray, real_units: FloatArray, padded_units: FloatArray,
+        budget: float, cost_name: str, strategy_name: str, lower_bound: int = 0,
+        skipped: IntArray | None = None, dropped: IntArray | None = None, dropped_batches: int = 0,
+        plan_seconds: float = 0.0, straggler_ratio: float | None = None,
+        batch_ids: IntArray | None = None, ids_permute_all: bool = False,
     ) -> None:
+        # Outside this module, build plans with from_batches (it measures the batches).
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
         # here describe (order, offsets) and are selected on first use (a shuffled epoch of
         # millions of batches never pays for arrays nobody reads).
@@ -97,6 +94,60 @@ class BatchPlan(Sequence[IntArray]):
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
 
+    @classmethod
+    def from_batches(
+        cls,
+        sizes: SizesLike,
+        cost: str | CostModel | Any,
+        order: Any,
+        offsets: Any,
+        *,
+        budget: float | str | None,
+        strategy_name: str,
+        lower_bound: int = 0,
+        skipped: IntArray | None = None,
+        dropped: IntArray | None = None,
+        dropped_batches: int = 0,
+        plan_seconds: float = 0.0,
+    ) -> BatchPlan:
+        """A plan of given batches, measured: the constructor for batches not planned here.
+
+        Batch ``k`` is ``order[offsets[k]:offsets[k + 1]]``; costs, real and padded units come
+        from :func:`measure_batches` under ``cost``, so baselines, schedules, per-rank plans
+        and other planners' batches get the same statistics as :func:`plan_batches`' plans.
+
+        Args:
+            sizes: every sample's size (see :func:`fitbatch.as_sizes`).
+            cost: the cost model the batches are measured with (its name names the plan's cost).
+            order: sample indices in batch order.
+            offsets: batch boundaries in ``order``: 0, ..., ``len(order)``, non-decreasing.
+            budget: the budget fills are measured against; ``None`` when the batches were not
+                planned against one (the costliest batch stands for it, at least 1).
+            strategy_name: how the batches were made (shown in stats and reports).
+            lower_bound, skipped, dropped, dropped_batches, plan_seconds: as in the plan's
+                stats (``skipped`` and ``dropped``: indices of samples in no batch).
+
+        Raises:
+            ValueError: offsets that do not cut ``order``, or indices outside ``sizes``.
+
+        >>> plan = BatchPlan.from_batches([4, 1, 3, 2], "padded", [1, 3, 2, 0], [0, 2, 4], budget=8, strategy_name="by hand")
+        >>> plan.to_lists(), plan.costs.tolist(), plan.stats().max_fill
+        ([[1, 3], [2, 0]], [4.0, 8.0], 1.0)
+        """
+        sz, model = as_sizes(sizes), resolve_cost(cost)
+        order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size or np.any(np.diff(offsets) < 0):
+            raise ValueError(f"offsets must run from 0 to len(order) = {order.size} without decreasing, got {offsets[:8].tolist()}")
+        if order.size and (order.min() < 0 or order.max() >= len(sz)):
+            raise ValueError(f"order holds indices outside the {len(sz)} samples (min {order.min()}, max {order.max()})")
+        _, costs, real, padded = measure_batches(sz, model, order, offsets)
+        cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
+        return cls(
+            order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
+            strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
+            dropped_batches=dropped_batches, plan_seconds=plan_seconds,
+        )
+
     def _pick(self, name: str) -> Any:
         if self._ids is None:
             return self._base[name]
@@ -104,29 +155,11 @@ class BatchPlan(Sequence[IntArray]):
             self._picked[name] = self._base[name][self._ids]
         return self._picked[name]
 
-    @property
-    def costs(self) -> FloatArray:
-        """Cost of each batch under the plan's cost model."""
-        return self._pick("costs")  # type: ignore[no-any-return]
-
-    @property
-    def real_units(self) -> FloatArray:
-        """Real (unpadded) size units of each batch."""
-        return self._pick("real_units")  # type: ignore[no-any-return]
-
-    @property
-    def padded_units(self) -> FloatArray:
-        """Padded units of each batch: count x padded length."""
-        return self._pick("padded_units")  # type: ignore[no-any-return]
-
-    @property
-    def counts(self) -> IntArray:
-        """Samples in each batch."""
-        return self._pick("counts")  # type: ignore[no-any-return]
-
-    @property
-    def _heads(self) -> IntArray:
-        return self._pick("heads")  # type: ignore[no-any-return]
+    costs: FloatArray = _per_batch("costs", "Cost of each batch under the plan's cost model.")
+    real_units: FloatArray = _per_batch("real_units", "Real (unpadded) size units of each batch.")
+    padded_units: FloatArray = _per_batch("padded_units", "Padded units of each batch: count x padded length.")
+    counts: IntArray = _per_batch("counts", "Samples in each batch.")
+    _heads: IntArray = _per_batch("heads", "Where each batch starts in the base order.")
 
     def _totals(self, name: str) -> Any:
         """The per-batch array for order-free reductions (the base one when no batch is left out)."""
@@ -186,23 +219,9 @@ class BatchPlan(Sequence[IntArray]):
         """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
         batches = np.asarray(batches, dtype=np.int64)
         base_ids = batches if self._ids is None else self._ids[batches]
-        return BatchPlan(
-            self._base_order,
-            self._base_offsets,
-            costs=self._base["costs"],
-            real_units=self._base["real_units"],
-            padded_units=self._base["padded_units"],
-            budget=self.budget,
-            cost_name=self.cost_name,
-            strategy_name=self.strategy_name,
-            lower_bound=self.lower_bound,
-            skipped=self.skipped,
-            dropped=self.dropped,
-            dropped_batches=self.dropped_batches,
-            plan_seconds=self.plan_seconds,
-            straggler_ratio=straggler_ratio if straggler_ratio is not None else self.straggler_ratio,
-            batch_ids=base_ids,
-        )
+        per_batch = (self._base["costs"], self._base["real_units"], self._base["padded_units"])
+        ratio = straggler_ratio if straggler_ratio is not None else self.straggler_ratio
+        return self._derived(self._base_order, self._base_offsets, per_batch, straggler_ratio=ratio, batch_ids=base_ids)
 
     def rebatched(
         self,
@@ -217,24 +236,22 @@ class BatchPlan(Sequence[IntArray]):
         ``per_batch`` is (costs, real units, padded units) of the new batches; ``index_map``
         renames sample indices (a plan of a subset mapped back to the whole dataset).
         """
-        rename = (lambda a: a) if index_map is None else (lambda a: index_map[a])
+        if index_map is None:
+            return self._derived(order, offsets, per_batch)
+        return self._derived(order, offsets, per_batch, skipped=index_map[self.skipped], dropped=index_map[self.dropped])
+
+    def _derived(
+        self, order: IntArray, offsets: IntArray, per_batch: tuple[FloatArray, FloatArray, FloatArray], **changes: Any
+    ) -> BatchPlan:
+        """A plan of other batches with this plan's metadata, ``changes`` applied."""
         costs, real, padded = per_batch
-        return BatchPlan(
-            order,
-            offsets,
-            costs=costs,
-            real_units=real,
-            padded_units=padded,
-            budget=self.budget,
-            cost_name=self.cost_name,
-            strategy_name=self.strategy_name,
-            lower_bound=self.lower_bound,
-            skipped=rename(self.skipped),
-            dropped=rename(self.dropped),
-            dropped_batches=self.dropped_batches,
-            plan_seconds=self.plan_seconds,
-            straggler_ratio=self.straggler_ratio,
-        )
+        meta: dict[str, Any] = {
+            "budget": self.budget, "cost_name": self.cost_name, "strategy_name": self.strategy_name,
+            "lower_bound": self.lower_bound, "skipped": self.skipped, "dropped": self.dropped,
+            "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
+            "straggler_ratio": self.straggler_ratio,
+        }
+        return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
 
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""

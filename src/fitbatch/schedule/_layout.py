@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from fitbatch import _rng
 from fitbatch.costs import SumCost
 from fitbatch.distributed import arrange
-from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
+from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.schedule._sizes import BatchSizeSchedule
 from fitbatch.sizes import Sizes
 
@@ -143,7 +143,8 @@ def sample_layout(
     used = int(steps.sum())
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     dropped = order[used:].astype(np.int64)
-    plan = _measured(sizes, order[:used].astype(np.int64), offsets, dropped)
+    plan = BatchPlan.from_batches(sizes, SumCost(), order[:used].astype(np.int64), offsets, budget=None,
+                                  strategy_name="schedule", dropped=dropped)
     grid = np.arange(offsets.size - 1, dtype=np.int64).reshape(-1, world)
     step_rows = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
     return _finish(epoch, first_step, plan, grid, step_rows, scheduled, dropped.size)
@@ -180,13 +181,6 @@ def budget_layout(
     plan.dropped = dropped
     left_out = dropped.size + plan.skipped.size
     return _finish(epoch, first_step, plan, grid, step_rows, np.array(budgets, np.int64), left_out)
-
-
-def _measured(sizes: Sizes, order: IntArray, offsets: IntArray, dropped: IntArray) -> BatchPlan:
-    counts, costs, real, padded = measure_batches(sizes, SumCost(), order, offsets)
-    return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded,
-                     budget=float(max(costs.max(initial=0.0), 1.0)), cost_name="sum",
-                     strategy_name="schedule", dropped=dropped)
 
 
 def _finish(
