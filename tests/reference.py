@@ -165,3 +165,9 @@ def largest_count(edge: float, budget: float, cost: CostFn, cap: int | None = No
     while (cap is None or count < cap) and cost(count + 1, edge, (count + 1) * edge) <= budget:
         count += 1
     return count
+
+
+def fixed_batches(order: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Consecutive batches of ``batch_size`` samples of ``order`` (the last one takes the rest)."""
+    order = list(order)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

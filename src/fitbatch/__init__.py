@@ -50,6 +50,7 @@ from fitbatch.sizes import (
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import (
     Buckets,
+    Fixed,
     Packed,
     Pooled,
     Sequential,
@@ -114,6 +115,7 @@ __all__ = [
     "BudgetBatchSampler",
     "CostModel",
     "EqualSteps",
+    "Fixed",
     "FunctionCost",
     "GradientAccumulator",
     "Infinite",

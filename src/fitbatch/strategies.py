@@ -8,6 +8,8 @@
 * :class:`Packed` — bin packing within pools: for costs that grow with the sum each batch takes
   the largest remaining samples and fills the rest with the smallest; other costs are already
   count-bound, so it plans like :class:`Pooled`.
+* :class:`Fixed` — ``batch_size`` samples per batch whatever they cost (the baseline; not a
+  name, since it needs its batch size).
 
 Any strategy works with any cost model. A strategy is a frozen dataclass; the names
 ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"`` and ``"packed"`` give the defaults.
@@ -88,6 +90,11 @@ class Strategy(ABC):
     @abstractmethod
     def plan(self, ctx: Context) -> Result:
         """Plan one epoch of batches over ``ctx.sizes``."""
+
+    @property
+    def plan_name(self) -> str:
+        """How plans made by this strategy name it (``BatchPlan.strategy_name``)."""
+        return self.name
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         """A permutation of the planned batches, or None to keep them as planned."""
@@ -377,6 +384,63 @@ def fit_buckets(
     n_buckets = len(tops)
     lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
     return lut, np.asarray(tops[::-1], dtype=np.float64)
+
+
+def fixed_counts(n: int, counts: IntArray, *, shuffle: bool, seed: int, epoch: int, purpose: str) -> Result:
+    """The fixed-count planner: batch k holds the next ``counts[k]`` samples, whatever they cost.
+
+    Samples come in index order, or in the permutation drawn from (seed, epoch, ``purpose``)
+    when ``shuffle``; those past ``counts.sum()`` end ``order`` in no batch. Serves
+    :class:`Fixed` and the sample-count steps of :mod:`fitbatch.schedule`.
+    """
+    if shuffle:
+        order = _rng.generator(seed, epoch, purpose).permutation(n).astype(np.int64)
+    else:
+        order = np.arange(n, dtype=np.int64)
+    starts = (np.cumsum(counts) - counts).astype(np.int64)
+    return Result(order, starts, _tails(starts, np.zeros(min(n, 1), np.int64), int(counts.sum())), identity=not shuffle)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed(Strategy):
+    """``batch_size`` samples per batch whatever they cost: the baseline a budget is compared to.
+
+    Samples are taken in order (shuffled by default, as a fixed-size ``DataLoader`` does), the
+    last batch takes the rest. The budget only measures the batches (their fills); it does not
+    shape them, so a batch may exceed it. ``max_batch_size`` must allow ``batch_size``, and
+    ``batch_size_multiple`` must divide it.
+
+    >>> import fitbatch
+    >>> plan = fitbatch.plan_batches([4, 1, 3, 2, 5], 8, strategy=fitbatch.Fixed(2), shuffle=False)
+    >>> plan.to_lists(), plan.costs.tolist(), plan.strategy_name
+    ([[0, 1], [2, 3], [4]], [8.0, 6.0, 5.0], 'fixed(2)')
+    """
+
+    batch_size: int
+    name: ClassVar[str] = "fixed"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_size", positive_int("batch_size", self.batch_size))
+
+    @property
+    def plan_name(self) -> str:
+        return f"fixed({self.batch_size})"
+
+    def plan(self, ctx: Context) -> Result:
+        bs = self.batch_size
+        if (ctx.cap is not None and ctx.cap < bs) or bs % ctx.multiple:
+            raise ValueError(
+                f"Fixed(batch_size={bs}) does not fit max_batch_size={ctx.cap} and "
+                f"batch_size_multiple={ctx.multiple}: pass a batch size within both, or leave them out"
+            )
+        n = len(ctx.sizes)
+        counts = np.full(n // bs, bs, dtype=np.int64)
+        if n % bs:
+            counts = np.append(counts, n % bs)
+        return fixed_counts(n, counts, shuffle=ctx.shuffle, seed=ctx.seed, epoch=ctx.epoch, purpose="fixed-order")
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
