@@ -36,7 +36,7 @@ from fitbatch import _rng
 from fitbatch import _size_keys as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import choice, fraction, positive_int
-from fitbatch.costs import CostModel, SumCost
+from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
 
 IntArray = NDArray[np.int64]
@@ -212,7 +212,17 @@ class Sorted(Strategy):
 
 
 @dataclasses.dataclass(frozen=True)
-class Pooled(Strategy):
+class _Pools(Strategy):
+    """Base of the strategies that shuffle, cut into pools of ``pool_size`` and sort each pool."""
+
+    pool_size: int = 65536
+
+    def __post_init__(self) -> None:
+        positive_int("pool_size", self.pool_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled(_Pools):
     """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
 
     Larger pools pad less; smaller pools are more random (samples meet other partners each
@@ -221,31 +231,21 @@ class Pooled(Strategy):
     trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
     """
 
-    pool_size: int = 65536
     name: ClassVar[str] = "pooled"
 
-    def __post_init__(self) -> None:
-        positive_int("pool_size", self.pool_size)
-
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
-        return _greedy(ctx, order, seg_starts, levels)
+        return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
 
 
 @dataclasses.dataclass(frozen=True)
-class Packed(Strategy):
+class Packed(_Pools):
     """Bin packing within pools (see the module docstring)."""
 
-    pool_size: int = 65536
     name: ClassVar[str] = "packed"
-
-    def __post_init__(self) -> None:
-        positive_int("pool_size", self.pool_size)
 
     def plan(self, ctx: Context) -> Result:
         order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
-        sum_cost = isinstance(ctx.cost, SumCost) and ctx.cost.weights is None
-        if not (sum_cost and ctx.sizes.ndim == 1 and ctx.multiple == 1):
+        if not (K.plain_sum(ctx.cost) and ctx.sizes.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
