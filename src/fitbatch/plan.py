@@ -53,6 +53,8 @@ class BatchPlan(Sequence[IntArray]):
         counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
             padded units (count x padded length), for padding statistics and loss normalisation.
         skipped, dropped: indices of samples left out (oversized, ``drop_last``).
+
+    Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
     """
 
     def __init__(
@@ -66,7 +68,6 @@ class BatchPlan(Sequence[IntArray]):
         plan_seconds: float = 0.0, straggler_ratio: float | None = None,
         batch_ids: IntArray | None = None, ids_permute_all: bool = False,
     ) -> None:
-        # Outside this module, build plans with from_batches (it measures the batches).
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
         # here describe (order, offsets) and are selected on first use (a shuffled epoch of
         # millions of batches never pays for arrays nobody reads).
@@ -136,10 +137,12 @@ class BatchPlan(Sequence[IntArray]):
         """
         sz, model = as_sizes(sizes), resolve_cost(cost)
         order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
-        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size or np.any(np.diff(offsets) < 0):
-            raise ValueError(f"offsets must run from 0 to len(order) = {order.size} without decreasing, got {offsets[:8].tolist()}")
-        if order.size and (order.min() < 0 or order.max() >= len(sz)):
-            raise ValueError(f"order holds indices outside the {len(sz)} samples (min {order.min()}, max {order.max()})")
+        if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
+            raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size:
+            raise ValueError(f"offsets must run from 0 to len(order) = {order.size}, got {offsets[:8].tolist()}")
+        if np.any(np.diff(offsets) < 0):
+            raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
         _, costs, real, padded = measure_batches(sz, model, order, offsets)
         cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
         return cls(
@@ -155,6 +158,7 @@ class BatchPlan(Sequence[IntArray]):
             self._picked[name] = self._base[name][self._ids]
         return self._picked[name]
 
+    # per-batch arrays (read-only properties; see _per_batch)
     costs: FloatArray = _per_batch("costs", "Cost of each batch under the plan's cost model.")
     real_units: FloatArray = _per_batch("real_units", "Real (unpadded) size units of each batch.")
     padded_units: FloatArray = _per_batch("padded_units", "Padded units of each batch: count x padded length.")
