@@ -163,12 +163,7 @@ def lhotse_metrics(sizes: np.ndarray) -> tuple[float, float, float, float] | Non
         offsets = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
         plans.append((order, offsets))
     sz = fitbatch.as_sizes(sizes)
-    model = fitbatch.resolve_cost("padded")
-    out = []
-    for order, offsets in plans:
-        counts, costs, real, padded = fitbatch.plan.measure_batches(sz, model, order, offsets)
-        out.append(fitbatch.BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, budget=BUDGET, cost_name="padded", strategy_name="lhotse"))
-    p0, p1 = out
+    p0, p1 = (fitbatch.BatchPlan.from_batches(sz, "padded", order, offsets, budget=BUDGET, strategy_name="lhotse") for order, offsets in plans)
     opt = optimal_padded_batches(sizes, BUDGET)
     eff = float(p0.real_units.sum() / p0.padded_units.sum())
     return eff, len(p0) / opt, repeat_rate(p0, p1, sizes.size), spearman_position_size(p0, sizes)

@@ -156,3 +156,18 @@ def batch_cost(batch: Sequence[int], sizes: Sequence[Size], cost: CostFn) -> flo
         mx = x if mx is None else _max(mx, x)
         sm = x if sm is None else _add(sm, x)
     return cost(len(batch), mx, sm)
+
+
+def largest_count(edge: float, budget: float, cost: CostFn, cap: int | None = None) -> int:
+    """The most samples of size ``edge`` one batch holds within ``budget``, counted up one by
+    one (at least 1, a lone sample; at most ``cap``)."""
+    count = 1
+    while (cap is None or count < cap) and cost(count + 1, edge, (count + 1) * edge) <= budget:
+        count += 1
+    return count
+
+
+def fixed_batches(order: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Consecutive batches of ``batch_size`` samples of ``order`` (the last one takes the rest)."""
+    order = list(order)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitbatch import _kernels as K
+from fitbatch import _size_keys as SK
 from fitbatch._packing import two_ended_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
@@ -217,12 +218,12 @@ def test_descending_starts_with_size_keys(n, seed, n_segments, cost, budget, cap
     first sample's key. Batches fit with the true sizes and are maximal for the planning max."""
     rng = np.random.default_rng(seed)
     values = rng.random(n) * 20.0 + rng.integers(0, 2, n) * 0.001
-    keys, edges = K.size_keys(values, integral=False)
+    keys, edges = SK.size_keys(values, integral=False)
     seg = np.arange(0, n, max(1, -(-n // n_segments)), dtype=np.int64)
     order = np.arange(n, dtype=np.int64)
-    down = np.uint16(K.KEY_LEVELS - 1) - keys
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys
     if n:
-        order = K.sort_within_segments(down, max(1, -(-n // n_segments)))
+        order = SK.sort_within_segments(down, max(1, -(-n // n_segments)))
     sizes, level = values[order], keys[order]
     model = COSTS[cost]
     starts = K.descending_starts(level, edges, sizes, seg, budget, model, cap=cap)
@@ -307,21 +308,21 @@ def test_two_ended_empty():
 def test_size_keys_are_monotone_and_bounded(n, seed, integral, scale):
     rng = np.random.default_rng(seed)
     values = rng.integers(0, int(scale) + 1, n).astype(np.float64) if integral else rng.random(n) * scale
-    keys, edges = K.size_keys(values, integral)
+    keys, edges = SK.size_keys(values, integral)
     assert keys.dtype == np.uint16 and keys.shape == values.shape
-    assert edges.size == K.KEY_LEVELS and np.all(np.diff(edges) >= 0)
+    assert edges.size == SK.KEY_LEVELS and np.all(np.diff(edges) >= 0)
     if n:
         o = np.argsort(values, kind="stable")
         assert np.all(np.diff(keys[o].astype(np.int64)) >= 0), "sorting by key sorts by value"
         assert np.all(values <= edges[keys]), "edges[key] bounds every value of the key"
-    if integral and n and values.max() < K.KEY_LEVELS:
+    if integral and n and values.max() < SK.KEY_LEVELS:
         np.testing.assert_array_equal(keys, values.astype(np.uint16))
 
 
 @given(n=st.integers(0, 500), seg_len=st.integers(1, 70), seed=st.integers(0, 2**16))
 def test_sort_within_segments(n, seg_len, seed):
     keys = np.random.default_rng(seed).integers(0, 5, n).astype(np.uint16)
-    pos = K.sort_within_segments(keys, seg_len)
+    pos = SK.sort_within_segments(keys, seg_len)
     expected = []
     for a in range(0, n, seg_len):
         part = list(range(a, min(n, a + seg_len)))
@@ -370,6 +371,18 @@ def test_level_counts_is_the_largest_fitting_count(cost, cap):
             assert c == 1
         assert cap is None or c <= cap
     assert K.level_counts(edges, budget, COSTS["sum"], cap) is None
+
+
+@pytest.mark.parametrize("cost", ["sum", "function", "padded", "polynomial"])
+@pytest.mark.parametrize("cap", [None, 5])
+@pytest.mark.parametrize("budget", [0.25, 100.0, 4321.5])
+def test_edge_counts_match_the_reference(cost, cap, budget):
+    """Bucket batch lengths (streams): closed form, or the one bisection for costs using the sum."""
+    model = COSTS[cost]
+    edges = np.array([0.5, 1.0, 3.0, 7.0, 16.0, 17.0, 1000.0])
+    got = K.edge_counts(edges, budget, model, cap)
+    assert got.dtype == np.int64
+    assert got.tolist() == [R.largest_count(e, budget, R.model_cost(model), cap) for e in edges.tolist()]
 
 
 def test_descending_search_path_does_not_cut_a_segments_last_batch():

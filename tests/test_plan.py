@@ -3,6 +3,7 @@ the seed tools' documented examples, bad input, drop_last, selection and golden 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -405,6 +406,34 @@ def test_select_indexing_iteration_and_lists_agree():
     assert subsub.costs.tolist() == [plan.costs[0], plan.costs[3]]
     assert [b.tolist() for b in plan[1:4]] == lists[1:4]
     assert plan.select(np.zeros(0, np.int64)).to_lists() == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cost", ["padded", "sum", "polynomial"])
+@pytest.mark.parametrize("strategy", ["sequential", "pooled", "buckets"])
+def test_from_batches_measures_like_a_planned_plan(kind, cost, strategy):
+    sizes = make_sizes(kind, 700, 32)
+    plan = fitbatch.plan_batches(sizes, 300, cost=COSTS[cost], strategy=strategy, seed=2, oversized="skip")
+    again = fitbatch.BatchPlan.from_batches(
+        sizes, COSTS[cost], plan.order, plan.offsets, budget=300, strategy_name=plan.strategy_name,
+        lower_bound=plan.lower_bound, skipped=plan.skipped,
+    )
+    for name in ("order", "offsets", "counts", "costs", "real_units", "padded_units", "skipped"):
+        assert np.array_equal(getattr(again, name), getattr(plan, name)), name
+    # the same statistics; means over shuffled batches are summed in another order
+    want = dataclasses.replace(plan.stats(), plan_seconds=0.0).as_dict()
+    assert dataclasses.replace(again.stats(), plan_seconds=0.0).as_dict() == {
+        k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()
+    }
+
+
+def test_from_batches_checks_its_batches_and_may_have_no_budget():
+    plan = fitbatch.BatchPlan.from_batches([4, 1, 3], "sum", [2, 0, 1], [0, 1, 3], budget=None, strategy_name="given")
+    assert plan.to_lists() == [[2], [0, 1]] and plan.budget == 5.0 and plan.stats().max_fill == 1.0
+    assert plan.cost_name == "sum" and plan.strategy_name == "given"
+    for order, offsets in (([0, 1, 2], [0, 2]), ([0, 1, 2], [1, 3]), ([0, 1, 2], [0, 2, 1, 3]), ([0, 1, 5], [0, 3])):
+        with pytest.raises(ValueError, match="offsets|order"):
+            fitbatch.BatchPlan.from_batches([4, 1, 3], "sum", order, offsets, budget=8, strategy_name="given")
 
 
 def test_index_errors():

@@ -3,14 +3,18 @@ plan-quality targets on the real length sets (resampled to 200k samples)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
-from contracts import repeat_rate, spearman_position_size
+import reference as R
+from contracts import COSTS, repeat_rate, spearman_position_size
 from hypothesis import given
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import _kernels as K
+from fitbatch import _rng
+from fitbatch import _size_keys as SK
 from fitbatch.costs import PaddedCost
 from fitbatch.sizes import as_sizes
 from fitbatch.strategies import STRATEGIES, Context, fit_buckets, strategy_names
@@ -121,12 +125,47 @@ def test_buckets_batches_stay_in_their_bucket():
         assert max(counts) == full, "a bucket's batches are sized for its largest sample"
 
 
+@given(
+    n=st.integers(0, 300), batch_size=st.integers(1, 40), shuffle=st.booleans(), seed=st.integers(0, 2**16),
+    epoch=st.integers(0, 3), cost=st.sampled_from(sorted(COSTS)), two_d=st.booleans(),
+)
+def test_fixed_reproduces_fixed_size_plan(n, batch_size, shuffle, seed, epoch, cost, two_d):
+    """One fixed-count planner: the Fixed strategy is the fixed_size_plan baseline, batch for batch."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 60, (n, 2) if two_d else n).astype(np.float64)
+    opts = dict(shuffle=shuffle, seed=seed, epoch=epoch)
+    plan = fitbatch.plan_batches(sizes, 500, cost=COSTS[cost], strategy=fitbatch.Fixed(batch_size), oversized="single", **opts)
+    base = fitbatch.fixed_size_plan(sizes, batch_size, budget=500, cost=COSTS[cost], **opts)
+    order = _rng.generator(seed, epoch, "fixed-order").permutation(n) if shuffle else range(n)
+    assert plan.to_lists() == base.to_lists() == R.fixed_batches(order, batch_size)
+    for name in ("order", "offsets", "costs", "real_units", "padded_units"):
+        assert np.array_equal(getattr(plan, name), getattr(base, name)), name
+    assert dataclasses.replace(plan.stats(), plan_seconds=0.0) == dataclasses.replace(base.stats(), plan_seconds=0.0)
+    assert plan.strategy_name == base.strategy_name == f"fixed({batch_size})"
+
+
+def test_fixed_golden_and_settings():
+    # pins the shuffled order (the "fixed-order" key) as it was before Fixed existed
+    plan = fitbatch.fixed_size_plan([5, 9, 2, 7, 1, 8, 3, 6, 4], 4, budget=20, seed=4, epoch=2)
+    assert plan.to_lists() == [[5, 0, 7, 1], [2, 4, 3, 8], [6]]
+    assert plan.costs.tolist() == [36.0, 28.0, 3.0] and plan.lower_bound == 3
+    fixed = fitbatch.Fixed(np.int64(4))
+    assert fixed.batch_size == 4 and type(fixed.batch_size) is int
+    assert fitbatch.resolve_strategy(fixed) is fixed and fixed.default_shuffle
+    assert fitbatch.PlanOptions.build(20, strategy=fixed).to_dict()["strategy"] == {"kind": "fixed", "batch_size": 4}
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        fitbatch.Fixed(0)
+    for option in ({"max_batch_size": 3}, {"batch_size_multiple": 3}):
+        with pytest.raises(ValueError, match=r"Fixed\(batch_size=4\) does not fit max_batch_size"):
+            fitbatch.plan_batches([1, 2, 3], 20, strategy=fixed, **option)
+
+
 @given(n=st.integers(1, 5000), seed=st.integers(0, 2**16), spread=st.sampled_from([0.0, 0.02, 0.3]),
        min_batches=st.sampled_from([1, 4, 16]))
 def test_fit_buckets_partitions_the_keys(n, seed, spread, min_batches):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 3000, n).astype(np.float64)
-    keys, edges = K.size_keys(sizes, True)
+    keys, edges = SK.size_keys(sizes, True)
     lut, top = fit_buckets(keys, edges, 16384.0, PaddedCost(), None, spread, min_batches)
     ids = lut[keys].astype(np.int64)
     assert ids.min() >= 0 and ids.max() == top.size - 1

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 import fitbatch.streaming._plan as SP
+from fitbatch import _kernels as K
 from fitbatch.streaming import (
     BatchStream,
     StreamDataset,
@@ -109,18 +110,16 @@ def test_sequential_long_open_batch_uses_the_kernel_carry():
 @settings(max_examples=60)
 def test_sum_starts_equal_the_kernel_both_ways(n, seed, kind, budget, cap):
     # the stream's sum walk (searched at every position, or bisected per batch) is the kernel's
-    from fitbatch import _kernels as K
-
     sizes = np.zeros(n) if kind == "zeros" else make_sizes(n, seed, kind)
     cost = fitbatch.resolve_cost("sum")
     want = K.descending_starts(np.zeros(n, np.uint8), np.zeros(1), sizes, np.zeros(1, np.int64), budget, cost, cap=cap)
-    default = SP.LONG_BATCH
+    default = K.LONG_BATCH
     try:
         for long_batch in (0, 10**9):
-            SP.LONG_BATCH = long_batch
-            assert SP.sum_starts(sizes, budget, cap) == want.tolist()
+            K.LONG_BATCH = long_batch
+            assert K.sum_starts(sizes, budget, cap).tolist() == want.tolist()
     finally:
-        SP.LONG_BATCH = default
+        K.LONG_BATCH = default
 
 
 def test_next_and_iter_share_one_position_and_errors_do_not_end_the_stream():
@@ -269,6 +268,26 @@ def test_oversized_policies(strategy, caplog):
     assert sorted(x for b in out for x in b) == [2, 3, 4]
     assert skip.summary.skipped == 2 and skip.summary.skipped_positions == (1, 3)
     assert "stream ended: 2 oversized items skipped" in caplog.text
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "buckets"])
+def test_streams_and_plans_refuse_oversized_items_with_one_message(strategy):
+    data = [3, 50, 4, 60, 2]
+    with pytest.raises(ValueError) as planned:
+        fitbatch.plan_batches(data, 10, cost="sum")
+    with pytest.raises(ValueError) as streamed:
+        list(batch_stream(data, sizeof=float, budget=10, cost="sum", strategy=strategy))
+    # one rule and one message (fitbatch._rules.screen_oversized); only the names differ
+    names = {
+        "2 samples": "2 items",
+        "index 3 (size 60.0), index 1 (size 50.0)": "stream item 3 (size 60), stream item 1 (size 50)",
+        "plan's stats": "stream's summary",
+    }
+    expected = str(planned.value)
+    for plan_name, stream_name in names.items():
+        assert plan_name in expected
+        expected = expected.replace(plan_name, stream_name)
+    assert str(streamed.value) == expected
 
 
 # ---------------------------------------------------------------------------- resume

@@ -35,7 +35,8 @@ from fitbatch.memory import (
     measure_peak,
 )
 from fitbatch.metrics import position_size_correlation, repeat_rate
-from fitbatch.plan import BatchPlan, PlanOptions, plan_batches
+from fitbatch.options import PlanOptions
+from fitbatch.plan import BatchPlan, plan_batches
 from fitbatch.sizes import (
     Sizes,
     as_sizes,
@@ -49,6 +50,7 @@ from fitbatch.sizes import (
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import (
     Buckets,
+    Fixed,
     Packed,
     Pooled,
     Sequential,
@@ -113,6 +115,7 @@ __all__ = [
     "BudgetBatchSampler",
     "CostModel",
     "EqualSteps",
+    "Fixed",
     "FunctionCost",
     "GradientAccumulator",
     "Infinite",

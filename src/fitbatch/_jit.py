@@ -142,7 +142,7 @@ def greedy(
 
 
 def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray | None:
-    """:func:`fitbatch.streaming._plan.sum_starts` compiled, or ``None`` when not compiled."""
+    """:func:`fitbatch._kernels.sum_starts` compiled, or ``None`` when not compiled."""
     module = _kernels(sizes.shape[0])
     if module is None:
         return None

@@ -1,7 +1,7 @@
 """numba-compiled greedy loops (imported by :mod:`fitbatch._jit` only when numba is installed).
 
 Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
-search of :func:`fitbatch.streaming._plan.sum_starts`) written as the plain per-sample loop, with
+search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample loop, with
 the same floating-point operations in the same order, so the batches are the same. numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.

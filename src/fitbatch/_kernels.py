@@ -1,6 +1,6 @@
 """Pure-numpy planning kernels: sizes in planning order + budget -> int64 batch start positions.
 
-No torch and no per-sample Python loop lives here. Three kernels share one contract — a batch
+No torch and no per-sample Python loop lives here. The kernels share one contract — a batch
 is a maximal run of consecutive positions whose cost fits the budget (greedy), never crossing a
 segment start, a lone sample over budget forming a batch of its own:
 
@@ -13,12 +13,16 @@ segment start, a lone sample over budget forming a batch of its own:
 * :func:`descending_starts` — positions whose planning size (an upper bound of the true size) is
   non-increasing within each segment: the first sample of a batch bounds its max, so every
   position's batch length is known in closed form and only the chain of batch starts is walked
-  (a per-batch, not per-sample, loop).
-(Bin packing for sum costs lives in :mod:`fitbatch._packing`.)
+  (a per-batch, not per-sample, loop). Its two searches serve streams too: :func:`sum_starts`
+  (the unweighted sum cost over one segment, by prefix sums) and :func:`edge_counts` (batch
+  lengths for given size bounds; the one bisection for costs that use the sum).
+(Sort keys live in :mod:`fitbatch._size_keys`, bin packing for sum costs in
+:mod:`fitbatch._packing`.)
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -31,7 +35,9 @@ from fitbatch.costs import CostModel, SumCost
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
-KEY_LEVELS = 1 << 16
+# Sum costs: past this many samples per batch on average, bisect once per batch instead of
+# searching at every position (both give the same batches; this only picks the faster).
+LONG_BATCH = 32
 
 
 class OpenBatch(NamedTuple):
@@ -42,89 +48,26 @@ class OpenBatch(NamedTuple):
     sum_size: FloatArray
 
 
-# --------------------------------------------------------------------------- size keys and sorting
-
-
-def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], FloatArray]:
-    """Monotone 16-bit sort keys for non-negative values, and an upper edge per key.
-
-    Integers below 2**16 are their own key (an exact sort); integers below about 2**20 are exact
-    below 32768 and binned linearly above it (bins of at most 16, under 0.05 % relative); anything
-    else is binned on a ``log1p`` scale (about 1e-4 relative for a 1e4 range). ``edges[k]``
-    bounds every value with key ``k``, so planning with edges never exceeds a budget.
-    """
-    if values.size == 0:
-        return np.zeros(0, np.uint16), np.zeros(KEY_LEVELS)
-    vmax = float(values.max())
-    if integral and vmax < KEY_LEVELS:
-        return values.astype(np.uint16), np.arange(KEY_LEVELS, dtype=np.float64)
-    half = KEY_LEVELS // 2
-    if integral and vmax < half + (half << 4):
-        shift = max(0, int(math.ceil(math.log2((vmax - half + 1) / half))))
-        ints = values.astype(np.int32)
-        big = ints >= half
-        ints[big] = half + ((ints[big] - half) >> shift)
-        keys = ints.astype(np.uint16)
-        del ints, big
-        k = np.arange(KEY_LEVELS, dtype=np.float64)
-        edges = np.where(k < half, k, half + (k - half + 1) * (1 << shift) - 1)
-        return keys, edges
-    positive = values[values > 0]
-    unit = float(positive.min()) if positive.size else 1.0
-    top = math.log1p(vmax / unit)
-    scale = (KEY_LEVELS - 1) / top if top > 0 else 1.0
-    # float32 is ample for a 16-bit key; bins touched by rounding are widened below
-    t = np.multiply(values, 1.0 / unit, dtype=np.float32)
-    np.log1p(t, out=t)
-    t *= np.float32(scale)
-    np.minimum(t, np.float32(KEY_LEVELS - 1), out=t)
-    keys = t.astype(np.uint16)
-    del t
-    edges = unit * np.expm1(np.arange(1, KEY_LEVELS + 1, dtype=np.float64) / scale)
-    edges[-1] = max(edges[-1], vmax)
-    low = values > edges[keys]
-    if low.any():
-        np.maximum.at(edges, keys[low], values[low])
-    # keys are monotone in values up to float32 rounding: make edges cover every lower key too
-    return keys, np.maximum.accumulate(edges)
-
-
-def stable_argsort_u16(keys: NDArray[np.uint16]) -> IntArray:
-    """Stable argsort of 16-bit keys (numpy uses an O(n) radix sort for them)."""
-    return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
-
-
-def sort_within_segments(keys: NDArray[np.uint16], seg_len: int) -> IntArray:
-    """Positions that sort consecutive segments of ``seg_len`` by key (stable), segment by segment."""
-    n = keys.size
-    full = n // seg_len * seg_len
-    out = np.empty(n, dtype=np.int64)
-    if full:
-        rows = np.argsort(keys[:full].reshape(-1, seg_len), axis=1, kind="stable")
-        rows += np.arange(0, full, seg_len, dtype=np.int64)[:, None]
-        out[:full] = rows.ravel()
-    if full < n:
-        out[full:] = full + stable_argsort_u16(keys[full:])
-    return out
-
-
 # --------------------------------------------------------------------------- any order
 
 
-def _window_next(
-    sizes: FloatArray,
-    p: int,
-    end: int,
-    state: OpenBatch,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-) -> tuple[int, OpenBatch]:
+class _Greedy(NamedTuple):
+    """What one greedy scan works on: sizes in order, the budget and cost, the count cap
+    (``inf``: none) and the positions that must start a batch."""
+
+    sizes: FloatArray
+    budget: float
+    cost: CostModel
+    cap: float
+    force: NDArray[np.bool_] | None
+
+
+def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, OpenBatch]:
     """First position q in [p, end) that must start a new batch when ``state`` is open at p.
 
     Returns (q, state of the open batch just before q); q == end when no new batch starts.
     """
+    sizes, budget, cost, cap, force = g
     count, mx, sm = state.count, state.max_size, state.sum_size
     width = 64
     while p < end:
@@ -183,27 +126,20 @@ def greedy_starts(
     state = carry if carry is not None else _empty_state(sizes)
     if n == 0:
         return np.zeros(0, np.int64), state
+    g = _Greedy(sizes, budget, cost, capf, force)
     if multiple > 1:
-        return _walk_windows(sizes, budget, cost, capf, multiple, force, state)
+        return _walk_windows(g, multiple, state)
     compiled = _jit.greedy(sizes, budget, cost, capf, force, state.count, state.max_size, state.sum_size)
     if compiled is not None:
         starts, (count, mx, sm) = compiled
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
     chunk = int(min(4096, max(64, math.isqrt(n))))
-    local = _lockstep(sizes, budget, cost, capf, force, chunk, state)
-    return _repair_seams(sizes, budget, cost, capf, force, chunk, local, state)
+    return _repair_seams(g, chunk, _lockstep(g, chunk, state), state)
 
 
-def _lockstep(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-    chunk: int,
-    carry: OpenBatch,
-) -> NDArray[np.bool_]:
+def _lockstep(g: _Greedy, chunk: int, carry: OpenBatch) -> NDArray[np.bool_]:
     """Greedy start flags computed independently in every chunk, all chunks at once."""
+    sizes, budget, cost, cap, force = g
     n, tail = sizes.shape[0], sizes.shape[1:]
     n_chunks = -(-n // chunk)
     grid = np.zeros((n_chunks * chunk, *tail), dtype=np.float64)
@@ -244,17 +180,9 @@ def _lockstep(
     return flags.T.reshape(-1)[:n].copy()
 
 
-def _repair_seams(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    force: NDArray[np.bool_] | None,
-    chunk: int,
-    local: NDArray[np.bool_],
-    carry: OpenBatch,
-) -> tuple[IntArray, OpenBatch]:
+def _repair_seams(g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenBatch) -> tuple[IntArray, OpenBatch]:
     """Make chunk-local start flags globally correct, chunk by chunk, left to right."""
+    sizes = g.sizes
     n = sizes.shape[0]
     open_start: int | None = None  # None: the batch carried in from before position 0 is open
     first = np.flatnonzero(local[:chunk])
@@ -269,7 +197,7 @@ def _repair_seams(
         p = c0
         # Invariant: `state` is the true open batch at position p; flags in [c0, p) are true.
         while True:
-            q, _ = _window_next(sizes, p, c1, state, budget, cost, cap, force)
+            q, _ = _window_next(g, p, c1, state)
             local[p:q] = False
             if q >= c1 or local[q]:
                 break  # chunk done, or merged with the chunk's own chain: the rest is right
@@ -292,21 +220,14 @@ def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch
     return OpenBatch(carry.count + end, np.maximum(carry.max_size, part.max(axis=0)), carry.sum_size + part.sum(axis=0))
 
 
-def _walk_windows(
-    sizes: FloatArray,
-    budget: float,
-    cost: CostModel,
-    cap: float,
-    multiple: int,
-    force: NDArray[np.bool_] | None,
-    state: OpenBatch,
-) -> tuple[IntArray, OpenBatch]:
+def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch) -> tuple[IntArray, OpenBatch]:
+    sizes, force = g.sizes, g.force
     n = sizes.shape[0]
     starts: list[int] = []
     batch_start = 0 if state.count == 0 else -state.count
     p = 0
     while p < n:
-        q, state = _window_next(sizes, p, n, state, budget, cost, cap, force)
+        q, state = _window_next(g, p, n, state)
         if q >= n:
             break
         size = q - batch_start
@@ -341,6 +262,61 @@ def segment_ends(seg_starts: IntArray, n: int) -> IntArray:
     return np.repeat(bounds[1:], np.diff(bounds))
 
 
+def plain_sum(cost: CostModel) -> bool:
+    """Whether ``cost`` is the unweighted sum of sizes (planned by prefix-sum search)."""
+    return isinstance(cost, SumCost) and cost.weights is None
+
+
+def _sum_counts(csum: FloatArray, budget: float, room: IntArray | int) -> IntArray:
+    """Per position i, the most samples from i whose sum fits: the last j with
+    ``csum[j] <= csum[i] + budget``, at least 1 and at most ``room`` (the sum-cost greedy)."""
+    reach = np.searchsorted(csum, csum[:-1] + budget, side="right")
+    reach -= 1
+    reach -= np.arange(csum.size - 1, dtype=np.int64)
+    return np.clip(reach, 1, room, out=reach)
+
+
+def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> IntArray:
+    """Greedy batch starts under an unweighted sum cost, one segment from a fresh batch.
+
+    The sum-cost greedy of :func:`descending_starts` (a sum cost ignores the planning max):
+    searched at every position at once when batches are short, bisected once per batch over
+    the same ``csum`` when they are long (the same comparisons, so the same batches).
+    """
+    n = sizes.shape[0]
+    room = n if cap is None else cap
+    csum = _prefix_sums(sizes)
+    if budget * n < LONG_BATCH * csum[-1]:
+        return _walk_counts(np.zeros(1, np.int64), n, _sum_counts(csum, budget, room))
+    view = csum.data
+    out: list[int] = []
+    add = out.append
+    i = 0
+    # Invariant: i is a batch start; the bisection finds its end within [i + 1, i + room].
+    while i < n:
+        add(i)
+        j = bisect.bisect_right(view, view[i] + budget, i + 1, i + 1 + min(n - i, room)) - 1
+        i = j if j > i else i + 1
+    return np.asarray(out, dtype=np.int64)
+
+
+def _largest_count(hi: IntArray, fits: Callable[[IntArray], NDArray[np.bool_]]) -> IntArray:
+    """Per entry, the largest count in ``[1, hi]`` that ``fits`` (1 when none does), bisected.
+
+    ``fits`` maps counts to whether they fit; it must hold up to some count and fail beyond.
+    """
+    lo = np.ones(hi.size, dtype=np.int64)  # always feasible (a lone sample)
+    # Invariant: count lo fits (or is the forced minimum 1), count hi+1 does not or exceeds hi.
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi + 1) // 2
+        ok = fits(mid)
+        lo = np.where(open_ & ok, mid, lo)
+        hi = np.where(open_ & ~ok, mid - 1, hi)
+
+
 def _counts_by_search(
     level: NDArray[Any], edges: FloatArray, sizes: FloatArray, room: IntArray, budget: float, cost: CostModel
 ) -> IntArray:
@@ -348,27 +324,12 @@ def _counts_by_search(
 
     A vectorised bisection; for the unweighted sum cost a single search of the prefix sums.
     """
+    if plain_sum(cost):
+        return _sum_counts(_prefix_sums(sizes), budget, room)
     csum = _prefix_sums(sizes)
-    if isinstance(cost, SumCost) and cost.weights is None:
-        # in place, to keep the peak at a few arrays of n
-        reach = np.searchsorted(csum, csum[:-1] + budget, side="right")
-        del csum
-        reach -= 1
-        reach -= np.arange(sizes.shape[0], dtype=np.int64)
-        return np.clip(reach, 1, room, out=reach)
     edge = edges[level]
     pos = np.arange(edge.size, dtype=np.int64)
-    lo = np.ones(edge.size, dtype=np.int64)  # always feasible (a lone sample)
-    hi = room.copy()
-    # Invariant: count lo fits (or is the forced minimum 1), count hi+1 does not or exceeds room.
-    while True:
-        open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = (lo + hi + 1) // 2
-        fits = cost.evaluate(mid.astype(np.float64), edge, csum[pos + mid] - csum[pos]) <= budget
-        lo = np.where(open_ & fits, mid, lo)
-        hi = np.where(open_ & ~fits, mid - 1, hi)
+    return _largest_count(room, lambda m: cost.evaluate(m.astype(np.float64), edge, csum[pos + m] - csum[pos]) <= budget)
 
 
 def level_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray | None:
@@ -386,16 +347,17 @@ def level_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | N
     return np.where(over & (counts > 1), counts - 1, counts)
 
 
-def _walk(seg_starts: IntArray, n: int, step: Callable[[int, int], int]) -> IntArray:
-    out: list[int] = []
-    add = out.append
-    bounds = seg_starts.tolist() + [n]
-    for a, end in zip(bounds[:-1], bounds[1:]):
-        i = a
-        while i < end:
-            add(i)
-            i = step(i, end)
-    return np.asarray(out, dtype=np.int64)
+def edge_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
+    """Batch length for batches whose every size is at most ``edges[b]`` (at least 1).
+
+    :func:`level_counts` where the cost has a closed form; otherwise the cost uses the sum too,
+    which ``count * edge`` bounds, and the count is bisected.
+    """
+    counts = level_counts(edges, budget, cost, cap)
+    if counts is not None:
+        return counts
+    hi = np.full(edges.size, cap if cap is not None else 1 << 40, dtype=np.int64)
+    return _largest_count(hi, lambda m: cost.evaluate(m.astype(np.float64), edges, m * edges) <= budget)
 
 
 def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
@@ -412,8 +374,9 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int]) -> IntArray:
-    """The common walk: batch starts follow ``i += tab[level[i]]`` inside each segment.
+def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int], cut_tab: list[int]) -> IntArray:
+    """The common walk: a batch starting at level k holds ``tab[k]`` positions, cut back to
+    ``cut_tab[k]`` unless it reaches the end of its segment (the last batch is not cut).
 
     Positions of one level form runs (levels are non-increasing in a segment), and inside a
     run every batch has the same length, so each run is stepped through with one ``range``.
@@ -421,6 +384,7 @@ def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int
     change = np.flatnonzero(np.diff(level.astype(np.int64, copy=False)) != 0) + 1
     cuts = np.union1d(change, seg_starts)
     run_end = np.append(cuts[1:], n).tolist()
+    seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")].tolist()
     is_seg = np.zeros(cuts.size, dtype=bool)
     is_seg[np.searchsorted(cuts, seg_starts)] = True
     lv = np.ascontiguousarray(level).data
@@ -428,14 +392,20 @@ def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int
     extend = out.extend
     i = 0
     # Invariant: i is the next batch start (>= the current run's first position).
-    for a, b, new_seg in zip(cuts.tolist(), run_end, is_seg.tolist()):
+    for a, b, new_seg, end in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end):
         if new_seg:
             i = a
         if i >= b:
             continue
-        c = tab[lv[i]]
-        extend(range(i, b, c))
-        i += c * (-(-(b - i) // c))
+        k = lv[i]
+        c = cut_tab[k]
+        stop = min(b, end - tab[k])  # a batch starting at or after `stop` reaches the segment end
+        if i < stop:
+            extend(range(i, stop, c))
+            i += c * (-(-(stop - i) // c))
+        if i < b:
+            out.append(i)
+            i = end
     return np.asarray(out, dtype=np.int64)
 
 
@@ -461,28 +431,19 @@ def descending_starts(
     if n == 0:
         return np.zeros(0, np.int64)
     table = level_counts(edges, budget, cost, cap)
-    if table is None:  # cost uses the sum: one length per position, searched
-        to_end = segment_ends(seg_starts, n)
-        to_end -= np.arange(n, dtype=np.int64)
-        room = to_end if cap is None else np.minimum(to_end, cap)
-        per_pos = _counts_by_search(level, edges, sizes, room, budget, cost)
-        if multiple > 1:  # the last batch of a segment is not cut
-            cut = (per_pos >= multiple) & (per_pos < to_end)
-            per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)
-        return _walk_counts(seg_starts, n, per_pos)
-    lv = np.ascontiguousarray(level).data
-    tab = table.tolist()
-    if multiple > 1:
-        cut_tab = [c - c % multiple if c >= multiple else c for c in tab]
-
-        def step(i: int, end: int) -> int:
-            k = lv[i]
-            return end if i + tab[k] >= end else i + cut_tab[k]
-
-    else:
-        return _walk_table(seg_starts, n, level, tab)
-
-    return _walk(seg_starts, n, step)
+    if table is not None:
+        tab = table.tolist()
+        cut_tab = [c - c % multiple if c >= multiple else c for c in tab] if multiple > 1 else tab
+        return _walk_table(seg_starts, n, level, tab, cut_tab)
+    # the cost uses the sum: one length per position, searched
+    to_end = segment_ends(seg_starts, n)
+    to_end -= np.arange(n, dtype=np.int64)
+    room = to_end if cap is None else np.minimum(to_end, cap)
+    per_pos = _counts_by_search(level, edges, sizes, room, budget, cost)
+    if multiple > 1:  # the last batch of a segment is not cut
+        cut = (per_pos >= multiple) & (per_pos < to_end)
+        per_pos = np.where(cut, per_pos - per_pos % multiple, per_pos)
+    return _walk_counts(seg_starts, n, per_pos)
 
 
 def _concat_ranges(firsts: IntArray, lengths: IntArray) -> IntArray:

@@ -7,17 +7,17 @@ functions build that baseline and measure it with the same statistics as any pla
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from fitbatch import _rng
-from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import non_negative_int, parse_budget, positive_int
+from fitbatch._rng import SeedLike
+from fitbatch._validate import parse_budget
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.plan import BatchPlan, lower_bound, measure_batches
+from fitbatch.options import PlanOptions
+from fitbatch.plan import BatchPlan, plan_with
 from fitbatch.sizes import SizesLike, as_sizes
+from fitbatch.strategies import Fixed
 
 
 def fixed_size_plan(
@@ -34,32 +34,16 @@ def fixed_size_plan(
 
     Batches are not fitted to the budget: their fills show what a fixed batch size wastes or
     overshoots. Use :func:`largest_safe_batch_size` for the size a careful user would pick.
+    The same plan as ``plan_batches(sizes, budget, strategy=Fixed(batch_size), oversized="single")``.
 
     >>> fixed_size_plan([4, 1, 3, 2, 5], 2, budget=8, shuffle=False).to_lists()
     [[0, 1], [2, 3], [4]]
     """
     sz = as_sizes(sizes)
-    bs = int(positive_int("batch_size", batch_size) or 1)
-    model, cap = resolve_cost(cost), parse_budget(budget)
-    t0 = time.perf_counter()
-    n = len(sz)
-    rng = _rng.generator(resolve_seed(seed), non_negative_int("epoch", epoch), "fixed-order")
-    order = rng.permutation(n).astype(np.int64) if shuffle else np.arange(n, dtype=np.int64)
-    offsets = np.append(np.arange(0, n, bs), n).astype(np.int64) if n else np.zeros(1, np.int64)
-    counts, costs, real, padded = measure_batches(sz, model, order, offsets)
-    alone = model.sample_cost(sz.values)
-    return BatchPlan(
-        order,
-        offsets,
-        costs=costs,
-        real_units=real,
-        padded_units=padded,
-        budget=cap,
-        cost_name=model.name,
-        strategy_name=f"fixed({bs})",
-        lower_bound=lower_bound(model, cap, float(alone.sum()), n),
-        plan_seconds=time.perf_counter() - t0,
+    opts = PlanOptions.build(
+        budget, cost=cost, strategy=Fixed(batch_size), shuffle=bool(shuffle), seed=seed, oversized="single"
     )
+    return plan_with(sz, opts, epoch)
 
 
 def largest_safe_batch_size(sizes: SizesLike, budget: float | str, cost: str | CostModel | Any = "padded") -> int:

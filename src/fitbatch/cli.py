@@ -33,7 +33,7 @@ import fitbatch.sizes
 from fitbatch._demo import stdlib_function_lengths
 from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.distributed import arrange
-from fitbatch.plan import OVERSIZED, measure_batches
+from fitbatch.plan import OVERSIZED
 from fitbatch.strategies import strategy_names
 
 
@@ -69,12 +69,9 @@ def comparison_rows(sizes: np.ndarray, budget: float, cost: str, seed: int, over
     rows = [stat_row(f"fixed batch size {safe}", fixed_size_plan(sz, safe, budget=budget, cost=cost, seed=seed).stats())]
     seedlike = fitbatch.plan_batches(sz, budget, cost="sum", strategy="sequential", oversized="single")
     # The seed tools budget the *sum* of sizes; measure what those batches cost once padded.
-    model = fitbatch.resolve_cost(cost)
-    _, costs, real, padded = measure_batches(sz, model, seedlike.order, seedlike.offsets)
-    remeasured = fitbatch.BatchPlan(
-        seedlike.order, seedlike.offsets, costs=costs, real_units=real, padded_units=padded,
-        budget=budget, cost_name=cost, strategy_name="seed greedy", lower_bound=len(seedlike),
-        plan_seconds=seedlike.plan_seconds,
+    remeasured = fitbatch.BatchPlan.from_batches(
+        sz, cost, seedlike.order, seedlike.offsets, budget=budget, strategy_name="seed greedy",
+        lower_bound=len(seedlike), plan_seconds=seedlike.plan_seconds,
     )
     bound = fitbatch.plan_batches(sz, budget, cost=cost, strategy="sorted", oversized=oversized).lower_bound
     remeasured.lower_bound = bound

@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -218,7 +217,7 @@ def arrange_budgets(
         if len(local) < target:
             local = split_batches(local, sub, opts.cost, target - len(local))
         ranked.append(_reindex(local, part))
-    return _stack(ranked, caps)
+    return _stack(ranked, caps, sizes, opts.cost)
 
 
 def _reindex(plan: BatchPlan, part: IntArray) -> BatchPlan:
@@ -227,24 +226,16 @@ def _reindex(plan: BatchPlan, part: IntArray) -> BatchPlan:
     return plan.rebatched(part[out.order], out.offsets, per_batch, index_map=part)
 
 
-def _stack(ranked: list[BatchPlan], caps: FloatArray) -> Steps:
+def _stack(ranked: list[BatchPlan], caps: FloatArray, sizes: Sizes, model: CostModel) -> Steps:
     """One plan holding every rank's batches, rank-major, and the grid of steps over it."""
     world, n_steps = len(ranked), len(ranked[0])
     order = np.concatenate([p.order for p in ranked])
     lengths = np.concatenate([p.counts for p in ranked])
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    cat: dict[str, Any] = {k: np.concatenate([getattr(p, k) for p in ranked]) for k in ("costs", "real_units", "padded_units")}
-    plan = BatchPlan(
-        order,
-        offsets,
-        **cat,
-        budget=float(caps.min()),
-        cost_name=ranked[0].cost_name,
-        strategy_name=ranked[0].strategy_name,
-        lower_bound=sum(p.lower_bound for p in ranked),
-        skipped=np.concatenate([p.skipped for p in ranked]),
-        dropped=np.concatenate([p.dropped for p in ranked]),
-        dropped_batches=sum(p.dropped_batches for p in ranked),
+    plan = BatchPlan.from_batches(
+        sizes, model, order, offsets, budget=float(caps.min()), strategy_name=ranked[0].strategy_name,
+        lower_bound=sum(p.lower_bound for p in ranked), skipped=np.concatenate([p.skipped for p in ranked]),
+        dropped=np.concatenate([p.dropped for p in ranked]), dropped_batches=sum(p.dropped_batches for p in ranked),
     )
     grid = (np.arange(world)[None, :] * n_steps + np.arange(n_steps)[:, None]).astype(np.int64)
     fills = plan.costs[grid] / caps[None, :]

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -23,109 +22,25 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
-from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import (
-    choice,
-    format_offenders,
-    fraction,
-    non_negative_int,
-    parse_budget,
-    positive_int,
-)
+from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch._validate import non_negative_int, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.options import PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats
-from fitbatch.strategies import Context, Strategy, resolve_strategy
+from fitbatch.strategies import Context, Strategy
+
+__all__ = ["OVERSIZED", "BatchPlan", "PlanOptions", "lower_bound", "measure_batches", "plan_batches", "plan_with"]
 
 logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
-OVERSIZED = ("error", "single", "skip")
 
 
-@dataclasses.dataclass(frozen=True)
-class PlanOptions:
-    """Every planning option, validated once. ``plan_batches`` and the samplers build one.
-
-    Attributes:
-        budget: the most cost one batch may have (number, or a string such as ``"70GiB"``).
-        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
-        strategy: ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"``, ``"packed"`` or a
-            ``Strategy`` instance with its own settings.
-        max_batch_size: at most this many samples per batch (``None``: no limit).
-        batch_size_multiple: batches of at least this many samples are cut to a multiple of it.
-        shuffle: randomise (``None``: the strategy's default; sequential and sorted keep order).
-        seed: int or ``SeedSequence``; ``None`` draws entropy once and keeps it.
-        oversized: a sample whose own cost exceeds the budget: ``"error"`` (default),
-            ``"single"`` (a batch of its own) or ``"skip"`` (left out, counted).
-        drop_last: drop a batch that closed because its segment ran out of samples when its fill
-            is below ``saturation`` (counted in the stats).
-        saturation: see ``drop_last`` (aistore's rule, default 0.8).
-    """
-
-    budget: float
-    cost: CostModel
-    strategy: Strategy
-    max_batch_size: int | None = None
-    batch_size_multiple: int = 1
-    shuffle: bool | None = None
-    seed: int = 0
-    oversized: str = "error"
-    drop_last: bool = False
-    saturation: float = 0.8
-
-    @classmethod
-    def build(
-        cls,
-        budget: float | str,
-        *,
-        cost: str | CostModel | Any = "padded",
-        strategy: str | Strategy = "pooled",
-        max_batch_size: int | None = None,
-        batch_size_multiple: int = 1,
-        shuffle: bool | None = None,
-        seed: SeedLike = 0,
-        oversized: str = "error",
-        drop_last: bool = False,
-        saturation: float = 0.8,
-    ) -> PlanOptions:
-        """Validate and coerce every option (raises ``ValueError``/``TypeError`` naming it)."""
-        if shuffle is not None and not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}")
-        if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
-        return cls(
-            budget=parse_budget(budget),
-            cost=resolve_cost(cost),
-            strategy=resolve_strategy(strategy),
-            max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
-            batch_size_multiple=positive_int("batch_size_multiple", batch_size_multiple) or 1,
-            shuffle=shuffle,
-            seed=resolve_seed(seed),
-            oversized=choice("oversized", oversized, OVERSIZED),
-            drop_last=drop_last,
-            saturation=fraction("saturation", saturation),
-        )
-
-    @property
-    def effective_shuffle(self) -> bool:
-        return self.strategy.default_shuffle if self.shuffle is None else self.shuffle
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able description (stored in sampler state to detect a changed configuration)."""
-        return {
-            "budget": self.budget,
-            "cost": self.cost.to_dict(),
-            "strategy": {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)},  # type: ignore[call-overload]
-            "max_batch_size": self.max_batch_size,
-            "batch_size_multiple": self.batch_size_multiple,
-            "shuffle": self.effective_shuffle,
-            "seed": self.seed,
-            "oversized": self.oversized,
-            "drop_last": self.drop_last,
-            "saturation": self.saturation,
-        }
+def _per_batch(name: str, doc: str) -> Any:
+    """A read-only per-batch array of a plan (selected for the plan's batches on first use)."""
+    return property(lambda plan: plan._pick(name), doc=doc)
 
 
 class BatchPlan(Sequence[IntArray]):
@@ -138,6 +53,8 @@ class BatchPlan(Sequence[IntArray]):
         counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
             padded units (count x padded length), for padding statistics and loss normalisation.
         skipped, dropped: indices of samples left out (oversized, ``drop_last``).
+
+    Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
     """
 
     def __init__(
@@ -145,20 +62,11 @@ class BatchPlan(Sequence[IntArray]):
         order: IntArray,
         offsets: IntArray,
         *,
-        costs: FloatArray,
-        real_units: FloatArray,
-        padded_units: FloatArray,
-        budget: float,
-        cost_name: str,
-        strategy_name: str,
-        lower_bound: int = 0,
-        skipped: IntArray | None = None,
-        dropped: IntArray | None = None,
-        dropped_batches: int = 0,
-        plan_seconds: float = 0.0,
-        straggler_ratio: float | None = None,
-        batch_ids: IntArray | None = None,
-        ids_permute_all: bool = False,
+        costs: FloatArray, real_units: FloatArray, padded_units: FloatArray,
+        budget: float, cost_name: str, strategy_name: str, lower_bound: int = 0,
+        skipped: IntArray | None = None, dropped: IntArray | None = None, dropped_batches: int = 0,
+        plan_seconds: float = 0.0, straggler_ratio: float | None = None,
+        batch_ids: IntArray | None = None, ids_permute_all: bool = False,
     ) -> None:
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
         # here describe (order, offsets) and are selected on first use (a shuffled epoch of
@@ -187,6 +95,62 @@ class BatchPlan(Sequence[IntArray]):
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
 
+    @classmethod
+    def from_batches(
+        cls,
+        sizes: SizesLike,
+        cost: str | CostModel | Any,
+        order: Any,
+        offsets: Any,
+        *,
+        budget: float | str | None,
+        strategy_name: str,
+        lower_bound: int = 0,
+        skipped: IntArray | None = None,
+        dropped: IntArray | None = None,
+        dropped_batches: int = 0,
+        plan_seconds: float = 0.0,
+    ) -> BatchPlan:
+        """A plan of given batches, measured: the constructor for batches not planned here.
+
+        Batch ``k`` is ``order[offsets[k]:offsets[k + 1]]``; costs, real and padded units come
+        from :func:`measure_batches` under ``cost``, so baselines, schedules, per-rank plans
+        and other planners' batches get the same statistics as :func:`plan_batches`' plans.
+
+        Args:
+            sizes: every sample's size (see :func:`fitbatch.as_sizes`).
+            cost: the cost model the batches are measured with (its name names the plan's cost).
+            order: sample indices in batch order.
+            offsets: batch boundaries in ``order``: 0, ..., ``len(order)``, non-decreasing.
+            budget: the budget fills are measured against; ``None`` when the batches were not
+                planned against one (the costliest batch stands for it, at least 1).
+            strategy_name: how the batches were made (shown in stats and reports).
+            lower_bound, skipped, dropped, dropped_batches, plan_seconds: as in the plan's
+                stats (``skipped`` and ``dropped``: indices of samples in no batch).
+
+        Raises:
+            ValueError: offsets that do not cut ``order``, or indices outside ``sizes``.
+
+        >>> plan = BatchPlan.from_batches([4, 1, 3, 2], "padded", [1, 3, 2, 0], [0, 2, 4], budget=8, strategy_name="by hand")
+        >>> plan.to_lists(), plan.costs.tolist(), plan.stats().max_fill
+        ([[1, 3], [2, 0]], [4.0, 8.0], 1.0)
+        """
+        sz, model = as_sizes(sizes), resolve_cost(cost)
+        order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
+            raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size:
+            raise ValueError(f"offsets must run from 0 to len(order) = {order.size}, got {offsets[:8].tolist()}")
+        if np.any(np.diff(offsets) < 0):
+            raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
+        _, costs, real, padded = measure_batches(sz, model, order, offsets)
+        cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
+        return cls(
+            order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
+            strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
+            dropped_batches=dropped_batches, plan_seconds=plan_seconds,
+        )
+
     def _pick(self, name: str) -> Any:
         if self._ids is None:
             return self._base[name]
@@ -194,29 +158,12 @@ class BatchPlan(Sequence[IntArray]):
             self._picked[name] = self._base[name][self._ids]
         return self._picked[name]
 
-    @property
-    def costs(self) -> FloatArray:
-        """Cost of each batch under the plan's cost model."""
-        return self._pick("costs")  # type: ignore[no-any-return]
-
-    @property
-    def real_units(self) -> FloatArray:
-        """Real (unpadded) size units of each batch."""
-        return self._pick("real_units")  # type: ignore[no-any-return]
-
-    @property
-    def padded_units(self) -> FloatArray:
-        """Padded units of each batch: count x padded length."""
-        return self._pick("padded_units")  # type: ignore[no-any-return]
-
-    @property
-    def counts(self) -> IntArray:
-        """Samples in each batch."""
-        return self._pick("counts")  # type: ignore[no-any-return]
-
-    @property
-    def _heads(self) -> IntArray:
-        return self._pick("heads")  # type: ignore[no-any-return]
+    # per-batch arrays (read-only properties; see _per_batch)
+    costs: FloatArray = _per_batch("costs", "Cost of each batch under the plan's cost model.")
+    real_units: FloatArray = _per_batch("real_units", "Real (unpadded) size units of each batch.")
+    padded_units: FloatArray = _per_batch("padded_units", "Padded units of each batch: count x padded length.")
+    counts: IntArray = _per_batch("counts", "Samples in each batch.")
+    _heads: IntArray = _per_batch("heads", "Where each batch starts in the base order.")
 
     def _totals(self, name: str) -> Any:
         """The per-batch array for order-free reductions (the base one when no batch is left out)."""
@@ -276,23 +223,9 @@ class BatchPlan(Sequence[IntArray]):
         """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
         batches = np.asarray(batches, dtype=np.int64)
         base_ids = batches if self._ids is None else self._ids[batches]
-        return BatchPlan(
-            self._base_order,
-            self._base_offsets,
-            costs=self._base["costs"],
-            real_units=self._base["real_units"],
-            padded_units=self._base["padded_units"],
-            budget=self.budget,
-            cost_name=self.cost_name,
-            strategy_name=self.strategy_name,
-            lower_bound=self.lower_bound,
-            skipped=self.skipped,
-            dropped=self.dropped,
-            dropped_batches=self.dropped_batches,
-            plan_seconds=self.plan_seconds,
-            straggler_ratio=straggler_ratio if straggler_ratio is not None else self.straggler_ratio,
-            batch_ids=base_ids,
-        )
+        per_batch = (self._base["costs"], self._base["real_units"], self._base["padded_units"])
+        ratio = straggler_ratio if straggler_ratio is not None else self.straggler_ratio
+        return self._derived(self._base_order, self._base_offsets, per_batch, straggler_ratio=ratio, batch_ids=base_ids)
 
     def rebatched(
         self,
@@ -307,24 +240,22 @@ class BatchPlan(Sequence[IntArray]):
         ``per_batch`` is (costs, real units, padded units) of the new batches; ``index_map``
         renames sample indices (a plan of a subset mapped back to the whole dataset).
         """
-        rename = (lambda a: a) if index_map is None else (lambda a: index_map[a])
+        if index_map is None:
+            return self._derived(order, offsets, per_batch)
+        return self._derived(order, offsets, per_batch, skipped=index_map[self.skipped], dropped=index_map[self.dropped])
+
+    def _derived(
+        self, order: IntArray, offsets: IntArray, per_batch: tuple[FloatArray, FloatArray, FloatArray], **changes: Any
+    ) -> BatchPlan:
+        """A plan of other batches with this plan's metadata, ``changes`` applied."""
         costs, real, padded = per_batch
-        return BatchPlan(
-            order,
-            offsets,
-            costs=costs,
-            real_units=real,
-            padded_units=padded,
-            budget=self.budget,
-            cost_name=self.cost_name,
-            strategy_name=self.strategy_name,
-            lower_bound=self.lower_bound,
-            skipped=rename(self.skipped),
-            dropped=rename(self.dropped),
-            dropped_batches=self.dropped_batches,
-            plan_seconds=self.plan_seconds,
-            straggler_ratio=self.straggler_ratio,
-        )
+        meta: dict[str, Any] = {
+            "budget": self.budget, "cost_name": self.cost_name, "strategy_name": self.strategy_name,
+            "lower_bound": self.lower_bound, "skipped": self.skipped, "dropped": self.dropped,
+            "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
+            "straggler_ratio": self.straggler_ratio,
+        }
+        return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
 
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""
@@ -413,28 +344,13 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     values = sizes.values
     model, budget = opts.cost, opts.budget
     alone = model.sample_cost(values)
-    over = np.flatnonzero(alone > budget)
-    skipped = np.zeros(0, np.int64)
-    kept: IntArray | None = None
-    if over.size:
-        if opts.oversized == "error":
-            worst = over[np.argsort(-alone[over], kind="stable")]
-            raise ValueError(
-                f"{over.size} sample{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
-                f"even alone; largest: {format_offenders(worst, alone[worst])}. "
-                "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
-                "them out (they are counted in the plan's stats)."
-            )
-        if opts.oversized == "skip":
-            skipped = over.astype(np.int64)
-            kept = np.flatnonzero(alone <= budget).astype(np.int64)
-            logger.warning("skipping %d oversized samples (budget %g)", over.size, budget)
+    skipped, kept = screen_oversized(alone, budget, opts.oversized)
+    if skipped.size:
+        logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
-    # Kernels add sizes in another order than measure_batches does: with fractional sizes,
-    # plan against a budget one part in 1e12 lower so no batch overshoots by rounding.
     ctx = Context(
         sizes=sub,
-        budget=budget if sizes.integral else budget * (1.0 - 1e-12),
+        budget=planning_budget(budget, sizes.integral),
         cost=model,
         cap=opts.max_batch_size,
         multiple=opts.batch_size_multiple,
@@ -466,7 +382,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         padded_units=padded,
         budget=budget,
         cost_name=model.name,
-        strategy_name=opts.strategy.name,
+        strategy_name=opts.strategy.plan_name,
         lower_bound=lower_bound(model, budget, total_alone, n - dropped.size),
         skipped=skipped,
         dropped=dropped,

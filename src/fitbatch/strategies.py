@@ -8,6 +8,8 @@
 * :class:`Packed` — bin packing within pools: for costs that grow with the sum each batch takes
   the largest remaining samples and fills the rest with the smallest; other costs are already
   count-bound, so it plans like :class:`Pooled`.
+* :class:`Fixed` — ``batch_size`` samples per batch whatever they cost (the baseline; not a
+  name, since it needs its batch size).
 
 Any strategy works with any cost model. A strategy is a frozen dataclass; the names
 ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"`` and ``"packed"`` give the defaults.
@@ -31,9 +33,10 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch import _rng
+from fitbatch import _size_keys as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import choice, fraction, positive_int
-from fitbatch.costs import CostModel, SumCost
+from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
 
 IntArray = NDArray[np.int64]
@@ -62,9 +65,9 @@ class Context:
         if self._keys is None:
             v = self.sizes.values
             if v.ndim == 1:
-                self._keys = self.sizes.cached("size_keys", lambda: K.size_keys(v, self.sizes.integral))
+                self._keys = self.sizes.cached("size_keys", lambda: SK.size_keys(v, self.sizes.integral))
             else:
-                self._keys = K.size_keys(self.cost.sample_cost(v), False)
+                self._keys = SK.size_keys(self.cost.sample_cost(v), False)
         return self._keys
 
 
@@ -87,6 +90,11 @@ class Strategy(ABC):
     @abstractmethod
     def plan(self, ctx: Context) -> Result:
         """Plan one epoch of batches over ``ctx.sizes``."""
+
+    @property
+    def plan_name(self) -> str:
+        """How plans made by this strategy name it (``BatchPlan.strategy_name``)."""
+        return self.name
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         """A permutation of the planned batches, or None to keep them as planned."""
@@ -145,7 +153,7 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
         return rng.permutation(n).astype(np.int64)
-    return K.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+    return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
 
 
 def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
@@ -153,8 +161,8 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
     n = len(ctx.sizes)
     keys, edges = ctx.keys()
     base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-    down = np.uint16(K.KEY_LEVELS - 1) - keys[base]
-    order = _gather_into(base, K.sort_within_segments(down, pool_size))
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
+    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     return order, seg_starts, (keys[order], edges)
 
@@ -204,7 +212,17 @@ class Sorted(Strategy):
 
 
 @dataclasses.dataclass(frozen=True)
-class Pooled(Strategy):
+class _Pools(Strategy):
+    """Base of the strategies that shuffle, cut into pools of ``pool_size`` and sort each pool."""
+
+    pool_size: int = 65536
+
+    def __post_init__(self) -> None:
+        positive_int("pool_size", self.pool_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled(_Pools):
     """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
 
     Larger pools pad less; smaller pools are more random (samples meet other partners each
@@ -213,31 +231,21 @@ class Pooled(Strategy):
     trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
     """
 
-    pool_size: int = 65536
     name: ClassVar[str] = "pooled"
 
-    def __post_init__(self) -> None:
-        positive_int("pool_size", self.pool_size)
-
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
-        return _greedy(ctx, order, seg_starts, levels)
+        return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
 
 
 @dataclasses.dataclass(frozen=True)
-class Packed(Strategy):
+class Packed(_Pools):
     """Bin packing within pools (see the module docstring)."""
 
-    pool_size: int = 65536
     name: ClassVar[str] = "packed"
-
-    def __post_init__(self) -> None:
-        positive_int("pool_size", self.pool_size)
 
     def plan(self, ctx: Context) -> Result:
         order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
-        sum_cost = isinstance(ctx.cost, SumCost) and ctx.cost.weights is None
-        if not (sum_cost and ctx.sizes.ndim == 1 and ctx.multiple == 1):
+        if not (K.plain_sum(ctx.cost) and ctx.sizes.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
@@ -314,7 +322,7 @@ class Buckets(Strategy):
         in_loose = np.repeat(loose, lengths)
         rest = first.order[in_loose]
         keys, edges = ctx.keys()
-        sub_order = rest[np.argsort(np.uint16(K.KEY_LEVELS - 1) - keys[rest], kind="stable")]
+        sub_order = rest[np.argsort(np.uint16(SK.KEY_LEVELS - 1) - keys[rest], kind="stable")]
         again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
         # compact the kept positions to the front of the order buffer, the re-plan after them
         order = first.order
@@ -341,7 +349,7 @@ def fit_buckets(
 
     Returns a lookup table key -> bucket id (0 = smallest) and each bucket's upper edge.
     """
-    hist = np.bincount(keys, minlength=K.KEY_LEVELS)
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
     present = np.flatnonzero(hist)[::-1]
     lows = np.concatenate([[0.0], edges[:-1]])  # every value with key k is > edges[k-1]
     if ndim == 1:
@@ -353,7 +361,7 @@ def fit_buckets(
     per_batch = np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
     epoch_batches = float(np.sum(hist[present] / per_batch))
     min_batches = int(np.clip(epoch_batches / 64, 2, max(min_batches, 2)))
-    bucket_of = np.zeros(K.KEY_LEVELS, dtype=np.int64)
+    bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
     tops: list[float] = []
     pop = 0
     top = 0.0
@@ -376,6 +384,63 @@ def fit_buckets(
     n_buckets = len(tops)
     lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
     return lut, np.asarray(tops[::-1], dtype=np.float64)
+
+
+def fixed_counts(n: int, counts: IntArray, *, shuffle: bool, seed: int, epoch: int, purpose: str) -> Result:
+    """The fixed-count planner: batch k holds the next ``counts[k]`` samples, whatever they cost.
+
+    Samples come in index order, or in the permutation drawn from (seed, epoch, ``purpose``)
+    when ``shuffle``; those past ``counts.sum()`` end ``order`` in no batch. Serves
+    :class:`Fixed` and the sample-count steps of :mod:`fitbatch.schedule`.
+    """
+    if shuffle:
+        order = _rng.generator(seed, epoch, purpose).permutation(n).astype(np.int64)
+    else:
+        order = np.arange(n, dtype=np.int64)
+    starts = (np.cumsum(counts) - counts).astype(np.int64)
+    return Result(order, starts, _tails(starts, np.zeros(min(n, 1), np.int64), int(counts.sum())), identity=not shuffle)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed(Strategy):
+    """``batch_size`` samples per batch whatever they cost: the baseline a budget is compared to.
+
+    Samples are taken in order (shuffled by default, as a fixed-size ``DataLoader`` does), the
+    last batch takes the rest. The budget only measures the batches (their fills); it does not
+    shape them, so a batch may exceed it. ``max_batch_size`` must allow ``batch_size``, and
+    ``batch_size_multiple`` must divide it.
+
+    >>> import fitbatch
+    >>> plan = fitbatch.plan_batches([4, 1, 3, 2, 5], 8, strategy=fitbatch.Fixed(2), shuffle=False)
+    >>> plan.to_lists(), plan.costs.tolist(), plan.strategy_name
+    ([[0, 1], [2, 3], [4]], [8.0, 6.0, 5.0], 'fixed(2)')
+    """
+
+    batch_size: int
+    name: ClassVar[str] = "fixed"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_size", positive_int("batch_size", self.batch_size))
+
+    @property
+    def plan_name(self) -> str:
+        return f"fixed({self.batch_size})"
+
+    def plan(self, ctx: Context) -> Result:
+        bs = self.batch_size
+        if (ctx.cap is not None and ctx.cap < bs) or bs % ctx.multiple:
+            raise ValueError(
+                f"Fixed(batch_size={bs}) does not fit max_batch_size={ctx.cap} and "
+                f"batch_size_multiple={ctx.multiple}: pass a batch size within both, or leave them out"
+            )
+        n = len(ctx.sizes)
+        counts = np.full(n // bs, bs, dtype=np.int64)
+        if n % bs:
+            counts = np.append(counts, n % bs)
+        return fixed_counts(n, counts, shuffle=ctx.shuffle, seed=ctx.seed, epoch=ctx.epoch, purpose="fixed-order")
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
 
 
 STRATEGIES: dict[str, type[Strategy]] = {

@@ -8,8 +8,9 @@ micro-batch counts equal on all ranks by construction.
 Sample-count steps (``micro_batch_size``): step s takes the next ``size(s)`` samples of the
 epoch's order and cuts them into ``k = ceil(size / (micro_batch_size * world))`` micro-batches per
 rank, of near-equal sizes (they differ by at most one sample; all are ``micro_batch_size`` when
-the size is a multiple of ``micro_batch_size * world``). ``rounding`` decides what a size that is
-not such a multiple becomes (see :data:`ROUNDING`).
+the size is a multiple of ``micro_batch_size * world``), laid out by the fixed-count planner
+:func:`fitbatch.strategies.fixed_counts`. ``rounding`` decides what a size that is not such a
+multiple becomes (see :data:`ROUNDING`).
 
 Budget steps (``micro_budget``): the core planner cuts the epoch into size-aware micro-batches,
 :func:`fitbatch.distributed.arrange` groups them ``world`` at a time into cost-balanced rows, and
@@ -24,12 +25,12 @@ import logging
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _rng
 from fitbatch.costs import SumCost
 from fitbatch.distributed import arrange
-from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
+from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.schedule._sizes import BatchSizeSchedule
 from fitbatch.sizes import Sizes
+from fitbatch.strategies import fixed_counts
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,6 @@ def sample_layout(
 ) -> Layout:
     """Sample-count steps (see the module docstring)."""
     n = len(sizes)
-    order = _rng.generator(seed, epoch, "schedule-order").permutation(n) if shuffle else np.arange(n)
     chunks: list[IntArray] = []
     total, start, want = 0, first_step, _FIRST_CHUNK
     while total < n:
@@ -141,12 +141,14 @@ def sample_layout(
     j = np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts)
     counts = steps[step_of] // parts[step_of] + (j < steps[step_of] % parts[step_of])
     used = int(steps.sum())
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    dropped = order[used:].astype(np.int64)
-    plan = _measured(sizes, order[:used].astype(np.int64), offsets, dropped)
-    grid = np.arange(offsets.size - 1, dtype=np.int64).reshape(-1, world)
+    batches = fixed_counts(n, counts, shuffle=shuffle, seed=seed, epoch=epoch, purpose="schedule-order")
+    plan = BatchPlan.from_batches(
+        sizes, SumCost(), batches.order[:used], np.append(batches.starts, used), budget=None,
+        strategy_name="schedule", dropped=batches.order[used:],
+    )
+    grid = np.arange(counts.size, dtype=np.int64).reshape(-1, world)
     step_rows = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
-    return _finish(epoch, first_step, plan, grid, step_rows, scheduled, dropped.size)
+    return _finish(epoch, first_step, plan, grid, step_rows, scheduled, plan.dropped.size)
 
 
 def budget_layout(
@@ -180,13 +182,6 @@ def budget_layout(
     plan.dropped = dropped
     left_out = dropped.size + plan.skipped.size
     return _finish(epoch, first_step, plan, grid, step_rows, np.array(budgets, np.int64), left_out)
-
-
-def _measured(sizes: Sizes, order: IntArray, offsets: IntArray, dropped: IntArray) -> BatchPlan:
-    counts, costs, real, padded = measure_batches(sizes, SumCost(), order, offsets)
-    return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded,
-                     budget=float(max(costs.max(initial=0.0), 1.0)), cost_name="sum",
-                     strategy_name="schedule", dropped=dropped)
 
 
 def _finish(

@@ -1,9 +1,10 @@
 """Planners behind :mod:`fitbatch.streaming`: chunks of (positions, items, sizes) in, batches out.
 
 Both planners only decide *which buffered items go together*; the batch lengths come from the
-core kernels (:func:`fitbatch._kernels.greedy_starts`, :func:`~fitbatch._kernels.descending_starts`,
-:func:`~fitbatch._kernels.level_counts`) and :func:`fitbatch.strategies.fit_buckets`, so a stream
-and an indexed plan of the same data follow one engine.
+core kernels (:func:`fitbatch._kernels.greedy_starts`, :func:`~fitbatch._kernels.sum_starts`,
+:func:`~fitbatch._kernels.edge_counts`) and :func:`fitbatch.strategies.fit_buckets`, and the
+oversized and budget rules from :mod:`fitbatch._rules`, so a stream and an indexed plan of the
+same data follow one engine.
 
 Resume contract (relied on by :class:`fitbatch.streaming.BatchStream`): what a planner emits in
 a round depends only on the items it holds, grouped per bucket in source order, and every
@@ -14,7 +15,6 @@ batches the uninterrupted stream still had to emit.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -23,8 +23,10 @@ from numpy.typing import NDArray
 
 from fitbatch import _jit
 from fitbatch import _kernels as K
+from fitbatch import _size_keys as SK
+from fitbatch._rules import planning_budget
 from fitbatch._validate import choice
-from fitbatch.costs import CostModel, SumCost
+from fitbatch.costs import CostModel
 from fitbatch.plan import plan_batches
 from fitbatch.strategies import Buckets, Sequential, Strategy, fit_buckets
 
@@ -41,9 +43,6 @@ RESERVOIR = 1 << 16
 # Buckets are fitted as narrow as for this many buffers' worth of the sizes seen: each then fills
 # a couple of batches per that many buffers, so the fullest bucket is usually full when needed.
 VIRTUAL_BUFFERS = 25
-# Sum costs: past this many items per batch on average, bisect once per batch instead of
-# searching at every position (both give the same batches; this only picks the faster).
-LONG_BATCH = 32
 
 
 @dataclasses.dataclass
@@ -81,58 +80,19 @@ def empty_segment() -> Segment:
     return Segment([], np.zeros(0, np.int64), np.zeros(0))
 
 
-def _fast_sum(cost: CostModel) -> bool:
-    return isinstance(cost, SumCost) and cost.weights is None
-
-
 def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
     """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan).
 
     An unweighted sum cost searches prefix sums (compiled with the ``fast`` extra, else
-    :func:`sum_starts`); other costs run :func:`fitbatch._kernels.greedy_starts`.
+    :func:`fitbatch._kernels.sum_starts`); other costs run :func:`fitbatch._kernels.greedy_starts`.
     """
-    if _fast_sum(cost) and sizes.size:
+    if K.plain_sum(cost) and sizes.size:
         compiled = _jit.prefix_sum_starts(sizes, budget, sizes.size if cap is None else cap)
         if compiled is not None:
             return compiled
-        return np.asarray(sum_starts(sizes, budget, cap), dtype=np.int64)
+        return K.sum_starts(sizes, budget, cap)
     starts, _ = K.greedy_starts(sizes, budget, cost, cap=cap)
     return starts
-
-
-def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> list[int]:
-    """Greedy batch starts under an unweighted sum cost, as the core kernel finds them.
-
-    A sum cost ignores the planning max, so the sorted kernel's prefix-sum search
-    (:func:`fitbatch._kernels.descending_starts` over one segment) is the same greedy: the batch
-    at ``i`` ends after the last ``j`` with ``csum[j] <= csum[i] + budget`` (one item at least,
-    ``cap`` at most). The same ``csum`` and comparisons here, so the same batches: searched at
-    every position at once when batches are short, bisected once per batch when they are long.
-    """
-    n = sizes.size
-    room = n if cap is None else cap
-    csum = np.empty(n + 1)
-    csum[0] = 0.0
-    np.cumsum(sizes, dtype=np.float64, out=csum[1:])
-    out: list[int] = []
-    add = out.append
-    i = 0
-    if budget * n >= LONG_BATCH * csum[-1]:
-        view = csum.data
-        # Invariant: i is a batch start; the bisection finds its end within [i + 1, i + room].
-        while i < n:
-            add(i)
-            j = bisect.bisect_right(view, view[i] + budget, i + 1, i + 1 + min(n - i, room)) - 1
-            i = j if j > i else i + 1
-        return out
-    pos = np.arange(n, dtype=np.int64)
-    reach = np.searchsorted(csum, csum[:-1] + budget, side="right") - 1
-    nxt = np.clip(reach, pos + 1, pos + room).data  # never past n: reach <= n
-    # Invariant: i is a batch start; the next one is nxt[i].
-    while i < n:
-        add(i)
-        i = nxt[i]
-    return out
 
 
 def split(seg: Segment, starts: IntArray) -> list[Segment]:
@@ -154,15 +114,14 @@ def whole_runs(batches: list[Segment]) -> list[Run]:
 
 
 def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) -> None:
-    """Plan against a budget one part in 1e12 lower once a fractional size shows up.
+    """Plan against :func:`fitbatch._rules.planning_budget` once a fractional size shows up.
 
-    Kernels add sizes in another order than the batch measurements do; the indexed planner
-    lowers the budget the same way for fractional sizes (so both agree, and no batch overshoots
-    by rounding). The switch is sticky: a stream cannot know its later sizes.
+    The indexed planner follows the same rule, so both agree. The switch is sticky: a stream
+    cannot know its later sizes.
     """
     if planner.integral and not _jit.all_integral(sizes):
         planner.integral = False
-        planner.budget *= 1.0 - 1e-12
+        planner.budget = planning_budget(planner.budget, integral=False)
         if isinstance(planner, BucketPlanner) and planner.tops is not None:
             planner.restore(planner.tops, planner.next_fit)
 
@@ -220,23 +179,6 @@ class SequentialPlanner:
 
     def held_segments(self) -> list[Segment]:
         return list(self._open)
-
-
-def edge_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | None) -> IntArray:
-    """Batch length for batches whose every size is at most ``edges[b]`` (at least 1)."""
-    counts = K.level_counts(edges, budget, cost, cap)
-    if counts is not None:
-        return counts
-    # the cost uses the sum too: bound it by count * edge and search the count
-    hi_cap = float(cap) if cap is not None else 2.0**40
-    lo = np.ones(edges.size)
-    hi = np.full(edges.size, hi_cap)
-    # Invariant: count lo fits (or is the forced minimum 1); count hi + 1 does not fit.
-    while np.any(lo < hi):
-        mid = np.floor((lo + hi + 1) / 2)
-        fits = cost.evaluate(mid, edges, mid * edges) <= budget
-        lo, hi = np.where(fits, mid, lo), np.where(fits, hi, mid - 1)
-    return lo.astype(np.int64)
 
 
 class BucketPlanner:
@@ -297,7 +239,7 @@ class BucketPlanner:
         # fit_buckets sizes buckets by how many items they get: scale the histogram (see VIRTUAL_BUFFERS)
         sample = np.tile(seen, max(1, -(-VIRTUAL_BUFFERS * self.buffer_size // max(seen.size, 1))))
         integral = bool(np.all(sample == np.floor(sample)))
-        keys, edges = K.size_keys(sample, integral)
+        keys, edges = SK.size_keys(sample, integral)
         _, tops = fit_buckets(keys, edges, self.budget, self.cost, self.cap, self.strategy.spread, self.strategy.min_batches)
         self._set_tops(tops)
         limit = max(RESERVOIR, self.buffer_size)
@@ -317,7 +259,7 @@ class BucketPlanner:
 
     def _set_tops(self, tops: FloatArray) -> None:
         self.tops = tops
-        self.counts = edge_counts(tops, self.budget, self.cost, self.cap)
+        self.counts = K.edge_counts(tops, self.budget, self.cost, self.cap)
 
     # ------------------------------------------------------------------ rounds
 

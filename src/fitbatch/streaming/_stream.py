@@ -16,9 +16,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _jit
+from fitbatch._rules import OVERSIZED, screen_oversized
 from fitbatch._validate import check_state, choice, format_offenders, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.plan import OVERSIZED
 from fitbatch.strategies import Buckets, Strategy
 from fitbatch.streaming._plan import (
     BucketPlanner,
@@ -233,20 +233,12 @@ class BatchStream(Iterator[Any]):
 
     def _screen(self, seg: Segment) -> Segment:
         """Apply the oversized policy; lone items under ``"single"`` stay (planned alone)."""
-        alone = self.cost.sample_cost(seg.sizes)
-        if not alone.size or self.oversized == "single" or alone.max() <= self.budget:
+        over, kept = screen_oversized(
+            self.cost.sample_cost(seg.sizes), self.budget, self.oversized,
+            names=lambda worst: _item_names(seg, worst), noun="item", counted_in="stream's summary",
+        )
+        if kept is None:
             return seg
-        over = np.flatnonzero(alone > self.budget)
-        if not over.size:  # NaN costs: as before, kept
-            return seg
-        if self.oversized == "error":
-            i = int(over[0])
-            raise ValueError(
-                f"stream item {int(seg.positions[i])} (size {seg.sizes[i]:g}) costs {alone[i]:g} alone, "
-                f"more than the budget {self.budget:g}. Pass oversized='single' to give such items a "
-                "batch of their own, or oversized='skip' to leave them out (they are counted in "
-                "the stream's summary)."
-            )
         if not self._skipped:
             logger.warning(
                 "skipping oversized stream item %d (size %g, budget %g); further skips are counted "
@@ -255,7 +247,7 @@ class BatchStream(Iterator[Any]):
         self._skipped += int(over.size)
         room = _SHOWN - len(self._skipped_positions)
         self._skipped_positions.extend(int(p) for p in seg.positions[over[:room]])
-        return seg.take(np.flatnonzero(alone <= self.budget))
+        return seg.take(kept)
 
     # ------------------------------------------------------------------ summary and state
 
@@ -388,6 +380,12 @@ class BatchStream(Iterator[Any]):
             f"BatchStream(strategy={self.strategy.name!r}, cost={self.cost.name!r}, budget={self.budget:g}, "
             f"read={s.items_read}, batches={s.batches}, held={s.held})"
         )
+
+
+def _item_names(seg: Segment, worst: IntArray) -> str:
+    """Offenders of an oversized error: 'stream item 7 (size 50), ...' by stream position."""
+    sizes = [f"{size:g}" for size in seg.sizes[worst]]
+    return format_offenders(seg.positions[worst], sizes).replace("index", "stream item")
 
 
 def batch_stream(

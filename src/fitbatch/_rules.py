@@ -1,0 +1,88 @@
+"""Planning rules shared by indexed plans and streams, so both follow them the same way.
+
+A plan (:func:`fitbatch.plan_batches`) sees every size at once, a stream
+(:func:`fitbatch.batch_stream`) one chunk at a time; both apply these rules to what they see:
+
+* :func:`screen_oversized` — a sample whose cost alone exceeds the budget is refused, planned
+  alone or skipped (the policies in :data:`OVERSIZED`), refused with one message;
+* :func:`planning_budget` — with fractional sizes, kernels plan against a slightly lower budget.
+
+>>> import numpy as np
+>>> screen_oversized(np.array([3.0, 12.0, 5.0]), 10.0, "skip")
+Screened(skipped=array([1]), kept=array([0, 2]))
+>>> planning_budget(10.0, integral=False) < 10.0
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import format_offenders
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+#: what becomes of a sample whose own cost exceeds the budget: refused with a ``ValueError``,
+#: given a batch of its own, or left out (and counted).
+OVERSIZED = ("error", "single", "skip")
+# Relative amount by which the budget is lowered for fractional sizes (see planning_budget).
+ROUNDING_MARGIN = 1e-12
+
+
+class Screened(NamedTuple):
+    """What the oversized policy leaves: positions skipped, and positions kept (``None``: all)."""
+
+    skipped: IntArray
+    kept: IntArray | None
+
+
+def screen_oversized(
+    alone: FloatArray,
+    budget: float,
+    policy: str,
+    *,
+    names: Callable[[IntArray], str] | None = None,
+    noun: str = "sample",
+    counted_in: str = "plan's stats",
+) -> Screened:
+    """Apply ``policy`` (one of :data:`OVERSIZED`) to samples whose costs alone are ``alone``.
+
+    ``names`` describes offenders (positions into ``alone``, the costliest first) in the error;
+    by default ``index i (size c)`` with ``c`` the cost alone. ``noun`` and ``counted_in`` name
+    the samples and where skipped ones are counted.
+
+    Raises:
+        ValueError: under ``"error"`` when a sample costs more than ``budget`` alone; the
+            message counts them, names the costliest and gives the other policies.
+    """
+    none = Screened(np.zeros(0, np.int64), None)
+    # max() propagates NaN: one pass tells that no cost exceeds the budget
+    if policy == "single" or not alone.size or alone.max() <= budget:
+        return none
+    over = np.flatnonzero(alone > budget)
+    if not over.size:  # NaN costs are kept
+        return none
+    if policy == "error":
+        worst = over[np.argsort(-alone[over], kind="stable")]
+        described = names(worst) if names is not None else format_offenders(worst, alone[worst])
+        raise ValueError(
+            f"{over.size} {noun}{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
+            f"even alone; largest: {described}. "
+            "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
+            f"them out (they are counted in the {counted_in})."
+        )
+    return Screened(over.astype(np.int64), np.flatnonzero(alone <= budget).astype(np.int64))
+
+
+def planning_budget(budget: float, integral: bool) -> float:
+    """The budget the kernels plan against: ``budget`` for whole-number sizes, else a hair lower.
+
+    Kernels add sizes in another order than the batch measurements do: with fractional sizes
+    a budget one part in 1e12 lower keeps rounding from pushing a measured batch over it.
+    """
+    return budget if integral else budget * (1.0 - ROUNDING_MARGIN)

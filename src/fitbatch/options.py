@@ -1,0 +1,101 @@
+"""``PlanOptions``: every planning option, validated once (``plan_batches`` and the samplers).
+
+>>> opts = PlanOptions.build("1KiB", cost="sum", strategy="sorted")
+>>> opts.budget, opts.strategy, opts.effective_shuffle
+(1024.0, Sorted(descending=False), False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._rules import OVERSIZED
+from fitbatch._validate import choice, fraction, parse_budget, positive_int
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.strategies import Strategy, resolve_strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """Every planning option, validated once. ``plan_batches`` and the samplers build one.
+
+    Attributes:
+        budget: the most cost one batch may have (number, or a string such as ``"70GiB"``).
+        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
+        strategy: ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"``, ``"packed"`` or a
+            ``Strategy`` instance with its own settings.
+        max_batch_size: at most this many samples per batch (``None``: no limit).
+        batch_size_multiple: batches of at least this many samples are cut to a multiple of it.
+        shuffle: randomise (``None``: the strategy's default; sequential and sorted keep order).
+        seed: int or ``SeedSequence``; ``None`` draws entropy once and keeps it.
+        oversized: a sample whose own cost exceeds the budget: ``"error"`` (default),
+            ``"single"`` (a batch of its own) or ``"skip"`` (left out, counted).
+        drop_last: drop a batch that closed because its segment ran out of samples when its fill
+            is below ``saturation`` (counted in the stats).
+        saturation: see ``drop_last`` (aistore's rule, default 0.8).
+    """
+
+    budget: float
+    cost: CostModel
+    strategy: Strategy
+    max_batch_size: int | None = None
+    batch_size_multiple: int = 1
+    shuffle: bool | None = None
+    seed: int = 0
+    oversized: str = "error"
+    drop_last: bool = False
+    saturation: float = 0.8
+
+    @classmethod
+    def build(
+        cls,
+        budget: float | str,
+        *,
+        cost: str | CostModel | Any = "padded",
+        strategy: str | Strategy = "pooled",
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        shuffle: bool | None = None,
+        seed: SeedLike = 0,
+        oversized: str = "error",
+        drop_last: bool = False,
+        saturation: float = 0.8,
+    ) -> PlanOptions:
+        """Validate and coerce every option (raises ``ValueError``/``TypeError`` naming it)."""
+        if shuffle is not None and not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}")
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        return cls(
+            budget=parse_budget(budget),
+            cost=resolve_cost(cost),
+            strategy=resolve_strategy(strategy),
+            max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
+            batch_size_multiple=positive_int("batch_size_multiple", batch_size_multiple) or 1,
+            shuffle=shuffle,
+            seed=resolve_seed(seed),
+            oversized=choice("oversized", oversized, OVERSIZED),
+            drop_last=drop_last,
+            saturation=fraction("saturation", saturation),
+        )
+
+    @property
+    def effective_shuffle(self) -> bool:
+        return self.strategy.default_shuffle if self.shuffle is None else self.shuffle
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description (stored in sampler state to detect a changed configuration)."""
+        return {
+            "budget": self.budget,
+            "cost": self.cost.to_dict(),
+            "strategy": {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)},  # type: ignore[call-overload]
+            "max_batch_size": self.max_batch_size,
+            "batch_size_multiple": self.batch_size_multiple,
+            "shuffle": self.effective_shuffle,
+            "seed": self.seed,
+            "oversized": self.oversized,
+            "drop_last": self.drop_last,
+            "saturation": self.saturation,
+        }
