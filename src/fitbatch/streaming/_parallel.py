@@ -27,16 +27,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from fitbatch import _rng
+from fitbatch._plan_sampler import torch_class
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._validate import non_negative_int, positive_int
 from fitbatch.resume import STEP_KEY, StateSchema
 
 logger = logging.getLogger("fitbatch.streaming")
 
-try:  # subclass torch's IterableDataset when torch is there, so DataLoader accepts it
-    from torch.utils.data import IterableDataset as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    _Base = object  # type: ignore[assignment,misc]
+_Base = torch_class("IterableDataset")  # so that DataLoader accepts a StreamDataset
 
 EQUAL_STEPS_STATE = StateSchema("equal_steps", version=1, required=(STEP_KEY, "window_step", "source"))
 
