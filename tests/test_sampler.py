@@ -123,6 +123,17 @@ def test_bad_arguments():
         BudgetBatchSampler([1, -2], 10, num_replicas=1, rank=0)
 
 
+def test_planning_options_are_keyword_parameters_with_plan_options_defaults():
+    default = BudgetBatchSampler([1, 2, 3], 10, num_replicas=1, rank=0).options
+    assert default == fitbatch.PlanOptions.build(10)
+    opts = BudgetBatchSampler([1, 2, 3], 10, max_batch_size=2, batch_size_multiple=2, shuffle=False, seed=4,
+                              oversized="skip", drop_last=True, saturation=0.5, num_replicas=1, rank=0).options
+    assert (opts.max_batch_size, opts.batch_size_multiple, opts.shuffle, opts.seed) == (2, 2, False, 4)
+    assert (opts.oversized, opts.drop_last, opts.saturation) == ("skip", True, 0.5)
+    with pytest.raises(TypeError, match="max_batchsize"):
+        BudgetBatchSampler([1, 2, 3], 10, max_batchsize=2, num_replicas=1, rank=0)
+
+
 def test_callable_sizes_with_n():
     sampler = BudgetBatchSampler(lambda i: i % 7 + 1, 20, cost="sum", strategy="sequential", n=10,
                                  num_replicas=1, rank=0)

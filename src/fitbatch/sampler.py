@@ -29,7 +29,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
+from fitbatch._rng import SeedLike
 from fitbatch._validate import choice, parse_budget
+from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.distributed import POLICIES, Steps, arrange, arrange_budgets, world_info
 from fitbatch.plan import PlanOptions, plan_with
 from fitbatch.resume import (
@@ -42,6 +44,7 @@ from fitbatch.resume import (
     continue_epoch,
 )
 from fitbatch.sizes import SizesLike, as_sizes
+from fitbatch.strategies import Strategy
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +62,20 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     rest of the epoch); :meth:`steps` is the arrangement of all ranks.
 
     Args:
-        sizes: one size per sample (array-like, mapping, or callable with ``n=`` in options).
+        sizes: one size per sample (array-like, mapping, or a callable with ``n``).
         budget: the most cost one batch may have; a sequence of one budget per rank gives
             ranks with different memory budgets of their own (step counts stay equal).
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel``).
         strategy: grouping strategy (``"pooled"`` default; see :mod:`fitbatch.strategies`).
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
-        **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation`` (see :class:`fitbatch.PlanOptions`).
+        max_batch_size, batch_size_multiple, shuffle, seed, oversized, drop_last, saturation:
+            planning options, with the defaults and meaning of :class:`fitbatch.PlanOptions`
+            (``None``: no batch size limit / the strategy's shuffle default).
+        n: the number of samples when ``sizes`` is a callable.
+
+    Raises:
+        ValueError, TypeError: invalid sizes, budget or options (naming the parameter).
     """
 
     STATE = StateSchema(
@@ -85,14 +93,20 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         sizes: SizesLike,
         budget: float | str | Sequence[float | str],
         *,
-        cost: Any = "padded",
-        strategy: Any = "pooled",
+        cost: str | CostModel | Any = "padded",
+        strategy: str | Strategy = "pooled",
         num_replicas: int | None = None,
         rank: int | None = None,
         policy: str = "split",
-        **options: Any,
+        max_batch_size: int | None = None,
+        batch_size_multiple: int = 1,
+        shuffle: bool | None = None,
+        seed: SeedLike = 0,
+        oversized: str = "error",
+        drop_last: bool = False,
+        saturation: float = 0.8,
+        n: int | None = None,
     ) -> None:
-        n = options.pop("n", None)
         self._sizes = as_sizes(sizes, n)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._budgets: tuple[float, ...] | None = None
@@ -101,7 +115,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 raise ValueError(f"budget has {len(budget)} per-rank values for {self.num_replicas} ranks")
             self._budgets = tuple(parse_budget(b, "budget") for b in budget)
             budget = min(self._budgets)
-        self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
+        self._opts = PlanOptions.build(
+            budget, cost=cost, strategy=strategy, max_batch_size=max_batch_size,
+            batch_size_multiple=batch_size_multiple, shuffle=shuffle, seed=seed, oversized=oversized,
+            drop_last=drop_last, saturation=saturation,
+        )
         self.policy = choice("policy", policy, POLICIES)
         self._cache: tuple[int, Steps] | None = None
         self._resumed: tuple[int, Steps] | None = None  # re-arranged rest of an epoch
@@ -126,8 +144,6 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     def set_cost(self, cost: Any) -> None:
         """Change the cost model from the next epoch on (e.g. a memory model refitted after OOM)."""
-        from fitbatch.costs import resolve_cost
-
         self._opts = dataclasses.replace(self._opts, cost=resolve_cost(cost))
         self._cache = None
         logger.info("cost model set to %s from epoch %d on", self._opts.cost.to_dict(), self.epoch + 1)
