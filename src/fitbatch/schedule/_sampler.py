@@ -1,7 +1,7 @@
 """``ScheduledBatchSampler``: micro-batches that follow a global batch-size schedule.
 
 Step s of the schedule (counted across epochs) consumes ``schedule(s)`` samples (or size units,
-with ``micro_budget``) over all ranks, as an equal number of micro-batches on every rank; see
+with a budget as ``micro_batch_size``) over all ranks, as an equal number of micro-batches on every rank; see
 :mod:`fitbatch.schedule._layout` for the split and the rounding rule. The sampler yields this
 rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``); :meth:`with_info` and
 :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,7 +35,7 @@ import numpy as np
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import choice, non_negative_int, positive_int
+from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
 from fitbatch.distributed import world_info
 from fitbatch.plan import PlanOptions
 from fitbatch.resume import (
@@ -97,15 +99,16 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
 
     Args:
         sizes: the number of samples, or one size per sample (real units, e.g. tokens, used
-            for ``info.step_units`` and by ``micro_budget``).
+            for ``info.step_units`` and by a budget).
         schedule: a :class:`BatchSizeSchedule` or any form :meth:`BatchSizeSchedule.coerce`
-            accepts (int, CSV path, list, function): samples per step with
-            ``micro_batch_size``, real size units per step with ``micro_budget``.
-        micro_batch_size: the most samples of one micro-batch on one rank.
-        micro_budget: instead of ``micro_batch_size``: the cost budget of one micro-batch (a
-            number, a string such as ``"64KiB"``, or a :class:`~fitbatch.PlanOptions` whose
-            ``seed`` and ``shuffle`` this sampler's replace); micro-batches are planned by the
-            core planner and grouped into steps of at most ``schedule(s)`` real units.
+            accepts (int, CSV path, list, function): samples per step when
+            ``micro_batch_size`` is an int, real size units per step when it is a budget.
+        micro_batch_size: what one micro-batch on one rank may hold: an int is its most
+            samples; a budget (a string such as ``"64KiB"`` or ``"4096"``, or a
+            :class:`~fitbatch.PlanOptions` whose ``seed`` and ``shuffle`` this sampler's
+            replace) is its most cost: micro-batches are then planned by the core planner and
+            grouped into steps of at most ``schedule(s)`` real units.
+        micro_budget: deprecated, removed in 0.3.0: pass the budget as ``micro_batch_size``.
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
@@ -115,6 +118,13 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
     Raises:
         ValueError: a schedule value that cannot be split (naming the trace line), a schedule
             that runs out during epoch 0 with ``on_exhausted="error"``, or bad options.
+        TypeError: a ``micro_batch_size`` that is neither an int nor a budget.
+
+    A budget as ``micro_batch_size``: padded micro-batches of cost at most 8, 16 tokens a step:
+
+    >>> tokens = ScheduledBatchSampler([3, 5, 2, 6], 16, micro_batch_size="8", shuffle=False)
+    >>> list(tokens), tokens.step_totals()[1].tolist()
+    ([[3], [1], [0, 2]], [16.0])
     """
 
     STATE = StateSchema(
@@ -130,15 +140,22 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         sizes: int | SizesLike,
         schedule: ScheduleLike,
         *,
-        micro_batch_size: int | None = None,
-        micro_budget: float | str | PlanOptions | None = None,
+        micro_batch_size: int | str | PlanOptions | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
         seed: SeedLike = 0,
         drop_last: bool = False,
         rounding: str = "error",
+        micro_budget: float | str | PlanOptions | None = None,
     ) -> None:
+        if micro_budget is not None:
+            warnings.warn(
+                "ScheduledBatchSampler(micro_budget=...) is deprecated and will be removed in 0.3.0; "
+                "pass the budget as micro_batch_size= (a string such as '64KiB', or a PlanOptions)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
             self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
         else:
@@ -158,16 +175,28 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             round_sizes(self.schedule, values, self.micro_batch_size or 1, self.num_replicas, self.rounding, None)
         self.layout(0)  # fail early: epoch 0 must be plannable
 
-    def _resolve_micro(self, size: int | None, budget: Any) -> tuple[int | None, PlanOptions | None]:
+    def _resolve_micro(self, size: Any, budget: Any) -> tuple[int | None, PlanOptions | None]:
+        """(samples per micro-batch, None) for an int, (None, planning options) for a budget."""
         if (size is None) == (budget is None):
-            raise ValueError("pass exactly one of micro_batch_size (samples) or micro_budget (size units)")
-        if size is not None:
-            return positive_int("micro_batch_size", size), None
+            raise ValueError(
+                "pass exactly one of micro_batch_size (an int: samples per micro-batch, or a budget such "
+                "as '64KiB' or a PlanOptions) and the deprecated micro_budget"
+            )
+        name = "micro_budget" if budget is not None else "micro_batch_size"
+        if budget is None:
+            if not isinstance(size, (str, PlanOptions)):
+                if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                    raise TypeError(
+                        "micro_batch_size must be an int (samples per micro-batch), a budget string such "
+                        f"as '64KiB' or a PlanOptions, got {size!r}"
+                    )
+                return positive_int("micro_batch_size", size), None
+            budget = size
         if self.rounding != "error":
-            raise ValueError("rounding applies to sample counts (micro_batch_size), not to micro_budget")
+            raise ValueError("rounding applies to sample counts (an int micro_batch_size), not to a budget")
         if isinstance(budget, PlanOptions):
             return None, dataclasses.replace(budget, seed=self.seed, shuffle=self.shuffle)
-        return None, PlanOptions.build(budget, seed=self.seed, shuffle=self.shuffle)
+        return None, PlanOptions.build(parse_budget(budget, name), seed=self.seed, shuffle=self.shuffle)
 
     # ------------------------------------------------------------------ plans
 
@@ -293,8 +322,8 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         self._seek(micro, self.layout(epoch).n_rows)
 
     def __repr__(self) -> str:
-        unit = f"micro_batch_size={self.micro_batch_size}" if self._opts is None else f"micro_budget={self._opts.budget:g}"
+        unit = self.micro_batch_size if self._opts is None else f"{self._opts.budget:g}"
         return (
-            f"ScheduledBatchSampler(n={len(self._sizes)}, schedule={self.schedule!r}, {unit}, "
+            f"ScheduledBatchSampler(n={len(self._sizes)}, schedule={self.schedule!r}, micro_batch_size={unit!r}, "
             f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
         )
