@@ -70,7 +70,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         max_batch_size, batch_size_multiple, shuffle, seed, oversized, drop_last, saturation:
-            planning options, with the defaults and meaning of :class:`fitbatch.PlanOptions`
+            planning options, with the meaning and the defaults of :class:`fitbatch.PlanOptions`
             (``None``: no batch size limit / the strategy's shuffle default).
         n: the number of samples when ``sizes`` is a callable.
 
@@ -98,13 +98,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas: int | None = None,
         rank: int | None = None,
         policy: str = "split",
-        max_batch_size: int | None = None,
-        batch_size_multiple: int = 1,
-        shuffle: bool | None = None,
-        seed: SeedLike = 0,
-        oversized: str = "error",
-        drop_last: bool = False,
-        saturation: float = 0.8,
+        max_batch_size: int | None = PlanOptions.max_batch_size,
+        batch_size_multiple: int = PlanOptions.batch_size_multiple,
+        shuffle: bool | None = PlanOptions.shuffle,
+        seed: SeedLike = PlanOptions.seed,
+        oversized: str = PlanOptions.oversized,
+        drop_last: bool = PlanOptions.drop_last,
+        saturation: float = PlanOptions.saturation,
         n: int | None = None,
     ) -> None:
         self._sizes = as_sizes(sizes, n)

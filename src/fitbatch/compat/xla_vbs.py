@@ -101,13 +101,9 @@ class CustomSampler(ScheduledBatchSampler):
 
     def __init__(
         self,
-        dataset: Any,
-        trace: Any,
-        seed: int = 42,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        minibatch_size: int = 32,
-        verbose: bool = True,
+        dataset: Any, trace: Any, seed: int = 42,  # the emulator's signature, in its order
+        num_replicas: int | None = None, rank: int | None = None,
+        minibatch_size: int = 32, verbose: bool = True,
     ) -> None:
         if isinstance(minibatch_size, bool) or not isinstance(minibatch_size, numbers.Integral) or minibatch_size < 1:
             raise ValueError(f"minibatch_size must be an int >= 1, got {minibatch_size!r}")
