@@ -52,6 +52,11 @@ class RankLayout:
 
     Every rank runs one batch per row; a step is one row, or several (micro-batches).
 
+    >>> from fitbatch.plan import plan_batches
+    >>> layout = RankLayout.alone(plan_batches([3, 1, 2], 4, cost="sum", strategy="sequential"))
+    >>> len(layout.plan), layout.step_samples.tolist(), layout.step_units.tolist()
+    (2, [2, 1], [4.0, 2.0])
+
     Attributes:
         plan: this rank's batches, one per row, in the order it runs them.
         step_samples, step_units: samples and real size units of each step, all ranks together.
@@ -63,12 +68,7 @@ class RankLayout:
 
     @classmethod
     def alone(cls, plan: BatchPlan) -> RankLayout:
-        """The layout of a plan that one rank runs alone: each batch is a step.
-
-        >>> from fitbatch.plan import plan_batches
-        >>> RankLayout.alone(plan_batches([3, 1, 2], 4, cost="sum")).step_samples.tolist()
-        [2, 1]
-        """
+        """The layout of a plan that one rank runs alone: each batch is a step (see the class)."""
         return cls(plan, plan.counts, plan.real_units)
 
 
@@ -86,6 +86,10 @@ class PlanSampler:
     * ``_config() -> dict`` (for state): a JSON-able configuration; a state saved with another
       one is refused;
     * ``_extra_state() -> dict`` (optional): fields of its own, beside the envelope's.
+
+    The public ``state_dict``/``load_state_dict`` stay in the subclasses, a few lines each: the
+    cursor has its own keyword there (``step=``, ``micro=``), and a sampler without state (the
+    compat ones) must not look stateful to ``StatefulDataLoader``.
 
     A sampler with state also sets ``STATE`` (its :class:`~fitbatch.resume.StateSchema`), and
     where its state names them otherwise ``CURSOR_KEY`` (rows of the epoch consumed,
@@ -126,17 +130,35 @@ class PlanSampler:
     # ------------------------------------------------------------------ epochs and plans
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration runs (every rank must call it alike)."""
+        """Select the epoch the next iteration runs (every rank must call it alike).
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, num_replicas=1, rank=0)
+        >>> sampler.set_epoch(2)
+        >>> sampler.epoch
+        2
+        """
         epoch = non_negative_int("epoch", epoch)
         if epoch != self.epoch:
             self.epoch, self._start, self._position = epoch, 0, 0
 
     def plan(self, epoch: int | None = None) -> BatchPlan:
-        """This rank's batches of the epoch (default: the current one), in the order it runs them."""
+        """This rank's batches of the epoch (default: the current one), in the order it runs them.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).plan().to_lists()
+        [[3, 1], [0], [2]]
+        """
         return self._layout(self._epoch(epoch)).plan
 
     def step_totals(self, epoch: int | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """Per step of the epoch: samples and real size units summed over all ranks."""
+        """Per step of the epoch: samples and real size units summed over all ranks.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0)
+        >>> [totals.tolist() for totals in sampler.step_totals()]
+        [[2, 1, 1], [2.0, 3.0, 4.0]]
+        """
         lay = self._layout(self._epoch(epoch))
         return lay.step_samples, lay.step_units
 

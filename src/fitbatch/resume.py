@@ -121,6 +121,18 @@ class Continuation:
         history: ``[num_replicas, steps done]`` of each earlier arrangement, oldest first; a
             sampler saves it in its state so a later resume rebuilds the same chain.
         rearranged: whether ``steps`` differs from the epoch's fresh arrangement.
+
+    >>> from fitbatch.distributed import arrange
+    >>> from fitbatch.plan import PlanOptions, plan_with
+    >>> from fitbatch.sizes import as_sizes
+    >>> sizes, opts = as_sizes([1] * 6), PlanOptions.build(1, cost="sum")
+    >>> def fresh(world):
+    ...     return arrange(plan_with(sizes, opts), sizes, opts.cost, world, seed=0, epoch=0)
+    >>> def rest(plan, world, purpose):
+    ...     return arrange(plan, sizes, opts.cost, world, seed=0, epoch=0, purpose=purpose)
+    >>> same = continue_epoch([[2, 1]], 2, fresh=fresh, rest=rest)  # same world: step 1 of the fresh one
+    >>> same.start, same.history, same.rearranged, same.steps.n_steps
+    (1, [], False, 3)
     """
 
     steps: Steps

@@ -76,6 +76,10 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     Raises:
         ValueError, TypeError: invalid sizes, budget or options (naming the parameter).
+
+    >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted", num_replicas=1, rank=0)
+    >>> list(sampler), len(sampler)
+    ([[3, 1], [6, 0, 2], [4, 7], [5]], 4)
     """
 
     STATE = StateSchema(
@@ -149,7 +153,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         logger.info("cost model set to %s from epoch %d on", self._opts.cost.to_dict(), self.epoch + 1)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration plans (every rank must call it alike)."""
+        """Select the epoch the next iteration plans (every rank must call it alike).
+
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, num_replicas=1, rank=0)
+        >>> sampler.set_epoch(1)
+        >>> sampler.epoch, len(sampler)
+        (1, 3)
+        """
         before = self.epoch
         super().set_epoch(epoch)
         if self.epoch != before:  # a resume applies to its own epoch only
@@ -211,6 +221,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         Raises:
             ValueError: a state of another kind, version, sample count or planning options,
                 or per-rank budgets resumed on another world size.
+
+        >>> sizes = [3, 1, 4, 1, 5, 9, 2, 6]
+        >>> state = BudgetBatchSampler(sizes, 12, strategy="sorted", num_replicas=1, rank=0).state_dict(step=2)
+        >>> resumed = BudgetBatchSampler(sizes, 12, strategy="sorted", num_replicas=1, rank=0)
+        >>> resumed.load_state_dict(state)
+        >>> list(resumed)
+        [[4, 7], [5]]
         """
         epoch, step = self._check_state(state)
         saved_world = int(state[NUM_REPLICAS_KEY])

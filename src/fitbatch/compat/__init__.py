@@ -107,6 +107,15 @@ def torch_subclass(impl: type, base: str, module: str) -> type:
 
     ``impl`` owns ``__init__``, ``__iter__`` and ``__len__``; the torch base only makes
     ``isinstance`` checks (``DataLoader``, Lightning) pass.
+
+    >>> class _Pairs(OrderedPlanSampler):
+    ...     def __init__(self, order):
+    ...         self.order = order
+    ...     def _draw(self):
+    ...         return self.order, plan_in_order(self.order, [1] * len(self.order), 2)
+    >>> Pairs = torch_subclass(_Pairs, "BatchSampler", __name__)
+    >>> Pairs.__name__, list(Pairs([5, 6, 7]))
+    ('Pairs', [[5, 6], [7]])
     """
     torch_base = torch_class(base)
     bases = (impl,) if torch_base is object else (impl, torch_base)

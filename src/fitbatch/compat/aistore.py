@@ -93,6 +93,12 @@ class _DynamicBatchSampler(PlanSampler):
     Raises:
         TypeError, ValueError: invalid arguments (``max_batch_size`` not positive,
             ``saturation_factor`` outside [0, 1]).
+
+    >>> from fitbatch.compat.aistore import DynamicBatchSampler
+    >>> sampler = DynamicBatchSampler([400, 300, 900], max_batch_size=1000, shuffle=True, seed=1)
+    >>> sampler.set_epoch(3)
+    >>> sorted(i for batch in sampler for i in batch), len(sampler)
+    ([0, 1, 2], 2)
     """
 
     def __init__(

@@ -227,7 +227,14 @@ class CustomOptimizer:
             grad.mul_(scale)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{version, epoch, micro, optimizer}``: where in the epoch, and the inner optimizer."""
+        """``{version, epoch, micro, optimizer}``: where in the epoch, and the inner optimizer.
+
+        >>> import torch
+        >>> sampler = CustomSampler(range(8), 4, num_replicas=1, rank=0, minibatch_size=2, verbose=False)
+        >>> opt = ConstantOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1), sampler)
+        >>> sorted(opt.state_dict())
+        ['epoch', 'micro', 'optimizer', 'version']
+        """
         return OPTIMIZER_STATE.envelope(epoch=self.sampler.epoch, micro=self._cursor, optimizer=self.optimizer.state_dict())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

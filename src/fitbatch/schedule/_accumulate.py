@@ -205,6 +205,11 @@ class GradientAccumulator:
 
         Raises:
             RuntimeError: in the middle of a step (accumulated gradients are not saved).
+
+        >>> import torch
+        >>> net = torch.nn.Linear(2, 1)
+        >>> GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), reference=4).state_dict()
+        {'version': 1, 'steps': 0, 'config': {'lr_rule': 'linear', 'reference': 4.0, 'normalize': 'tokens'}, 'scaler': None}
         """
         if self._pending:
             raise RuntimeError(

@@ -242,7 +242,12 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
     # ------------------------------------------------------------------ iteration
 
     def with_info(self) -> Iterator[tuple[list[int], MicroBatchInfo]]:
-        """Iterate like ``iter(sampler)``, pairing each micro-batch with its :class:`MicroBatchInfo`."""
+        """Iterate like ``iter(sampler)``, pairing each micro-batch with its :class:`MicroBatchInfo`.
+
+        >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, shuffle=False, num_replicas=1, rank=0)
+        >>> [(batch, info.step, info.closes_step) for batch, info in sampler.with_info()][:2]
+        [([0, 1], 0, False), ([2, 3], 0, True)]
+        """
         return ((batch, self._info(self.layout(), row)) for row, batch in self._rows())
 
     def infos(self) -> list[MicroBatchInfo]:
@@ -309,6 +314,11 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         Raises:
             ValueError: a state of another kind, version, sample count, world size, schedule
                 or options.
+
+        >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, shuffle=False, num_replicas=1, rank=0)
+        >>> sampler.load_state_dict(sampler.state_dict(micro=2))
+        >>> list(sampler)
+        [[4, 5], [6, 7]]
         """
         epoch, micro = self._check_state(state)
         if state[NUM_REPLICAS_KEY] != self.num_replicas:

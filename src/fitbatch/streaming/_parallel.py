@@ -249,7 +249,14 @@ class EqualSteps(Iterator[Any]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Steps run, and the source's state (at the start of the current window) when it has one."""
+        """Steps run, and the source's state (at the start of the current window) when it has one.
+
+        >>> run = equal_steps(iter([[1], [2], [3]]), steps=2)
+        >>> next(run)
+        [1]
+        >>> run.state_dict()
+        {'version': 1, 'step': 1, 'window_step': 0, 'source': None}
+        """
         if self.sync_every is None:
             state_dict = getattr(self._batches, "state_dict", None)
             source = state_dict() if callable(state_dict) else None

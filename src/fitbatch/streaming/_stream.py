@@ -296,7 +296,15 @@ class BatchStream(Iterator[Any]):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able state after the batches yielded so far (see the module docstring)."""
+        """A JSON-able state after the batches yielded so far (see the module docstring).
+
+        >>> stream = batch_stream(range(6), sizeof=lambda x: 1, budget=2, cost="sum")
+        >>> next(stream)
+        [0, 1]
+        >>> state = stream.state_dict()
+        >>> state["version"], state["read"], state["batches"]
+        (1, 6, 1)
+        """
         parts = [self._round.pending()] + [s.positions for s in self._planner.held_segments()]
         pending = np.concatenate(parts)
         batches, emitted, real, padded, over = self._totals()
