@@ -146,8 +146,9 @@ class OrderedPlanSampler(PlanSampler):
 
     Subclasses implement :meth:`_draw` (read the order, measure, plan) and may override
     :meth:`_after` (called once an iteration has yielded every batch). The batches hold the
-    entries of the order (any index type). ``len()`` draws the next iteration's plan once, so
-    that the length and the batches that follow agree.
+    entries of the order (any index type); ``plan()`` is the next iteration's draw, whatever the
+    epoch (its positions index the order). ``len()`` draws that plan once, so that the length
+    and the batches that follow agree.
 
     >>> class Pairs(OrderedPlanSampler):
     ...     def _draw(self):

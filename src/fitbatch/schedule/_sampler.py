@@ -1,10 +1,10 @@
 """``ScheduledBatchSampler``: micro-batches that follow a global batch-size schedule.
 
 Step s of the schedule (counted across epochs) consumes ``schedule(s)`` samples (or size units,
-with a budget as ``micro_batch_size``) over all ranks, as an equal number of micro-batches on every rank; see
-:mod:`fitbatch.schedule._layout` for the split and the rounding rule. The sampler yields this
-rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``); :meth:`with_info` and
-:meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
+with a budget as ``micro_batch_size``) over all ranks, as an equal number of micro-batches on
+every rank; see :mod:`fitbatch.schedule._layout` for the split and the rounding rule. The
+sampler yields this rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``);
+:meth:`with_info` and :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
 :class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
 and real units summed over all ranks (computed from the shared plan, without communication).
 
@@ -182,16 +182,14 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
                 "pass exactly one of micro_batch_size (an int: samples per micro-batch, or a budget such "
                 "as '64KiB' or a PlanOptions) and the deprecated micro_budget"
             )
-        name = "micro_budget" if budget is not None else "micro_batch_size"
-        if budget is None:
-            if not isinstance(size, (str, PlanOptions)):
-                if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-                    raise TypeError(
-                        "micro_batch_size must be an int (samples per micro-batch), a budget string such "
-                        f"as '64KiB' or a PlanOptions, got {size!r}"
-                    )
-                return positive_int("micro_batch_size", size), None
-            budget = size
+        if budget is None and not isinstance(size, (str, PlanOptions)):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                raise TypeError(
+                    "micro_batch_size must be an int (samples per micro-batch), a budget string such "
+                    f"as '64KiB' or a PlanOptions, got {size!r}"
+                )
+            return positive_int("micro_batch_size", size), None
+        name, budget = ("micro_budget", budget) if budget is not None else ("micro_batch_size", size)
         if self.rounding != "error":
             raise ValueError("rounding applies to sample counts (an int micro_batch_size), not to a budget")
         if isinstance(budget, PlanOptions):
