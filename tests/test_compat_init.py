@@ -57,3 +57,16 @@ def test_measure_names_the_bad_samples():
     with pytest.raises(TypeError, match="real numbers, got True"):
         compat.measure([0], lambda i: True, "sizeof")
     assert compat.measure([0, 1], [2, 3].__getitem__, "sizeof").integral
+
+
+def test_the_samplers_are_plan_samplers():
+    from fitbatch._plan_sampler import PlanSampler
+    from fitbatch.compat.aistore import DynamicBatchSampler
+    from fitbatch.compat.bionemo import SizeAwareBatchSampler
+    from fitbatch.compat.equibatch import EquiarealBatchSampler
+    from fitbatch.compat.xla_vbs import CustomSampler
+
+    for cls in (DynamicBatchSampler, SizeAwareBatchSampler, EquiarealBatchSampler, CustomSampler):
+        assert issubclass(cls, PlanSampler), cls
+    ordered = compat.OrderedPlanSampler
+    assert issubclass(SizeAwareBatchSampler, ordered) and issubclass(EquiarealBatchSampler, ordered)

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, DataLoader, Dataset  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch import BudgetBatchSampler, pad_collate  # noqa: E402
+from fitbatch import BudgetBatchSampler, ScheduledBatchSampler, pad_collate  # noqa: E402
+from fitbatch.sampler import PlanSampler  # noqa: E402
 
 
 def sizes_for(n=500, seed=0):
@@ -122,10 +123,70 @@ def test_bad_arguments():
         BudgetBatchSampler([1, -2], 10, num_replicas=1, rank=0)
 
 
+def test_planning_options_are_keyword_parameters_with_plan_options_defaults():
+    default = BudgetBatchSampler([1, 2, 3], 10, num_replicas=1, rank=0).options
+    assert default == fitbatch.PlanOptions.build(10)
+    opts = BudgetBatchSampler([1, 2, 3], 10, max_batch_size=2, batch_size_multiple=2, shuffle=False, seed=4,
+                              oversized="skip", drop_last=True, saturation=0.5, num_replicas=1, rank=0).options
+    assert (opts.max_batch_size, opts.batch_size_multiple, opts.shuffle, opts.seed) == (2, 2, False, 4)
+    assert (opts.oversized, opts.drop_last, opts.saturation) == ("skip", True, 0.5)
+    with pytest.raises(TypeError, match="max_batchsize"):
+        BudgetBatchSampler([1, 2, 3], 10, max_batchsize=2, num_replicas=1, rank=0)
+
+
 def test_callable_sizes_with_n():
     sampler = BudgetBatchSampler(lambda i: i % 7 + 1, 20, cost="sum", strategy="sequential", n=10,
                                  num_replicas=1, rank=0)
     assert list(sampler) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # 15 + 6 > 20; 6 + 7 + 1 + 2 + 3 = 19
+
+
+# --------------------------------------------------------------------------- the protocol
+
+
+def test_both_samplers_are_plan_samplers_and_torch_batch_samplers():
+    for cls in (BudgetBatchSampler, ScheduledBatchSampler):
+        assert issubclass(cls, PlanSampler) and issubclass(cls, BatchSampler)
+        for name in ("__iter__", "__len__", "plan", "step_totals"):
+            assert getattr(cls, name) is getattr(PlanSampler, name), f"{cls.__name__}.{name} is the base's"
+
+
+PROTOCOL_CASES = [
+    (lambda: BudgetBatchSampler(sizes_for(300), 2000, num_replicas=1, rank=0), "step"),
+    (lambda: ScheduledBatchSampler(60, 8, micro_batch_size=4, num_replicas=1, rank=0), "micro"),
+]
+
+
+@pytest.mark.parametrize("make, cursor", PROTOCOL_CASES)
+def test_cursor_len_and_state_behave_alike_in_both_samplers(make, cursor):
+    sampler = make()
+    full = list(sampler)
+    assert len(sampler) == len(full) and sampler.plan().to_lists() == full
+    assert int(sampler.step_totals()[0].sum()) == sum(len(b) for b in full)
+    state = sampler.state_dict(**{cursor: 2})
+    assert state["version"] == 1 and state[cursor] == 2 and state["epoch"] == 0
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert len(fresh) == len(full) - 2
+    unused, used = iter(fresh), iter(fresh)  # a multi-worker DataLoader calls iter() twice
+    assert list(used) == full[2:]
+    assert list(fresh) == full, "the next iteration is a whole epoch again"
+    del unused
+
+
+@pytest.mark.parametrize("make, cursor", PROTOCOL_CASES)
+def test_both_samplers_check_state_with_their_schema(make, cursor):
+    sampler = make()
+    state = sampler.state_dict()
+    with pytest.raises(ValueError, match=rf"sampler state lacks keys \['{cursor}'\]"):
+        sampler.load_state_dict({k: v for k, v in state.items() if k != cursor})
+    with pytest.raises(ValueError, match=r"unknown sampler state keys \['rank'\]"):
+        sampler.load_state_dict({**state, "rank": 0})
+    with pytest.raises(ValueError, match="unsupported sampler state version 2; expected 1"):
+        sampler.load_state_dict({**state, "version": 2})
+    with pytest.raises(TypeError, match="sampler state must be a mapping"):
+        sampler.load_state_dict([("version", 1)])
+    with pytest.raises(ValueError, match=f"{cursor} must be >= 0"):
+        sampler.load_state_dict({**state, cursor: -1})
 
 
 # --------------------------------------------------------------------------- real DataLoader

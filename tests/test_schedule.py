@@ -250,6 +250,39 @@ def test_budget_mode_accepts_plan_options():
     check_contracts(runs, sizes, budget_mode=True)
 
 
+def test_micro_batch_size_takes_an_int_or_a_budget_without_warning(recwarn):
+    sizes = np.random.default_rng(0).integers(1, 20, 60)
+    by_string = ScheduledBatchSampler(sizes, 120, micro_batch_size="60", num_replicas=2, rank=0, seed=1)
+    opts = PlanOptions.build(60, seed=99)
+    by_options = ScheduledBatchSampler(sizes, 120, micro_batch_size=opts, num_replicas=2, rank=0, seed=1)
+    assert by_string.micro_batch_size is None and by_string._opts == by_options._opts
+    assert list(by_string.with_info()) == list(by_options.with_info())
+    assert ScheduledBatchSampler(60, 8, micro_batch_size=np.int64(4)).micro_batch_size == 4
+    assert "micro_batch_size='60'" in repr(by_string) and "micro_batch_size=4" in repr(ScheduledBatchSampler(60, 8, micro_batch_size=4))
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+    with pytest.raises(TypeError, match=r"micro_batch_size must be an int .*or a PlanOptions, got 2.5"):
+        ScheduledBatchSampler(10, 4, micro_batch_size=2.5)
+    with pytest.raises(TypeError, match="got True"):
+        ScheduledBatchSampler(10, 4, micro_batch_size=True)
+    with pytest.raises(ValueError, match="micro_batch_size '64XB' is not a number"):
+        ScheduledBatchSampler(10, 4, micro_batch_size="64XB")
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        ScheduledBatchSampler(10, 4, micro_batch_size=0)
+    with pytest.raises(ValueError, match="rounding applies to sample counts"):
+        ScheduledBatchSampler([1, 2], 4, micro_batch_size="10", rounding="up")
+
+
+def test_micro_budget_still_works_with_a_deprecation_warning():
+    sizes = np.random.default_rng(0).integers(1, 20, 60)
+    with pytest.warns(DeprecationWarning, match=r"micro_budget=.*removed in 0\.3\.0; pass the budget as micro_batch_size="):
+        old = ScheduledBatchSampler(sizes, 120, micro_budget=60, num_replicas=2, rank=1, seed=1)
+    new = ScheduledBatchSampler(sizes, 120, micro_batch_size="60", num_replicas=2, rank=1, seed=1)
+    assert list(old.with_info()) == list(new.with_info())
+    assert old.state_dict() == new.state_dict(), "a checkpoint taken with either form resumes the other"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="micro_budget 'lots' is not a number"):
+        ScheduledBatchSampler(sizes, 120, micro_budget="lots")
+
+
 def test_sizes_not_divisible_by_ranks_uneven():
     # 20 = 2 x 4-sample micro-batches per rank... on 3 ranks: 6 micro-batches of 3 or 4 samples
     sched = BatchSizeSchedule.from_list([24, 20, 8, 16], on_exhausted="cycle")

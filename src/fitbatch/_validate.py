@@ -89,24 +89,6 @@ def parse_budget(value: Any, name: str = "budget") -> float:
     return number
 
 
-def check_state(what: str, state: Any, keys: Iterable[str], version: int) -> None:
-    """Reject a state dict with unknown keys or another version (``what`` names its owner).
-
-    >>> check_state("sampler", {"version": 2}, {"version"}, 1)
-    Traceback (most recent call last):
-    ...
-    ValueError: unsupported sampler state version 2; expected 1
-    """
-    allowed = frozenset(keys)
-    if not hasattr(state, "keys"):
-        raise TypeError(f"{what} state must be a mapping, got {type(state).__name__}")
-    unknown = set(state) - allowed
-    if unknown:
-        raise ValueError(f"unknown {what} state keys {sorted(unknown)}; expected {sorted(allowed)}")
-    if state.get("version") != version:
-        raise ValueError(f"unsupported {what} state version {state.get('version')!r}; expected {version}")
-
-
 def format_offenders(indices: Any, values: Any, limit: int = 5) -> str:
     """'index 3 (size 70000), index 9 (size 52000), ...' for the first ``limit`` offenders."""
     shown = ", ".join(f"index {int(i)} (size {v})" for i, v in zip(indices[:limit], values[:limit]))

@@ -15,9 +15,9 @@ docstring where it deliberately differs from the original (a bug not reproduced)
   ``RootRuleOptimizer``, ``ConstantOptimizer``.
 
 Migrating is a change of the import line (see ``docs/migrating.md``). Importing a module here
-imports torch only where the adapter needs it by nature; the samplers subclass torch's
-``Sampler``/``BatchSampler`` on first access to the class, as ``fitbatch.BudgetBatchSampler``
-does.
+imports torch only where the adapter needs it by nature. The samplers are
+:class:`~fitbatch.sampler.PlanSampler` subclasses, as ``fitbatch.BudgetBatchSampler`` is; they
+take torch's ``Sampler``/``BatchSampler`` as a second base on first access to the class.
 
 >>> from fitbatch.compat.equibatch import EquiarealBatchSampler
 >>> list(EquiarealBatchSampler(range(4), [5, 5, 9, 1].__getitem__, max_size=10, max_footprint=10))
@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.sizes import Sizes, as_sizes
 
@@ -106,13 +107,18 @@ def torch_subclass(impl: type, base: str, module: str) -> type:
 
     ``impl`` owns ``__init__``, ``__iter__`` and ``__len__``; the torch base only makes
     ``isinstance`` checks (``DataLoader``, Lightning) pass.
+
+    >>> class _Pairs(OrderedPlanSampler):
+    ...     def __init__(self, order):
+    ...         self.order = order
+    ...     def _draw(self):
+    ...         return self.order, plan_in_order(self.order, [1] * len(self.order), 2)
+    >>> Pairs = torch_subclass(_Pairs, "BatchSampler", __name__)
+    >>> Pairs.__name__, list(Pairs([5, 6, 7]))
+    ('Pairs', [[5, 6], [7]])
     """
-    try:
-        torch_data = importlib.import_module("torch.utils.data")
-    except ImportError:  # pragma: no cover - exercised only without torch
-        bases: tuple[type, ...] = (impl,)
-    else:
-        bases = (impl, getattr(torch_data, base))
+    torch_base = torch_class(base)
+    bases = (impl,) if torch_base is object else (impl, torch_base)
     name = impl.__name__.lstrip("_")
     return type(name, bases, {"__module__": module, "__qualname__": name, "__doc__": impl.__doc__})
 
@@ -135,12 +141,22 @@ def lazy_torch_classes(module: str, classes: dict[str, tuple[type, str]]) -> Cal
     return __getattr__
 
 
-class OrderedPlanSampler:
-    """Base of the samplers that plan the wrapped sampler's order with the core.
+class OrderedPlanSampler(PlanSampler):
+    """A :class:`~fitbatch.sampler.PlanSampler` over the order a wrapped sampler gives, drawn anew each iteration.
 
     Subclasses implement :meth:`_draw` (read the order, measure, plan) and may override
-    :meth:`_after` (called once an iteration has yielded every batch). ``len()`` draws the next
-    iteration's plan once, so that the length and the batches that follow agree.
+    :meth:`_after` (called once an iteration has yielded every batch). The batches hold the
+    entries of the order (any index type); ``plan()`` is the next iteration's draw, whatever the
+    epoch (its positions index the order). ``len()`` draws that plan once, so that the length
+    and the batches that follow agree.
+
+    >>> class Pairs(OrderedPlanSampler):
+    ...     def _draw(self):
+    ...         order = ["a", "b", "c"]
+    ...         return order, plan_in_order(order, [1, 1, 1], 2)
+    >>> sampler = Pairs()
+    >>> len(sampler), list(sampler)
+    (2, [['a', 'b'], ['c']])
     """
 
     _next: tuple[list[Any], BatchPlan] | None = None
@@ -151,18 +167,15 @@ class OrderedPlanSampler:
     def _after(self, order: list[Any], plan: BatchPlan) -> None:
         """Hook run after an iteration's last batch (reports, logs)."""
 
-    def plan(self) -> BatchPlan:
-        """The next iteration's batches as a :class:`~fitbatch.BatchPlan` (positions in the order)."""
+    def _layout(self, epoch: int) -> RankLayout:
+        # the next iteration's draw, whatever the epoch
         if self._next is None:
             self._next = self._draw()
-        return self._next[1]
+        return RankLayout.alone(self._next[1])
 
-    def __len__(self) -> int:
-        return len(self.plan())
-
-    def __iter__(self) -> Iterator[list[Any]]:
+    def _generate(self) -> Iterator[tuple[int, list[Any]]]:
         # a generator: the draw runs at the first next(), after the length hint list() asks for
         order, plan = self._next if self._next is not None else self._draw()
         self._next = None
-        yield from batches_of(plan, order)
+        yield from enumerate(batches_of(plan, order))
         self._after(order, plan)

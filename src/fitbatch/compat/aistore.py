@@ -38,11 +38,11 @@ Deliberate differences from aistore 2.0.0 (bugs not reproduced):
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike
-from fitbatch._validate import fraction, non_negative_int, parse_budget
+from fitbatch._validate import fraction, parse_budget
 from fitbatch.compat import lazy_torch_classes
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.sizes import as_sizes
@@ -73,10 +73,11 @@ def object_sizes(data_source: Any) -> list[float]:
     return sizes
 
 
-class _DynamicBatchSampler:
+class _DynamicBatchSampler(PlanSampler):
     """Mini-batches of indices whose summed object sizes fit ``max_batch_size`` bytes.
 
-    A subclass of torch's ``Sampler`` when torch is installed.
+    A :class:`~fitbatch.sampler.PlanSampler` (``set_epoch``, ``plan()`` with its stats:
+    dropped, skipped), and a subclass of torch's ``Sampler`` when torch is installed.
 
     Args:
         data_source: an AIS map-style dataset (``get_obj_list()``) or a sequence of byte sizes.
@@ -92,6 +93,12 @@ class _DynamicBatchSampler:
     Raises:
         TypeError, ValueError: invalid arguments (``max_batch_size`` not positive,
             ``saturation_factor`` outside [0, 1]).
+
+    >>> from fitbatch.compat.aistore import DynamicBatchSampler
+    >>> sampler = DynamicBatchSampler([400, 300, 900], max_batch_size=1000, shuffle=True, seed=1)
+    >>> sampler.set_epoch(3)
+    >>> sorted(i for batch in sampler for i in batch), len(sampler)
+    ([0, 1, 2], 2)
     """
 
     def __init__(
@@ -127,24 +134,12 @@ class _DynamicBatchSampler:
             saturation=self._saturation_factor,
         )
         self._cache: tuple[int, BatchPlan] | None = None
-        self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (a new shuffle per epoch, the same for the same seed and epoch)."""
-        self.epoch = non_negative_int("epoch", epoch)
-
-    def plan(self, epoch: int | None = None) -> BatchPlan:
-        """The epoch's batches as a :class:`~fitbatch.BatchPlan` (stats: dropped, skipped)."""
-        epoch = self.epoch if epoch is None else non_negative_int("epoch", epoch)
+    def _layout(self, epoch: int) -> RankLayout:
+        # a new shuffle per epoch, the same for the same seed and epoch
         if self._cache is None or self._cache[0] != epoch:
             self._cache = (epoch, plan_with(self._sizes, self._options, epoch))
-        return self._cache[1]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.plan().to_lists()
-
-    def __len__(self) -> int:
-        return len(self.plan())
+        return RankLayout.alone(self._cache[1])
 
     def __repr__(self) -> str:
         return (

@@ -189,7 +189,6 @@ class _SizeAwareBatchSampler(OrderedPlanSampler):
         self._sampler = sampler
         self._info_logger = info_logger
         self._warn_logger = warn_logger
-        self._next: tuple[list[Any], BatchPlan] | None = None
 
     def _draw(self) -> tuple[list[Any], BatchPlan]:
         order = list(self._sampler)

@@ -94,7 +94,6 @@ class _EquiarealBatchSampler(OrderedPlanSampler):
         self.drop_last = False  # read by code that inspects torch BatchSamplers
         self._cap = _max_size(max_size)
         self._budget = parse_budget(max_footprint, "max_footprint")
-        self._next: tuple[list[Any], BatchPlan] | None = None
 
     def _draw(self) -> tuple[list[Any], BatchPlan]:
         order = list(self.sampler)

@@ -56,6 +56,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fitbatch.resume import EPOCH_KEY, MICRO_KEY, StateSchema
 from fitbatch.schedule import (
     BatchSizeSchedule,
     GradientAccumulator,
@@ -68,7 +69,7 @@ __all__ = ["ConstantOptimizer", "CustomOptimizer", "CustomSampler", "LinearRuleO
 logger = logging.getLogger(__name__)
 
 _LATEST: list[weakref.ref[CustomSampler]] = []
-STATE_VERSION = 1
+OPTIMIZER_STATE = StateSchema("CustomOptimizer", version=1, required=(EPOCH_KEY, MICRO_KEY, "optimizer"))
 
 
 def _trace(trace: Any, minibatch_size: int) -> BatchSizeSchedule:
@@ -100,13 +101,9 @@ class CustomSampler(ScheduledBatchSampler):
 
     def __init__(
         self,
-        dataset: Any,
-        trace: Any,
-        seed: int = 42,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        minibatch_size: int = 32,
-        verbose: bool = True,
+        dataset: Any, trace: Any, seed: int = 42,  # the emulator's signature, in its order
+        num_replicas: int | None = None, rank: int | None = None,
+        minibatch_size: int = 32, verbose: bool = True,
     ) -> None:
         if isinstance(minibatch_size, bool) or not isinstance(minibatch_size, numbers.Integral) or minibatch_size < 1:
             raise ValueError(f"minibatch_size must be an int >= 1, got {minibatch_size!r}")
@@ -230,17 +227,22 @@ class CustomOptimizer:
             grad.mul_(scale)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{version, epoch, micro, optimizer}``: where in the epoch, and the inner optimizer."""
-        return {"version": STATE_VERSION, "epoch": self.sampler.epoch, "micro": self._cursor, "optimizer": self.optimizer.state_dict()}
+        """``{version, epoch, micro, optimizer}``: where in the epoch, and the inner optimizer.
+
+        >>> import torch
+        >>> sampler = CustomSampler(range(8), 4, num_replicas=1, rank=0, minibatch_size=2, verbose=False)
+        >>> opt = ConstantOptimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1), sampler)
+        >>> sorted(opt.state_dict())
+        ['epoch', 'micro', 'optimizer', 'version']
+        """
+        return OPTIMIZER_STATE.envelope(epoch=self.sampler.epoch, micro=self._cursor, optimizer=self.optimizer.state_dict())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (the sampler must be at the same epoch)."""
-        unknown = set(state) - {"version", "epoch", "micro", "optimizer"}
-        if unknown or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a {type(self).__name__} state (version {state.get('version')!r}, unknown keys {sorted(unknown)})")
-        self.set_epoch(int(state["epoch"]))
+        OPTIMIZER_STATE.check(state)
+        self.set_epoch(int(state[EPOCH_KEY]))
         self.optimizer.load_state_dict(state["optimizer"])
-        self._cursor = int(state["micro"])
+        self._cursor = int(state[MICRO_KEY])
         self.step_index = sum(1 for info in self._infos[: self._cursor] if info.closes_step)
 
 

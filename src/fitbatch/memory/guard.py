@@ -51,13 +51,14 @@ from fitbatch.memory._guard_sync import (
 )
 from fitbatch.memory.model import BatchMemoryModel, load_memory_model
 from fitbatch.memory.profile import PeakTracker, free_memory
+from fitbatch.resume import STEPS_KEY, StateSchema
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE = StateSchema("OOMGuard", version=1, required=(STEPS_KEY, "ooms", "clean_steps", "window_peak", "cost"))
 _GROW_TARGET = 0.95  # grow the budget while peaks stay below this fraction of the capacity
 _GROW_STEP = 1.10  # at most +10 % per window
 
@@ -259,27 +260,18 @@ class OOMGuard:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, the growth window and a refitted memory model, as plain data."""
-        return {
-            "version": STATE_VERSION,
-            "steps": self.steps,
-            "ooms": self.ooms,
-            "clean_steps": self._clean_steps,
-            "window_peak": self._window_peak,
-            "cost": self.cost.to_dict() if isinstance(self.cost, BatchMemoryModel) else None,
-        }
+        return STATE.envelope(
+            steps=self.steps,
+            ooms=self.ooms,
+            clean_steps=self._clean_steps,
+            window_peak=self._window_peak,
+            cost=self.cost.to_dict() if isinstance(self.cost, BatchMemoryModel) else None,
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (events are not kept in state)."""
-        keys = {"version", "steps", "ooms", "clean_steps", "window_peak", "cost"}
-        if not isinstance(state, Mapping) or set(state) != keys:
-            raise ValueError(
-                f"OOMGuard state must have keys {sorted(keys)}, got {sorted(state) if isinstance(state, Mapping) else state!r}"
-            )
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"unsupported OOMGuard state version {state['version']!r}; expected {STATE_VERSION}"
-            )
-        self.steps, self.ooms = int(state["steps"]), int(state["ooms"])
+        STATE.check(state)
+        self.steps, self.ooms = int(state[STEPS_KEY]), int(state["ooms"])
         self._clean_steps, self._window_peak = (
             int(state["clean_steps"]),
             float(state["window_peak"]),

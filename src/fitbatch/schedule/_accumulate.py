@@ -38,15 +38,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fitbatch._validate import check_state, choice, non_negative_int, parse_budget
+from fitbatch._validate import choice, non_negative_int, parse_budget
+from fitbatch.resume import CONFIG_KEY, STEPS_KEY, StateSchema
 from fitbatch.schedule._sampler import MicroBatchInfo
 
 logger = logging.getLogger(__name__)
 
 LR_RULES = ("linear", "sqrt", "none")
 NORMALIZE = ("tokens", "samples")
-STATE_VERSION = 1
-_STATE_KEYS = frozenset({"version", "steps", "config", "scaler"})
+STATE = StateSchema("accumulator", version=1, required=(STEPS_KEY, CONFIG_KEY, "scaler"))
 
 
 class GradientAccumulator:
@@ -205,26 +205,27 @@ class GradientAccumulator:
 
         Raises:
             RuntimeError: in the middle of a step (accumulated gradients are not saved).
+
+        >>> import torch
+        >>> net = torch.nn.Linear(2, 1)
+        >>> GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), reference=4).state_dict()
+        {'version': 1, 'steps': 0, 'config': {'lr_rule': 'linear', 'reference': 4.0, 'normalize': 'tokens'}, 'scaler': None}
         """
         if self._pending:
             raise RuntimeError(
                 f"checkpoint at a step boundary: step {self._open} has {self._pending} micro-batches accumulated"
             )
-        return {
-            "version": STATE_VERSION,
-            "steps": self.steps,
-            "config": self._config(),
-            "scaler": None if self.scaler is None else self.scaler.state_dict(),
-        }
+        scaler = None if self.scaler is None else self.scaler.state_dict()
+        return STATE.envelope(steps=self.steps, config=self._config(), scaler=scaler)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore ``state``; rejects unknown keys, versions and another configuration."""
-        check_state("accumulator", state, _STATE_KEYS, STATE_VERSION)
-        if dict(state.get("config", {})) != self._config():
-            raise ValueError(f"state was saved with {state.get('config')!r}, this accumulator has {self._config()!r}")
-        if (state.get("scaler") is None) != (self.scaler is None):
+        """Restore ``state``; rejects unknown or missing keys, versions and another configuration."""
+        STATE.check(state)
+        if dict(state[CONFIG_KEY]) != self._config():
+            raise ValueError(f"state was saved with {state[CONFIG_KEY]!r}, this accumulator has {self._config()!r}")
+        if (state["scaler"] is None) != (self.scaler is None):
             raise ValueError("state and accumulator disagree on having a GradScaler")
-        self.steps = non_negative_int("steps", state.get("steps"))
+        self.steps = non_negative_int("steps", state[STEPS_KEY])
         if self.scaler is not None:
             self.scaler.load_state_dict(dict(state["scaler"]))
         self._pending, self._open, self.last_lrs = 0, None, []

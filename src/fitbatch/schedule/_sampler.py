@@ -1,10 +1,10 @@
 """``ScheduledBatchSampler``: micro-batches that follow a global batch-size schedule.
 
 Step s of the schedule (counted across epochs) consumes ``schedule(s)`` samples (or size units,
-with ``micro_budget``) over all ranks, as an equal number of micro-batches on every rank; see
-:mod:`fitbatch.schedule._layout` for the split and the rounding rule. The sampler yields this
-rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``); :meth:`with_info` and
-:meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
+with a budget as ``micro_batch_size``) over all ranks, as an equal number of micro-batches on
+every rank; see :mod:`fitbatch.schedule._layout` for the split and the rounding rule. The
+sampler yields this rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``);
+:meth:`with_info` and :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
 :class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
 and real units summed over all ranks (computed from the shared plan, without communication).
 
@@ -26,28 +26,34 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import check_state, choice, non_negative_int, positive_int
+from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
 from fitbatch.distributed import world_info
-from fitbatch.plan import BatchPlan, PlanOptions
+from fitbatch.plan import PlanOptions
+from fitbatch.resume import (
+    CONFIG_KEY,
+    EPOCH_KEY,
+    MICRO_KEY,
+    N_SAMPLES_KEY,
+    NUM_REPLICAS_KEY,
+    StateSchema,
+)
+from fitbatch.sampler import TorchBatchSampler
 from fitbatch.schedule._layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
 from fitbatch.schedule._sizes import BatchSizeSchedule, ScheduleLike
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 
 logger = logging.getLogger(__name__)
 
-try:  # subclass torch's BatchSampler when torch is there, so DataLoader type checks pass
-    from torch.utils.data import BatchSampler as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    _Base = object  # type: ignore[assignment,misc]
-
-STATE_VERSION = 1
-_STATE_KEYS = frozenset({"version", "epoch", "micro", "first_step", "num_replicas", "n_samples", "config"})
+FIRST_STEP_KEY = "first_step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,20 +91,24 @@ class MicroBatchInfo:
         return self.micro == self.n_micro - 1
 
 
-class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
+class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
     """Yield micro-batches whose steps follow a batch-size schedule.
+
+    A :class:`~fitbatch.sampler.PlanSampler` whose rows are micro-batches: ``len()``, ``plan()``
+    and the state's ``micro`` count micro-batches, ``step_totals()`` optimizer steps.
 
     Args:
         sizes: the number of samples, or one size per sample (real units, e.g. tokens, used
-            for ``info.step_units`` and by ``micro_budget``).
+            for ``info.step_units`` and by a budget).
         schedule: a :class:`BatchSizeSchedule` or any form :meth:`BatchSizeSchedule.coerce`
-            accepts (int, CSV path, list, function): samples per step with
-            ``micro_batch_size``, real size units per step with ``micro_budget``.
-        micro_batch_size: the most samples of one micro-batch on one rank.
-        micro_budget: instead of ``micro_batch_size``: the cost budget of one micro-batch (a
-            number, a string such as ``"64KiB"``, or a :class:`~fitbatch.PlanOptions` whose
-            ``seed`` and ``shuffle`` this sampler's replace); micro-batches are planned by the
-            core planner and grouped into steps of at most ``schedule(s)`` real units.
+            accepts (int, CSV path, list, function): samples per step when
+            ``micro_batch_size`` is an int, real size units per step when it is a budget.
+        micro_batch_size: what one micro-batch on one rank may hold: an int is its most
+            samples; a budget (a string such as ``"64KiB"`` or ``"4096"``, or a
+            :class:`~fitbatch.PlanOptions` whose ``seed`` and ``shuffle`` this sampler's
+            replace) is its most cost: micro-batches are then planned by the core planner and
+            grouped into steps of at most ``schedule(s)`` real units.
+        micro_budget: deprecated, removed in 0.3.0: pass the budget as ``micro_batch_size``.
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
@@ -108,22 +118,44 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
     Raises:
         ValueError: a schedule value that cannot be split (naming the trace line), a schedule
             that runs out during epoch 0 with ``on_exhausted="error"``, or bad options.
+        TypeError: a ``micro_batch_size`` that is neither an int nor a budget.
+
+    A budget as ``micro_batch_size``: padded micro-batches of cost at most 8, 16 tokens a step:
+
+    >>> tokens = ScheduledBatchSampler([3, 5, 2, 6], 16, micro_batch_size="8", shuffle=False)
+    >>> list(tokens), tokens.step_totals()[1].tolist()
+    ([[3], [1], [0, 2]], [16.0])
     """
+
+    STATE = StateSchema(
+        "sampler",
+        version=1,
+        required=(EPOCH_KEY, MICRO_KEY, FIRST_STEP_KEY, NUM_REPLICAS_KEY, N_SAMPLES_KEY, CONFIG_KEY),
+    )
+    CURSOR_KEY = MICRO_KEY
+    CONFIG_NAME = "schedule or options"
 
     def __init__(
         self,
         sizes: int | SizesLike,
         schedule: ScheduleLike,
         *,
-        micro_batch_size: int | None = None,
-        micro_budget: float | str | PlanOptions | None = None,
+        micro_batch_size: int | str | PlanOptions | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
         seed: SeedLike = 0,
         drop_last: bool = False,
         rounding: str = "error",
+        micro_budget: float | str | PlanOptions | None = None,
     ) -> None:
+        if micro_budget is not None:
+            warnings.warn(
+                "ScheduledBatchSampler(micro_budget=...) is deprecated and will be removed in 0.3.0; "
+                "pass the budget as micro_batch_size= (a string such as '64KiB', or a PlanOptions)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if isinstance(sizes, (int, np.integer)) and not isinstance(sizes, bool):
             self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
         else:
@@ -136,9 +168,6 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, resolve_seed(seed)
         self.rounding = choice("rounding", rounding, ROUNDING)
         self.micro_batch_size, self._opts = self._resolve_micro(micro_batch_size, micro_budget)
-        self.epoch = 0
-        self._start = 0  # first micro-batch of the next iteration (set by load_state_dict)
-        self._position = 0  # micro-batches of this epoch handed out by the latest iterator
         self._first: dict[int, int] = {0: 0}  # epoch -> its first global step
         self._cache: Layout | None = None
         values = self.schedule.distinct()
@@ -146,28 +175,32 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
             round_sizes(self.schedule, values, self.micro_batch_size or 1, self.num_replicas, self.rounding, None)
         self.layout(0)  # fail early: epoch 0 must be plannable
 
-    def _resolve_micro(self, size: int | None, budget: Any) -> tuple[int | None, PlanOptions | None]:
+    def _resolve_micro(self, size: Any, budget: Any) -> tuple[int | None, PlanOptions | None]:
+        """(samples per micro-batch, None) for an int, (None, planning options) for a budget."""
         if (size is None) == (budget is None):
-            raise ValueError("pass exactly one of micro_batch_size (samples) or micro_budget (size units)")
-        if size is not None:
+            raise ValueError(
+                "pass exactly one of micro_batch_size (an int: samples per micro-batch, or a budget such "
+                "as '64KiB' or a PlanOptions) and the deprecated micro_budget"
+            )
+        if budget is None and not isinstance(size, (str, PlanOptions)):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                raise TypeError(
+                    "micro_batch_size must be an int (samples per micro-batch), a budget string such "
+                    f"as '64KiB' or a PlanOptions, got {size!r}"
+                )
             return positive_int("micro_batch_size", size), None
+        name, budget = ("micro_budget", budget) if budget is not None else ("micro_batch_size", size)
         if self.rounding != "error":
-            raise ValueError("rounding applies to sample counts (micro_batch_size), not to micro_budget")
+            raise ValueError("rounding applies to sample counts (an int micro_batch_size), not to a budget")
         if isinstance(budget, PlanOptions):
             return None, dataclasses.replace(budget, seed=self.seed, shuffle=self.shuffle)
-        return None, PlanOptions.build(budget, seed=self.seed, shuffle=self.shuffle)
+        return None, PlanOptions.build(parse_budget(budget, name), seed=self.seed, shuffle=self.shuffle)
 
     # ------------------------------------------------------------------ plans
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration runs (every rank must call it alike)."""
-        epoch = non_negative_int("epoch", epoch)
-        if epoch != self.epoch:
-            self.epoch, self._start, self._position = epoch, 0, 0
-
     def first_step(self, epoch: int | None = None) -> int:
         """The global step the epoch starts at (steps of all earlier epochs)."""
-        epoch = self.epoch if epoch is None else non_negative_int("epoch", epoch)
+        epoch = self._epoch(epoch)
         known = max(e for e in self._first if e <= epoch)
         while known < epoch:
             self._first[known + 1] = self._first[known] + self.layout(known).n_steps
@@ -176,7 +209,7 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
 
     def layout(self, epoch: int | None = None) -> Layout:
         """The epoch's shared layout of micro-batches and steps (all ranks)."""
-        epoch = self.epoch if epoch is None else non_negative_int("epoch", epoch)
+        epoch = self._epoch(epoch)
         if self._cache is not None and self._cache.epoch == epoch:
             return self._cache
         first = self.first_step(epoch)
@@ -195,33 +228,25 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
         self._cache = lay
         return lay
 
-    def plan(self, epoch: int | None = None) -> BatchPlan:
-        """This rank's micro-batches of the epoch, in order (its stats count dropped samples)."""
+    def _layout(self, epoch: int) -> RankLayout:
+        # plan(): this rank's micro-batches in order; its stats count the dropped samples
         lay = self.layout(epoch)
-        return lay.plan.select(lay.grid[:, self.rank])
+        return RankLayout(lay.plan.select(lay.grid[:, self.rank]), lay.step_samples, lay.step_units)
 
     def num_steps(self, epoch: int | None = None) -> int:
         """Optimizer steps in the epoch."""
         return self.layout(epoch).n_steps
 
-    def step_totals(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Per step of the epoch: samples and real size units summed over all ranks."""
-        lay = self.layout(epoch)
-        return lay.step_samples, lay.step_units
-
     # ------------------------------------------------------------------ iteration
 
-    def __len__(self) -> int:
-        return max(0, self.layout().n_rows - self._start)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        self._position = self._start
-        return (batch for batch, _ in self._generate())
-
     def with_info(self) -> Iterator[tuple[list[int], MicroBatchInfo]]:
-        """Iterate like ``iter(sampler)``, pairing each micro-batch with its :class:`MicroBatchInfo`."""
-        self._position = self._start
-        return self._generate()
+        """Iterate like ``iter(sampler)``, pairing each micro-batch with its :class:`MicroBatchInfo`.
+
+        >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, shuffle=False, num_replicas=1, rank=0)
+        >>> [(batch, info.step, info.closes_step) for batch, info in sampler.with_info()][:2]
+        [([0, 1], 0, False), ([2, 3], 0, True)]
+        """
+        return ((batch, self._info(self.layout(), row)) for row, batch in self._rows())
 
     def infos(self) -> list[MicroBatchInfo]:
         """The infos of the micro-batches the next iteration yields, in order.
@@ -231,19 +256,6 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
         """
         lay = self.layout()
         return [self._info(lay, row) for row in range(self._start, lay.n_rows)]
-
-    def _generate(self) -> Iterator[tuple[list[int], MicroBatchInfo]]:
-        # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
-        # DataLoader calls iter() twice per epoch and only runs the second iterator.
-        start, self._start = self._start, 0
-        lay = self.layout()
-        mine = lay.plan.select(lay.grid[:, self.rank])
-        order, bounds = mine.order, mine.offsets.tolist()
-        self._position = start
-        for row in range(start, lay.n_rows):
-            batch = order[bounds[row] : bounds[row + 1]].tolist()
-            self._position = row + 1
-            yield batch, self._info(lay, row)
 
     def _info(self, lay: Layout, row: int) -> MicroBatchInfo:
         k = int(np.searchsorted(lay.step_rows, row, side="right")) - 1
@@ -276,6 +288,9 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
         normalised: dict[str, Any] = json.loads(json.dumps(config))  # compare as JSON stores it
         return normalised
 
+    def _extra_state(self) -> dict[str, Any]:
+        return {FIRST_STEP_KEY: self.first_step()}
+
     def state_dict(self, *, micro: int | None = None) -> dict[str, Any]:
         """A JSON-able state: ``epoch`` and ``micro`` (micro-batches of the epoch consumed).
 
@@ -283,43 +298,40 @@ class ScheduledBatchSampler(_Base):  # type: ignore[misc,valid-type]
             micro: micro-batches the training loop completed in this epoch. Defaults to those
                 the latest iterator handed out; with a prefetching ``DataLoader`` pass the
                 loop's own count. Checkpoint at a step boundary (after ``info.closes_step``).
+
+        >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, num_replicas=1, rank=0)
+        >>> state = sampler.state_dict(micro=2)
+        >>> state["epoch"], state["micro"], state["first_step"]
+        (0, 2, 0)
         """
-        done = self._position if micro is None else non_negative_int("micro", micro)
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "micro": done,
-            "first_step": self.first_step(),
-            "num_replicas": self.num_replicas,
-            "n_samples": len(self._sizes),
-            "config": self._config(),
-        }
+        return self._save_state(micro)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: re-plans the epoch, no replay."""
-        check_state("sampler", state, _STATE_KEYS, STATE_VERSION)
-        missing = _STATE_KEYS - set(state)
-        if missing:
-            raise ValueError(f"sampler state lacks keys {sorted(missing)}")
-        if state["n_samples"] != len(self._sizes):
-            raise ValueError(f"state is for {state['n_samples']} samples, this sampler has {len(self._sizes)}")
-        if state["num_replicas"] != self.num_replicas:
+        """Continue exactly where ``state`` was taken: re-plans the epoch, no replay.
+
+        Raises:
+            ValueError: a state of another kind, version, sample count, world size, schedule
+                or options.
+
+        >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, shuffle=False, num_replicas=1, rank=0)
+        >>> sampler.load_state_dict(sampler.state_dict(micro=2))
+        >>> list(sampler)
+        [[4, 5], [6, 7]]
+        """
+        epoch, micro = self._check_state(state)
+        if state[NUM_REPLICAS_KEY] != self.num_replicas:
             raise ValueError(
-                f"state was saved with {state['num_replicas']} ranks, this sampler has {self.num_replicas}; "
+                f"state was saved with {state[NUM_REPLICAS_KEY]} ranks, this sampler has {self.num_replicas}; "
                 "resuming a schedule with another world size is not supported"
             )
-        if json.loads(json.dumps(state["config"])) != self._config():
-            raise ValueError(f"state was saved with another schedule or options (saved: {state['config']!r})")
-        epoch = non_negative_int("epoch", state["epoch"])
-        micro = non_negative_int("micro", state["micro"])
-        self._first = {0: 0, epoch: non_negative_int("first_step", state["first_step"])}
+        self._first = {0: 0, epoch: non_negative_int(FIRST_STEP_KEY, state[FIRST_STEP_KEY])}
         self._cache = None
         self.set_epoch(epoch)
-        self._start = self._position = min(micro, self.layout(epoch).n_rows)
+        self._seek(micro, self.layout(epoch).n_rows)
 
     def __repr__(self) -> str:
-        unit = f"micro_batch_size={self.micro_batch_size}" if self._opts is None else f"micro_budget={self._opts.budget:g}"
+        unit = self.micro_batch_size if self._opts is None else f"{self._opts.budget:g}"
         return (
-            f"ScheduledBatchSampler(n={len(self._sizes)}, schedule={self.schedule!r}, {unit}, "
+            f"ScheduledBatchSampler(n={len(self._sizes)}, schedule={self.schedule!r}, micro_batch_size={unit!r}, "
             f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
         )

@@ -27,18 +27,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from fitbatch import _rng
+from fitbatch._plan_sampler import torch_class
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import check_state, non_negative_int, positive_int
+from fitbatch._validate import non_negative_int, positive_int
+from fitbatch.resume import STEP_KEY, StateSchema
 
 logger = logging.getLogger("fitbatch.streaming")
 
-try:  # subclass torch's IterableDataset when torch is there, so DataLoader accepts it
-    from torch.utils.data import IterableDataset as _Base
-except ImportError:  # pragma: no cover - exercised only without torch
-    _Base = object  # type: ignore[assignment,misc]
+_Base = torch_class("IterableDataset")  # so that DataLoader accepts a StreamDataset
 
-EQUAL_STEPS_VERSION = 1
-_EQUAL_KEYS = frozenset({"version", "step", "window_step", "source"})
+EQUAL_STEPS_STATE = StateSchema("equal_steps", version=1, required=(STEP_KEY, "window_step", "source"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,17 +249,23 @@ class EqualSteps(Iterator[Any]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Steps run, and the source's state (at the start of the current window) when it has one."""
+        """Steps run, and the source's state (at the start of the current window) when it has one.
+
+        >>> run = equal_steps(iter([[1], [2], [3]]), steps=2)
+        >>> next(run)
+        [1]
+        >>> run.state_dict()
+        {'version': 1, 'step': 1, 'window_step': 0, 'source': None}
+        """
         if self.sync_every is None:
             state_dict = getattr(self._batches, "state_dict", None)
-            return {"version": EQUAL_STEPS_VERSION, "step": self._step, "window_step": 0,
-                    "source": state_dict() if callable(state_dict) else None}
-        return {"version": EQUAL_STEPS_VERSION, "step": self._step, "window_step": self._window_step,
-                "source": self._window_state}
+            source = state_dict() if callable(state_dict) else None
+            return EQUAL_STEPS_STATE.envelope(step=self._step, window_step=0, source=source)
+        return EQUAL_STEPS_STATE.envelope(step=self._step, window_step=self._window_step, source=self._window_state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore; the source is restored to the window start and the run batches fetched again."""
-        check_state("equal_steps", state, _EQUAL_KEYS, EQUAL_STEPS_VERSION)
+        EQUAL_STEPS_STATE.check(state)
         if self._it is not None:
             raise ValueError("load_state_dict must be called before iterating")
         if state["source"] is not None:
@@ -269,7 +273,7 @@ class EqualSteps(Iterator[Any]):
             if not callable(load):
                 raise ValueError("the state holds a source state but these batches have no load_state_dict")
             load(state["source"])
-        self._step = non_negative_int("step", state["step"])
+        self._step = non_negative_int("step", state[STEP_KEY])
         skip = non_negative_int("window_step", state["window_step"])
         if skip:
             self._it = iter(self._batches)

@@ -17,8 +17,9 @@ from numpy.typing import NDArray
 
 from fitbatch import _jit
 from fitbatch._rules import OVERSIZED, screen_oversized
-from fitbatch._validate import check_state, choice, format_offenders, parse_budget, positive_int
+from fitbatch._validate import choice, format_offenders, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.resume import OPTIONS_KEY, StateSchema
 from fitbatch.strategies import Buckets, Strategy
 from fitbatch.streaming._plan import (
     BucketPlanner,
@@ -37,10 +38,12 @@ from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
 logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
-STATE_VERSION = 1
-_STATE_KEYS = frozenset(
-    {"version", "options", "read", "pending", "batches", "emitted", "real", "padded", "skipped",
-     "skipped_positions", "oversized_batches", "buckets"}
+STATE = StateSchema(
+    "stream",
+    version=1,
+    required=(OPTIONS_KEY, "read", "pending", "batches", "emitted", "real", "padded", "skipped",
+              "skipped_positions", "oversized_batches"),
+    optional=("buckets",),  # bucket strategies only
 )
 _SHOWN = 10  # skipped positions kept in the summary
 
@@ -285,30 +288,38 @@ class BatchStream(Iterator[Any]):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """A JSON-able state after the batches yielded so far (see the module docstring)."""
+        """A JSON-able state after the batches yielded so far (see the module docstring).
+
+        >>> stream = batch_stream(range(6), sizeof=lambda x: 1, budget=2, cost="sum")
+        >>> next(stream)
+        [0, 1]
+        >>> state = stream.state_dict()
+        >>> state["version"], state["read"], state["batches"]
+        (1, 6, 1)
+        """
         parts = [self._round.pending()] + [s.positions for s in self._planner.held_segments()]
         pending = np.concatenate(parts)
         batches, emitted, real, padded, over = self._totals()
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "options": self._options(),
-            "read": self._read,
-            "pending": to_runs(pending),
-            "batches": batches,
-            "emitted": emitted,
-            "real": real,
-            "padded": padded,
-            "skipped": self._skipped,
-            "skipped_positions": list(self._skipped_positions),
-            "oversized_batches": int(over),
-        }
+        extra: dict[str, Any] = {}
         if isinstance(self._planner, BucketPlanner):
             p = self._planner
-            state["buckets"] = {
+            extra["buckets"] = {
                 "tops": None if p.tops is None else p.tops.tolist(),
                 "next_fit": p.next_fit,
             }
-        return state
+        return STATE.envelope(
+            options=self._options(),
+            read=self._read,
+            pending=to_runs(pending),
+            batches=batches,
+            emitted=emitted,
+            real=real,
+            padded=padded,
+            skipped=self._skipped,
+            skipped_positions=list(self._skipped_positions),
+            oversized_batches=int(over),
+            **extra,
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue after the batches recorded in ``state`` (call before iterating).
@@ -317,11 +328,11 @@ class BatchStream(Iterator[Any]):
         not-yet-emitted ones among them buffered again, measured with ``sizeof`` once more).
 
         Raises:
-            ValueError: unknown keys or version, other options, a stream already started, or a
+            ValueError: unknown or missing keys, another version, other options, a stream already started, or a
                 source that replays fewer items than the state recorded.
         """
-        check_state("stream", state, _STATE_KEYS, STATE_VERSION)
-        if state["options"] != self._options():
+        STATE.check(state)
+        if state[OPTIONS_KEY] != self._options():
             raise ValueError(
                 "state was saved with other stream options; build the stream with the same ones "
                 f"(saved: {state['options']!r}, now: {self._options()!r})"

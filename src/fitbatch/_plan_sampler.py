@@ -1,0 +1,224 @@
+"""``PlanSampler``: the sampler protocol, written once for every fitbatch sampler.
+
+:class:`~fitbatch.BudgetBatchSampler`, :class:`~fitbatch.ScheduledBatchSampler` and the compat
+samplers (:mod:`fitbatch.compat`) are plan samplers: each plans an epoch and yields this rank's
+batches of it. This module imports no torch, so that a compat adapter can be imported without
+it; a sampler takes torch's ``BatchSampler`` (or ``Sampler``) as a second base with
+:func:`torch_class`, which is the only place that falls back to ``object`` without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import non_negative_int
+from fitbatch.plan import BatchPlan
+from fitbatch.resume import (
+    CONFIG_KEY,
+    EPOCH_KEY,
+    N_SAMPLES_KEY,
+    NUM_REPLICAS_KEY,
+    STEP_KEY,
+    StateSchema,
+)
+from fitbatch.sizes import Sizes
+
+
+def torch_class(name: str) -> type:
+    """``torch.utils.data.<name>``, or ``object`` when torch is not installed (imports torch).
+
+    A sampler with it as a base passes the ``isinstance`` checks of ``DataLoader`` and Lightning.
+
+    >>> torch_class("BatchSampler").__name__ in ("BatchSampler", "object")
+    True
+    """
+    try:
+        data = importlib.import_module("torch.utils.data")
+    except ImportError:  # pragma: no cover - exercised only without torch
+        return object
+    base: type = getattr(data, name)
+    return base
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLayout:
+    """One epoch as this rank runs it: its batches in order, and the steps' totals over all ranks.
+
+    Every rank runs one batch per row; a step is one row, or several (micro-batches).
+
+    >>> from fitbatch.plan import plan_batches
+    >>> layout = RankLayout.alone(plan_batches([3, 1, 2], 4, cost="sum", strategy="sequential"))
+    >>> len(layout.plan), layout.step_samples.tolist(), layout.step_units.tolist()
+    (2, [2, 1], [4.0, 2.0])
+
+    Attributes:
+        plan: this rank's batches, one per row, in the order it runs them.
+        step_samples, step_units: samples and real size units of each step, all ranks together.
+    """
+
+    plan: BatchPlan
+    step_samples: NDArray[np.int64]
+    step_units: NDArray[np.float64]
+
+    @classmethod
+    def alone(cls, plan: BatchPlan) -> RankLayout:
+        """The layout of a plan that one rank runs alone: each batch is a step (see the class)."""
+        return cls(plan, plan.counts, plan.real_units)
+
+
+class PlanSampler:
+    """Base of the samplers that yield one rank's batches of a planned epoch.
+
+    It owns the protocol: ``epoch`` and :meth:`set_epoch`, ``len()`` (the batches the next
+    iteration yields), re-entrant iteration over lists of int with the resume cursor,
+    :meth:`plan`, :meth:`step_totals`, and the state envelope that a subclass's
+    ``state_dict``/``load_state_dict`` call (:meth:`_save_state`, :meth:`_check_state`,
+    :meth:`_seek`). A subclass fills the hooks:
+
+    * ``_layout(epoch) -> RankLayout`` (required): the epoch as this rank runs it, the same
+      steps on every rank (plan it, or take it from a cache of the subclass);
+    * ``_config() -> dict`` (for state): a JSON-able configuration; a state saved with another
+      one is refused;
+    * ``_extra_state() -> dict`` (optional): fields of its own, beside the envelope's.
+
+    The public ``state_dict``/``load_state_dict`` stay in the subclasses, a few lines each: the
+    cursor has its own keyword there (``step=``, ``micro=``), and a sampler without state (the
+    compat ones) must not look stateful to ``StatefulDataLoader``.
+
+    A sampler with state also sets ``STATE`` (its :class:`~fitbatch.resume.StateSchema`), and
+    where its state names them otherwise ``CURSOR_KEY`` (rows of the epoch consumed,
+    ``"step"``), ``CONFIG_KEY`` (``"config"``) and ``CONFIG_NAME`` (what the configuration is,
+    for messages); it has ``num_replicas`` and ``_sizes`` (the samples).
+
+    >>> from fitbatch.plan import plan_batches
+    >>> class Fixed(PlanSampler):
+    ...     def _layout(self, epoch):
+    ...         return RankLayout.alone(plan_batches([3, 1, 2, 2], 4, cost="sum", strategy="sequential"))
+    >>> sampler = Fixed()
+    >>> list(sampler), len(sampler), sampler.step_totals()[0].tolist()
+    ([[0, 1], [2, 3]], 2, [2, 2])
+    """
+
+    epoch: int = 0
+    _start = 0  # first row the next iteration yields (set by a resume)
+    _position = 0  # rows of this epoch handed out by the latest iterator
+
+    STATE: ClassVar[StateSchema]
+    CURSOR_KEY: ClassVar[str] = STEP_KEY
+    CONFIG_KEY: ClassVar[str] = CONFIG_KEY
+    CONFIG_NAME: ClassVar[str] = "configuration"
+    num_replicas: int
+    _sizes: Sizes
+
+    # ------------------------------------------------------------------ hooks
+
+    def _layout(self, epoch: int) -> RankLayout:
+        raise NotImplementedError
+
+    def _config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ epochs and plans
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration runs (every rank must call it alike).
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, num_replicas=1, rank=0)
+        >>> sampler.set_epoch(2)
+        >>> sampler.epoch
+        2
+        """
+        epoch = non_negative_int("epoch", epoch)
+        if epoch != self.epoch:
+            self.epoch, self._start, self._position = epoch, 0, 0
+
+    def plan(self, epoch: int | None = None) -> BatchPlan:
+        """This rank's batches of the epoch (default: the current one), in the order it runs them.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).plan().to_lists()
+        [[3, 1], [0], [2]]
+        """
+        return self._layout(self._epoch(epoch)).plan
+
+    def step_totals(self, epoch: int | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """Per step of the epoch: samples and real size units summed over all ranks.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0)
+        >>> [totals.tolist() for totals in sampler.step_totals()]
+        [[2, 1, 1], [2.0, 3.0, 4.0]]
+        """
+        lay = self._layout(self._epoch(epoch))
+        return lay.step_samples, lay.step_units
+
+    def _epoch(self, epoch: int | None) -> int:
+        return self.epoch if epoch is None else non_negative_int("epoch", epoch)
+
+    # ------------------------------------------------------------------ iteration
+
+    def __len__(self) -> int:
+        return max(0, len(self.plan()) - self._start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (batch for _, batch in self._rows())
+
+    def _rows(self) -> Iterator[tuple[int, list[int]]]:
+        """The next iteration as ``(row, batch)`` pairs (for extras such as ``with_info``)."""
+        self._position = self._start
+        return self._generate()
+
+    def _generate(self) -> Iterator[tuple[int, list[int]]]:
+        # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
+        # DataLoader calls iter() twice per epoch and only runs the second iterator.
+        start, self._start = self._start, 0
+        plan = self.plan()
+        order, bounds = plan.order, plan.offsets.tolist()
+        self._position = start
+        for row in range(start, len(plan)):
+            batch = order[bounds[row] : bounds[row + 1]].tolist()
+            self._position = row + 1
+            yield row, batch
+
+    # ------------------------------------------------------------------ state envelope
+
+    def _save_state(self, done: int | None) -> dict[str, Any]:
+        """The state after ``done`` rows of the epoch (default: those handed out so far)."""
+        cursor = self._position if done is None else non_negative_int(self.CURSOR_KEY, done)
+        fields = {
+            EPOCH_KEY: self.epoch,
+            self.CURSOR_KEY: cursor,
+            NUM_REPLICAS_KEY: self.num_replicas,
+            N_SAMPLES_KEY: len(self._sizes),
+            self.CONFIG_KEY: self._config(),
+        }
+        return self.STATE.envelope(**fields, **self._extra_state())
+
+    def _check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
+        """Check ``state`` against the schema, the samples and the configuration; its (epoch, cursor)."""
+        self.STATE.check(state)
+        if state[N_SAMPLES_KEY] != len(self._sizes):
+            raise ValueError(
+                f"state is for {state[N_SAMPLES_KEY]} samples, this sampler has {len(self._sizes)}; "
+                "resume over the same samples"
+            )
+        if state[self.CONFIG_KEY] != self._config():
+            raise ValueError(
+                f"state was saved with another {self.CONFIG_NAME}; build the sampler with the same "
+                f"ones (saved: {state[self.CONFIG_KEY]!r})"
+            )
+        return non_negative_int(EPOCH_KEY, state[EPOCH_KEY]), non_negative_int(self.CURSOR_KEY, state[self.CURSOR_KEY])
+
+    def _seek(self, row: int, rows: int) -> None:
+        """Start the next iteration at ``row`` of the current epoch, which has ``rows`` rows."""
+        self._start = self._position = min(row, rows)
