@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fitbatch import _kernels as K
-from fitbatch import _size_keys as SK
+from fitbatch import _sorting as SK
 from fitbatch._packing import two_ended_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")

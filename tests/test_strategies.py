@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch import _rng
-from fitbatch import _size_keys as SK
+from fitbatch import _sorting as SK
 from fitbatch.costs import PaddedCost
 from fitbatch.sizes import as_sizes
 from fitbatch.strategies import STRATEGIES, Context, fit_buckets, strategy_names

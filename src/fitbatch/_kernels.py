@@ -16,7 +16,7 @@ segment start, a lone sample over budget forming a batch of its own:
   (a per-batch, not per-sample, loop). Its two searches serve streams too: :func:`sum_starts`
   (the unweighted sum cost over one segment, by prefix sums) and :func:`edge_counts` (batch
   lengths for given size bounds; the one bisection for costs that use the sum).
-(Sort keys live in :mod:`fitbatch._size_keys`, bin packing for sum costs in
+(Sort keys live in :mod:`fitbatch._sorting`, bin packing for sum costs in
 :mod:`fitbatch._packing`.)
 """
 

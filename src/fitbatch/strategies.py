@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch import _rng
-from fitbatch import _size_keys as SK
+from fitbatch import _sorting as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import choice, fraction, positive_int
 from fitbatch.costs import CostModel

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _jit
 from fitbatch import _kernels as K
-from fitbatch import _size_keys as SK
+from fitbatch import _sorting as SK
 from fitbatch._rules import planning_budget
 from fitbatch._validate import choice
 from fitbatch.costs import CostModel
