@@ -217,18 +217,18 @@ def _source_body(source: Iterable[Any], outbox: queue.Queue[Any], stop: threadin
     put(outbox, END, stop)
 
 
-def _map_body(
-    fn: Callable[[Any], Any],
-    inbox: queue.Queue[Any],
-    outbox: queue.Queue[Any],
-    stop: threading.Event,
-) -> None:
+def _drain(inbox: queue.Queue[Any], stop: threading.Event, each: Callable[[Any], None]) -> Any:
+    """Call ``each`` on every item of ``inbox`` up to the first signal (a failure or the end); return it."""
     while True:
         message = get(inbox, stop)
         if isinstance(message, (Failure, _End)):
-            put(outbox, message, stop)
-            return
-        put(outbox, fn(message), stop)
+            return message
+        each(message)
+
+
+def _map_body(fn: Callable[[Any], Any], inbox: queue.Queue[Any], outbox: queue.Queue[Any], stop: threading.Event) -> None:
+    signal = _drain(inbox, stop, lambda item: put(outbox, fn(item), stop))
+    put(outbox, signal, stop)
 
 
 def _batch_body(
@@ -292,21 +292,20 @@ def _feed_body(
     futures: queue.Queue[Any],
     stop: threading.Event,
 ) -> None:
-    # Signals travel with the futures so that they keep their place after the results before
-    # them; without order, after all the results in flight.
-    while True:
-        message = get(inbox, stop)
-        if isinstance(message, (Failure, _End)):
-            if not ordered:
-                slots.wait_empty()
-            futures.put(message)
-            return
+    def submit(item: Any) -> None:
         slots.acquire()
-        future = pool.submit(message)
+        future = pool.submit(item)
         if ordered:
             futures.put(future)
         else:
             future.add_done_callback(futures.put)
+
+    signal = _drain(inbox, stop, submit)
+    # Signals travel with the futures so that they keep their place after the results before
+    # them; without order, after all the results in flight.
+    if not ordered:
+        slots.wait_empty()
+    futures.put(signal)
 
 
 def _emit_body(

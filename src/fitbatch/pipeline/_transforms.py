@@ -232,16 +232,9 @@ class Processes(Parallel):
 
     where = "process"
 
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        n_workers: int = 1,
-        *,
-        ordered: bool = True,
-        max_in_flight: int | None = None,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__(fn, n_workers, ordered=ordered, max_in_flight=max_in_flight)
+    def __init__(self, fn: Callable[[Any], Any], n_workers: int = 1, *, backend: str = "auto", **options: Any) -> None:
+        # options: ``ordered`` and ``max_in_flight``, as for every Parallel stage
+        super().__init__(fn, n_workers, **options)
         self.backend = _resolve_backend(choice("backend", backend, BACKENDS))
         _check_picklable(fn, self.backend)
 

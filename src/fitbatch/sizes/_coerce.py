@@ -7,12 +7,8 @@ Accepted forms:
 * a mapping ``index -> size`` whose keys are exactly ``0 .. N-1``;
 * a callable ``index -> size`` together with ``n``, the number of samples.
 
->>> as_sizes([3, 1, 2]).values
-array([3., 1., 2.])
->>> as_sizes({1: 5, 0: 7}).values
-array([7., 5.])
->>> as_sizes(lambda i: 10 * i, n=3).values
-array([ 0., 10., 20.])
+Each form is shown in :func:`as_sizes`; a bad size is refused with its index:
+
 >>> as_sizes([1, -2])
 Traceback (most recent call last):
 ...
