@@ -10,17 +10,17 @@ length sets (resampled to ``--n``, items over the budget left out):
 
 * ``ids``: items are sample ids and ``sizeof`` looks the size up in a Python list, the cheapest
   ``sizeof`` there is (a C call per item), so the hardest case for anything against the seed loop;
-  ``sizeof_batch`` indexes a numpy array with the chunk of ids;
+  ``sizeof=per_chunk(fn)`` indexes a numpy array with the chunk of ids;
 * ``records``: items are dicts ``{"input_ids": array}`` as a tokenized streaming dataset yields
   them (the arrays are views of one buffer) and ``sizeof`` is ``len(item["input_ids"])``, a
-  Python function per item as in the seed's documentation; ``sizeof_batch`` maps ``len`` over
+  Python function per item as in the seed's documentation; ``per_chunk(fn)`` maps ``len`` over
   the chunk's arrays in C.
 
 Rows:
 
 * seed greedy loop: bionemo's ``size_aware_batching`` algorithm, pure Python, one ``sizeof`` call
   per item, a sum budget (the seed's semantics); bionemo's installed function too when importable;
-* ``batch_stream`` ``sequential`` with ``sizeof`` (one call per item) and with ``sizeof_batch``
+* ``batch_stream`` ``sequential`` with ``sizeof`` (one call per item) and with ``sizeof=per_chunk(fn)``
   (one call per chunk), sum and padded costs, with the ``fast`` extra (numba) and without it
   (``FITBATCH_JIT=0``: numpy only); ``sequential``/sum yields the seed's batches (checked);
 * ``batch_stream`` ``buckets`` (padded cost, ``buffer_size=10_000``);
@@ -147,7 +147,7 @@ def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -
     src = Stream(kind, sizes)
 
     def stream(strategy: str, cost: str, vectorised: bool) -> Callable[[], Iterable[list[Any]]]:
-        kw: dict[str, Any] = {"sizeof_batch": src.sizeof_batch} if vectorised else {"sizeof": src.sizeof}
+        kw: dict[str, Any] = {"sizeof": fitbatch.per_chunk(src.sizeof_batch) if vectorised else src.sizeof}
         return lambda: batch_stream(src.items, budget=BUDGET, cost=cost, strategy=strategy, buffer_size=BUFFER, **kw)
 
     measured = as_sizes(sizes)
@@ -170,12 +170,12 @@ def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -
     cases = [
         ("sequential, sizeof per item", "sequential", "sum", False, True),
         ("sequential, sizeof per item, numpy only", "sequential", "sum", False, False),
-        ("sequential, sizeof_batch per chunk", "sequential", "sum", True, True),
-        ("sequential, sizeof_batch per chunk, numpy only", "sequential", "sum", True, False),
-        ("sequential, sizeof_batch per chunk", "sequential", "padded", True, True),
-        ("sequential, sizeof_batch per chunk, numpy only", "sequential", "padded", True, False),
+        ("sequential, sizeof=per_chunk(fn)", "sequential", "sum", True, True),
+        ("sequential, sizeof=per_chunk(fn), numpy only", "sequential", "sum", True, False),
+        ("sequential, sizeof=per_chunk(fn)", "sequential", "padded", True, True),
+        ("sequential, sizeof=per_chunk(fn), numpy only", "sequential", "padded", True, False),
         ("buckets, sizeof per item", "buckets", "padded", False, True),
-        ("buckets, sizeof_batch per chunk", "buckets", "padded", True, True),
+        ("buckets, sizeof=per_chunk(fn)", "buckets", "padded", True, True),
     ]
     for label, strategy, cost, vectorised, compiled in cases:
         if compiled and not JIT:

@@ -446,3 +446,25 @@ def test_equal_steps_gloo_two_ranks(tmp_path):
     assert res[1]["items"] + res[1]["dropped_items"] < res[1]["n"]  # the long rank left a remainder
     assert res[1]["unique"] == res[1]["items"]
     assert res[0]["collectives"] == res[1]["collectives"]
+
+
+def test_per_chunk_sizes_a_chunk_at_once_and_equals_per_item() -> None:
+    sizes = np.array([5, 3, 8, 2, 9, 1, 4], dtype=np.int64)
+    calls: list[int] = []
+
+    def chunk(ids: list[int]) -> np.ndarray:
+        calls.append(len(ids))
+        return sizes[np.asarray(ids, dtype=np.int64)]
+
+    by_chunk = list(batch_stream(range(7), sizeof=fitbatch.per_chunk(chunk), budget=10, cost="sum"))
+    by_item = list(batch_stream(range(7), sizeof=lambda i: int(sizes[i]), budget=10, cost="sum"))
+    assert by_chunk == by_item == [[0, 1], [2, 3], [4, 5], [6]]
+    assert sum(calls) == 7 and len(calls) < 7
+
+
+def test_sizeof_batch_is_deprecated_for_per_chunk() -> None:
+    with pytest.warns(DeprecationWarning, match=r"sizeof=fitbatch.streaming.per_chunk\(fn\)"):
+        stream = batch_stream([3, 4, 5], sizeof_batch=lambda xs: np.asarray(xs), budget=8, cost="sum")
+    assert list(stream) == [[3, 4], [5]]
+    with pytest.raises(TypeError, match="per_chunk takes a function"):
+        fitbatch.per_chunk(3)

@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
         StreamSummary,
         batch_stream,
         equal_steps,
+        per_chunk,
     )
 
 __version__ = "0.1.0"
@@ -95,6 +96,7 @@ _LAZY = {
     "StreamSummary": "fitbatch.streaming",
     "batch_stream": "fitbatch.streaming",
     "equal_steps": "fitbatch.streaming",
+    "per_chunk": "fitbatch.streaming",
 }
 
 
@@ -156,6 +158,7 @@ __all__ = [
     "measure_peak",
     "pad_collate",
     "parse_budget",
+    "per_chunk",
     "plan_batches",
     "position_size_correlation",
     "repeat_rate",

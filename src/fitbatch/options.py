@@ -8,13 +8,33 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypedDict
 
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._rules import OVERSIZED
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.strategies import Strategy, resolve_strategy
+
+
+class PlanKeywords(TypedDict, total=False):
+    """The planning options as keyword arguments: ``**options`` of ``plan_batches`` and the samplers.
+
+    Each key has the meaning and the default of the :class:`PlanOptions` attribute of that name;
+    type checkers check the keywords (``Unpack[PlanKeywords]``), :meth:`PlanOptions.build`
+    checks the values.
+
+    >>> sorted(PlanKeywords.__annotations__)
+    ['batch_size_multiple', 'drop_last', 'max_batch_size', 'oversized', 'saturation', 'seed', 'shuffle']
+    """
+
+    max_batch_size: int | None
+    batch_size_multiple: int
+    shuffle: bool | None
+    seed: SeedLike
+    oversized: str
+    drop_last: bool
+    saturation: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,10 +25,13 @@ from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import non_negative_int, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.options import PlanOptions
+from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats
 from fitbatch.strategies import Context, Strategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["OVERSIZED", "BatchPlan", "PlanOptions", "lower_bound", "measure_batches", "plan_batches", "plan_with"]
 
@@ -308,7 +311,8 @@ def plan_batches(
     cost: str | CostModel | Any = "padded",
     strategy: str | Strategy = "pooled",
     epoch: int = 0,
-    **options: Any,
+    n: int | None = None,
+    **options: Unpack[PlanKeywords],
 ) -> BatchPlan:
     """Plan one epoch of batches whose cost fits ``budget``.
 
@@ -318,8 +322,10 @@ def plan_batches(
         cost: the cost model.
         strategy: how samples are grouped.
         epoch: the epoch; with ``seed`` it determines every random choice.
+        n: the number of samples when ``sizes`` is a callable.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation`` (see :class:`PlanOptions`).
+            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
+            the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.options.PlanKeywords`).
 
     Returns:
         A :class:`BatchPlan`.
@@ -334,7 +340,7 @@ def plan_batches(
     [[1, 3], [5, 4], [2], [0]]
     """
     opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
-    return plan_with(as_sizes(sizes), opts, epoch)
+    return plan_with(as_sizes(sizes, n), opts, epoch)
 
 
 def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:

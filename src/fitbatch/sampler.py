@@ -26,14 +26,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch._rng import SeedLike
 from fitbatch._validate import choice, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.distributed import POLICIES, Steps, arrange, arrange_budgets, world_info
-from fitbatch.plan import PlanOptions, plan_with
+from fitbatch.options import PlanKeywords, PlanOptions
+from fitbatch.plan import plan_with
 from fitbatch.resume import (
     EPOCH_KEY,
     N_SAMPLES_KEY,
@@ -45,6 +45,9 @@ from fitbatch.resume import (
 )
 from fitbatch.sizes import SizesLike, as_sizes
 from fitbatch.strategies import Strategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +72,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         strategy: grouping strategy (``"pooled"`` default; see :mod:`fitbatch.strategies`).
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
-        max_batch_size, batch_size_multiple, shuffle, seed, oversized, drop_last, saturation:
-            planning options, with the meaning and the defaults of :class:`fitbatch.PlanOptions`
-            (``None``: no batch size limit / the strategy's shuffle default).
         n: the number of samples when ``sizes`` is a callable.
+        **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
+            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
+            the :class:`fitbatch.PlanOptions` attributes (typed:
+            :class:`~fitbatch.options.PlanKeywords`).
 
     Raises:
         ValueError, TypeError: invalid sizes, budget or options (naming the parameter).
@@ -102,14 +106,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas: int | None = None,
         rank: int | None = None,
         policy: str = "split",
-        max_batch_size: int | None = PlanOptions.max_batch_size,
-        batch_size_multiple: int = PlanOptions.batch_size_multiple,
-        shuffle: bool | None = PlanOptions.shuffle,
-        seed: SeedLike = PlanOptions.seed,
-        oversized: str = PlanOptions.oversized,
-        drop_last: bool = PlanOptions.drop_last,
-        saturation: float = PlanOptions.saturation,
         n: int | None = None,
+        **options: Unpack[PlanKeywords],
     ) -> None:
         self._sizes = as_sizes(sizes, n)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
@@ -119,11 +117,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 raise ValueError(f"budget has {len(budget)} per-rank values for {self.num_replicas} ranks")
             self._budgets = tuple(parse_budget(b, "budget") for b in budget)
             budget = min(self._budgets)
-        self._opts = PlanOptions.build(
-            budget, cost=cost, strategy=strategy, max_batch_size=max_batch_size,
-            batch_size_multiple=batch_size_multiple, shuffle=shuffle, seed=seed, oversized=oversized,
-            drop_last=drop_last, saturation=saturation,
-        )
+        self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
         self.policy = choice("policy", policy, POLICIES)
         self._cache: tuple[int, Steps] | None = None
         self._resumed: tuple[int, Steps] | None = None  # re-arranged rest of an epoch

@@ -2,7 +2,7 @@
 
 :func:`batch_stream` reads a source (a generator, a webdataset or Hugging Face streaming
 dataset, lines of a file) in chunks, measures each item with ``sizeof`` (or a whole chunk with
-``sizeof_batch``) and yields batches whose cost fits ``budget`` under the same cost models and
+``sizeof=per_chunk(fn)``) and yields batches whose cost fits ``budget`` under the same cost models and
 kernels as :func:`fitbatch.plan_batches`:
 
 * ``strategy="sequential"`` keeps the source order and batches greedily (bionemo's
@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fitbatch.streaming._rounds import StreamSummary
-from fitbatch.streaming._stream import BatchStream, batch_stream
+from fitbatch.streaming._stream import BatchStream, PerChunk, batch_stream, per_chunk
 
 if TYPE_CHECKING:  # imported lazily below: StreamDataset subclasses torch's IterableDataset
     from fitbatch.streaming._parallel import (
@@ -65,9 +65,11 @@ __all__ = [
     "BatchStream",
     "EqualSteps",
     "EqualStepsSummary",
+    "PerChunk",
     "StreamDataset",
     "StreamShard",
     "StreamSummary",
     "batch_stream",
     "equal_steps",
+    "per_chunk",
 ]

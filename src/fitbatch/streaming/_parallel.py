@@ -97,8 +97,8 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
             ``source(shard: StreamShard) -> iterable`` returning the shard's items itself.
         seed: int or ``SeedSequence``; shard seeds derive from it, the epoch, rank and worker.
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
-        **stream_options: passed to :func:`fitbatch.streaming.batch_stream` (``sizeof`` or
-            ``sizeof_batch``, ``budget``, ``cost``, ``strategy``, ...).
+        **stream_options: passed to :func:`fitbatch.streaming.batch_stream` (``sizeof``,
+            ``budget``, ``cost``, ``strategy``, ...).
 
     >>> ds = StreamDataset(list(range(10)), sizeof=lambda x: 1, budget=4, cost="sum")
     >>> list(ds)

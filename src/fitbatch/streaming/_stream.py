@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -402,8 +403,7 @@ def _item_names(seg: Segment, worst: IntArray) -> str:
 def batch_stream(
     iterable: Iterable[Any],
     *,
-    sizeof: Callable[[Any], float] | None = None,
-    sizeof_batch: Callable[[list[Any]], Any] | None = None,
+    sizeof: Callable[[Any], float] | PerChunk | None = None,
     budget: float | str,
     cost: str | CostModel | Any = "padded",
     strategy: str | Strategy = "sequential",
@@ -411,13 +411,14 @@ def batch_stream(
     max_batch_size: int | None = None,
     oversized: str = "error",
     collate_fn: Callable[[list[Any]], Any] | None = None,
+    sizeof_batch: Callable[[list[Any]], Any] | None = None,
 ) -> BatchStream:
     """Batches of a stream whose cost fits ``budget`` (see the module docstring).
 
     Args:
         iterable: the source; read once, in chunks.
-        sizeof: size of one item. Exactly one of ``sizeof`` and ``sizeof_batch`` is required.
-        sizeof_batch: sizes of a list of items at once (an array of one number per item):
+        sizeof: the size of one item (``item -> number``), or :func:`per_chunk` around a function
+            that sizes a list of items at once (``items -> array``, one number per item):
             faster when sizes come from a vectorised computation.
         budget: the most cost one batch may have (number or string such as ``"16GiB"``).
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
@@ -429,12 +430,14 @@ def batch_stream(
         oversized: an item whose own cost exceeds the budget: ``"error"``, ``"single"`` (a
             batch of its own) or ``"skip"`` (left out, counted in the summary and logged).
         collate_fn: applied to each batch (a list of items) before it is yielded.
+        sizeof_batch: deprecated since 0.2.0 (removed in 0.3.0): pass
+            ``sizeof=per_chunk(fn)``.
 
     Returns:
         A :class:`BatchStream` (an iterator of batches with ``summary`` and state).
 
     Raises:
-        TypeError: neither or both of ``sizeof``/``sizeof_batch``, or options of the wrong type.
+        TypeError: no ``sizeof`` (or both it and ``sizeof_batch``), or options of the wrong type.
         ValueError: bad option values; while iterating, an oversized item under
             ``oversized="error"``, bad sizes, or a failing ``sizeof`` (re-raised with the
             item's stream position).
@@ -442,20 +445,18 @@ def batch_stream(
     >>> lengths = {"a": 3, "bb": 5, "c": 2, "ddd": 4}
     >>> list(batch_stream(lengths, sizeof=lengths.get, budget=10, cost="padded"))
     [['a', 'bb'], ['c', 'ddd']]
+    >>> list(batch_stream(["ab", "c", "def"], sizeof=per_chunk(lambda xs: [len(x) for x in xs]), budget=4, cost="sum"))
+    [['ab', 'c'], ['def']]
     """
-    if (sizeof is None) == (sizeof_batch is None):
-        raise TypeError("pass exactly one of sizeof (one item -> size) and sizeof_batch (list of items -> sizes)")
-    for name, fn in (("sizeof", sizeof), ("sizeof_batch", sizeof_batch)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be callable, got {fn!r}")
+    per_item, per_items = _sizers(sizeof, sizeof_batch)
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable or None, got {collate_fn!r}")
     if not isinstance(iterable, Iterable):
         raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
     return BatchStream(
         iterable,
-        sizeof=sizeof,
-        sizeof_batch=sizeof_batch,
+        sizeof=per_item,
+        sizeof_batch=per_items,
         budget=parse_budget(budget),
         cost=resolve_cost(cost),
         strategy=resolve_stream_strategy(strategy),
@@ -465,3 +466,63 @@ def batch_stream(
         collate_fn=collate_fn,
     )
 
+
+
+@dataclasses.dataclass(frozen=True)
+class PerChunk:
+    """A ``sizeof`` that sizes a whole chunk of items at once (built by :func:`per_chunk`).
+
+    Attributes:
+        fn: ``items -> sizes``: a list of items in, one number per item out (array-like).
+
+    >>> PerChunk(len).fn([1, 2])
+    2
+    """
+
+    fn: Callable[[list[Any]], Any]
+
+
+def per_chunk(fn: Callable[[list[Any]], Any]) -> PerChunk:
+    """Mark ``fn`` as sizing a list of items at once, for ``batch_stream(sizeof=...)``.
+
+    A stream reads its source in chunks; one call per chunk is faster than one per item when the
+    sizes come from a vectorised computation (a numpy lookup, a tokenizer's batch call).
+
+    Args:
+        fn: ``items -> sizes``, one number per item.
+
+    Returns:
+        A :class:`PerChunk` to pass as ``sizeof``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+
+    >>> import numpy as np
+    >>> lengths = np.array([5, 3, 8, 2])
+    >>> list(batch_stream(range(4), sizeof=per_chunk(lambda ids: lengths[ids]), budget=10, cost="sum"))
+    [[0, 1], [2, 3]]
+    """
+    if not callable(fn):
+        raise TypeError(f"per_chunk takes a function items -> sizes, got {fn!r}")
+    return PerChunk(fn)
+
+
+def _sizers(sizeof: Any, sizeof_batch: Any) -> tuple[Callable[[Any], float] | None, Callable[[list[Any]], Any] | None]:
+    """(per item, per chunk) from ``sizeof`` and the deprecated ``sizeof_batch``: exactly one is set."""
+    if sizeof_batch is not None:
+        warnings.warn(
+            "batch_stream(sizeof_batch=fn) is deprecated since fitbatch 0.2.0 and removed in 0.3.0: "
+            "pass sizeof=fitbatch.streaming.per_chunk(fn)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if sizeof is not None:
+            raise TypeError("pass exactly one of sizeof and sizeof_batch (deprecated: sizeof=per_chunk(fn))")
+        sizeof = per_chunk(sizeof_batch)
+    if sizeof is None:
+        raise TypeError("pass exactly one of sizeof (item -> size) and sizeof=per_chunk(fn) (items -> sizes)")
+    if isinstance(sizeof, PerChunk):
+        return None, sizeof.fn
+    if not callable(sizeof):
+        raise TypeError(f"sizeof must be callable (item -> size) or per_chunk(fn), got {sizeof!r}")
+    return sizeof, None
