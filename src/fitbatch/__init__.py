@@ -1,9 +1,11 @@
 """fitbatch: training batches that fit a memory budget instead of a fixed sample count.
 
-The whole API is importable from here. Four namespaces group the rest of what is public:
+The whole API is importable from here. Six namespaces group the rest of what is public:
+``fitbatch.sizes`` (sizes from columns, datasets, files), ``fitbatch.streaming`` (streams of
+unknown length), ``fitbatch.schedule`` (batch-size schedules, gradient accumulation),
 ``fitbatch.pipeline`` (background batch iterators), ``fitbatch.memory`` (peak memory, memory
-models, OOM guard), ``fitbatch.sizes`` (sizes from columns, datasets, files) and
-``fitbatch.compat`` (the seed tools' APIs).
+models, OOM guard) and ``fitbatch.compat`` (the seed tools' APIs). ``docs/architecture.md``
+says which module owns what.
 
 >>> import fitbatch
 >>> plan = fitbatch.plan_batches([12, 3, 7, 9, 4, 15], 24, cost="padded", strategy="sorted")
