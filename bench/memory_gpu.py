@@ -328,6 +328,12 @@ def stage_train(
 # ------------------------------------------------------------------------------- driver
 
 
+MODELS = {
+    "30M": dict(vocab=8192, dim=512, depth=8, heads=8, max_len=5120, max_count=4096),
+    "100M": dict(vocab=16384, dim=768, depth=12, heads=12, max_len=4096, max_count=4096),
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="memory_gpu_results.json")
@@ -340,10 +346,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=600.0)
     p.add_argument("--resume", action="store_true", help="reuse the probe log of an earlier run")
     p.add_argument("--tiny", action="store_true", help="small model and capacity (CPU dry run)")
+    p.add_argument("--model-size", choices=sorted(MODELS), default="100M",
+                   help="the GPU model: 100M (~110 M parameters) or 30M (~30 M)")
     args = p.parse_args(argv)
-    big = dict(vocab=8192, dim=512, depth=8, heads=8, max_len=5120, max_count=4096)
     tiny = dict(vocab=256, dim=32, depth=2, heads=4, max_len=256, max_count=256)
-    for k, v in (tiny if args.tiny else big).items():
+    for k, v in (tiny if args.tiny else MODELS[args.model_size]).items():
         setattr(args, k, v)
     if args.tiny:
         args.steps, args.held_out, args.collect = (
