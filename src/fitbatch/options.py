@@ -55,6 +55,15 @@ class PlanOptions:
         drop_last: drop a batch that closed because its segment ran out of samples when its fill
             is below ``saturation`` (counted in the stats).
         saturation: see ``drop_last`` (aistore's rule, default 0.8).
+
+    >>> import fitbatch
+    >>> opts = fitbatch.PlanOptions.build("2KiB", cost="sum", strategy="sorted", max_batch_size=8)
+    >>> opts.budget, opts.cost, opts.strategy, opts.max_batch_size, opts.effective_shuffle
+    (2048.0, SumCost(weights=None), Sorted(descending=False), 8, False)
+    >>> fitbatch.PlanOptions.build(2048, oversized="drop")
+    Traceback (most recent call last):
+        ...
+    ValueError: unknown oversized 'drop'; expected one of ('error', 'single', 'skip')
     """
 
     budget: float

@@ -58,6 +58,15 @@ class BatchPlan(Sequence[IntArray]):
         skipped, dropped: indices of samples left out (oversized, ``drop_last``).
 
     Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
+
+    >>> import fitbatch
+    >>> plan = fitbatch.plan_batches([4, 1, 9, 3, 2, 5], 6, cost="sum", strategy="sequential", oversized="skip")
+    >>> plan
+    BatchPlan(3 batches, 5 samples, strategy='sequential', cost='sum')
+    >>> plan[1].tolist(), plan.order.tolist(), plan.offsets.tolist()
+    ([3, 4], [0, 1, 3, 4, 5], [0, 2, 4, 5])
+    >>> plan.costs.tolist(), plan.skipped.tolist()
+    ([5.0, 5.0, 5.0], [2])
     """
 
     def __init__(

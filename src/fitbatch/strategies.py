@@ -82,7 +82,13 @@ class Result:
 
 
 class Strategy(ABC):
-    """Base class: subclasses order samples (:meth:`layout`) and may reorder batches."""
+    """Base class: :meth:`plan` lays out one epoch's batches, :meth:`batch_order` may reorder them.
+
+    >>> import fitbatch
+    >>> {s.plan_name: fitbatch.plan_batches([5, 1, 4, 2, 3, 3], 6, strategy=s).to_lists()
+    ...  for s in (fitbatch.Sequential(), fitbatch.Sorted())}
+    {'sequential': [[0], [1], [2], [3, 4], [5]], 'sorted': [[1, 3], [5, 4], [2], [0]]}
+    """
 
     name: ClassVar[str]
     default_shuffle: ClassVar[bool] = True
@@ -169,7 +175,12 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
 
 @dataclasses.dataclass(frozen=True)
 class Sequential(Strategy):
-    """Greedy in the given order (shuffled first when ``shuffle=True``)."""
+    """Greedy in the given order (shuffled first when ``shuffle=True``).
+
+    >>> import fitbatch
+    >>> fitbatch.plan_batches([4, 1, 3, 2, 5], 6, cost="sum", strategy=fitbatch.Sequential()).to_lists()
+    [[0, 1], [2, 3], [4]]
+    """
 
     name: ClassVar[str] = "sequential"
     default_shuffle: ClassVar[bool] = False
@@ -191,6 +202,10 @@ class Sorted(Strategy):
 
     Batches are planned from the longest samples down; ``descending=False`` then reverses them.
     With ``shuffle=True`` equal sizes are tied at random instead of by index.
+
+    >>> import fitbatch
+    >>> [fitbatch.plan_batches([5, 1, 4, 2, 3, 3], 6, strategy=fitbatch.Sorted(descending=d)).to_lists() for d in (False, True)]
+    [[[1, 3], [5, 4], [2], [0]], [[0], [2], [4, 5], [3, 1]]]
     """
 
     descending: bool = False
@@ -229,6 +244,10 @@ class Pooled(_Pools):
     epoch). The default (65536) reaches padding efficiency >= 0.98 with a co-batch repeat rate
     <= 0.15 from about a million samples on; on smaller datasets, ``pool_size`` near n / 16
     trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
+
+    >>> import fitbatch
+    >>> [len(fitbatch.plan_batches([9, 2, 8, 3, 7, 1, 6, 2], 18, strategy=fitbatch.Pooled(pool_size=p))) for p in (2, 8)]
+    [4, 3]
     """
 
     name: ClassVar[str] = "pooled"
@@ -239,7 +258,12 @@ class Pooled(_Pools):
 
 @dataclasses.dataclass(frozen=True)
 class Packed(_Pools):
-    """Bin packing within pools (see the module docstring)."""
+    """Bin packing within pools (see the module docstring).
+
+    >>> import fitbatch
+    >>> fitbatch.plan_batches([9, 8, 7, 3, 2, 1], 10, cost="sum", strategy=fitbatch.Packed()).to_lists()
+    [[0, 5], [1, 4], [2, 3]]
+    """
 
     name: ClassVar[str] = "packed"
 
@@ -265,6 +289,11 @@ class Buckets(Strategy):
     buckets stay narrow.
     Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's
     largest sample; every bucket's leftover is planned together, sorted, at the end.
+
+    >>> import fitbatch
+    >>> sizes = [1, 9, 2, 7, 3, 8, 2, 6]
+    >>> [[sizes[i] for i in b] for b in fitbatch.plan_batches(sizes, 16, strategy=fitbatch.Buckets(boundaries=(4, 8)))]
+    [[2, 2, 1], [8, 6], [9], [7, 3]]
     """
 
     boundaries: tuple[float, ...] | None = None
@@ -453,7 +482,11 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def resolve_strategy(strategy: str | Strategy) -> Strategy:
-    """Coerce a strategy name or instance into a :class:`Strategy`."""
+    """Coerce a strategy name or instance into a :class:`Strategy`.
+
+    >>> resolve_strategy("sorted"), resolve_strategy(Fixed(4))
+    (Sorted(descending=False), Fixed(batch_size=4))
+    """
     if isinstance(strategy, Strategy):
         return strategy
     name = choice("strategy", strategy, tuple(STRATEGIES))

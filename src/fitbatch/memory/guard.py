@@ -71,6 +71,20 @@ class SampleTooLargeError(RuntimeError):
             was on another rank).
         sample_id: its id from ``ids=`` (or the position when no ids were given).
         units: its size in real size units.
+
+    >>> import torch
+    >>> from fitbatch.memory import OOMGuard, SampleTooLargeError
+    >>> net = torch.nn.Linear(1, 1)
+    >>> guard = OOMGuard(net, size_fn=lambda row: float(row[0]))  # a row holds its sample's length
+    >>> def loss_fn(rows):  # pretend that more than 10 size units run out of memory
+    ...     if rows.sum() > 10:
+    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    ...     return net(rows).mean()
+    >>> try:
+    ...     guard.step(torch.tensor([[12.0]]), loss_fn, ids=["doc-7"])
+    ... except SampleTooLargeError as error:
+    ...     print(error.position, error.sample_id, error.units)
+    0 doc-7 12.0
     """
 
     def __init__(
@@ -98,6 +112,19 @@ class OOMEvent:
         budget_before: the sampler's budget before feedback (``None``: no sampler budget).
         budget_after: after feedback.
         refit: whether the memory model was refitted.
+
+    >>> import torch
+    >>> from fitbatch.memory import OOMGuard
+    >>> net = torch.nn.Linear(1, 1)
+    >>> guard = OOMGuard(net, size_fn=lambda row: float(row[0]))  # a row holds its sample's length
+    >>> def loss_fn(rows):  # pretend that more than 12 size units run out of memory
+    ...     if rows.sum() > 12:
+    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    ...     return net(rows).mean()
+    >>> loss = guard.step(torch.tensor([[2.0], [6.0], [3.0], [5.0]]), loss_fn)
+    >>> guard.events
+    [OOMEvent(step=0, count=4, units=16.0, max_units=6.0, parts=2, budget_before=None, budget_after=None,
+              refit=False)]
     """
 
     step: int
@@ -134,6 +161,24 @@ class OOMGuard:
     Raises:
         TypeError: if ``model`` is not a ``torch.nn.Module`` or ``size_fn`` not callable.
         ValueError: for a ``backoff`` outside (0, 1), or ``grow_after`` without ``capacity``.
+
+    A step of 8 samples that runs out of memory is recomputed as 2 micro-batches of 4, and the
+    sampler's budget is lowered by ``backoff`` for the next epochs:
+
+    >>> import torch
+    >>> import fitbatch
+    >>> sampler = fitbatch.BudgetBatchSampler([1] * 8, 8, cost="sum", shuffle=False)
+    >>> net = torch.nn.Linear(2, 1)
+    >>> guard = fitbatch.OOMGuard(net, torch.optim.SGD(net.parameters(), lr=0.1), sampler=sampler)
+    >>> def loss_fn(rows):  # pretend that more than 4 rows run out of memory
+    ...     if len(rows) > 4:
+    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    ...     return net(rows).pow(2).mean()
+    >>> data = torch.ones(8, 2)
+    >>> for batch in sampler:
+    ...     loss = guard.step(data[batch], loss_fn)
+    >>> guard.steps, guard.ooms, guard.events[0].parts, sampler.budget
+    (1, 1, 2, 7.2)
     """
 
     def __init__(

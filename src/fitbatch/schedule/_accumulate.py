@@ -63,6 +63,19 @@ class GradientAccumulator:
             ``"samples"``.
         scaler: a ``torch.amp.GradScaler`` (optional).
         clip_grad_norm: clip the step's gradient to this norm before stepping (optional).
+
+    Two micro-batches of 8 tokens make one step of 16 tokens, so ``"sqrt"`` doubles the LR for it:
+
+    >>> import torch
+    >>> from fitbatch import GradientAccumulator, ScheduledBatchSampler
+    >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
+    >>> net = torch.nn.Linear(1, 1)
+    >>> acc = GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="sqrt", reference=4)
+    >>> x, tokens = torch.ones(4, 1), torch.tensor([[3.0], [5.0], [2.0], [6.0]])
+    >>> for b, info in sampler.with_info():  # each sample's loss summed over its tokens
+    ...     stepped = acc.backward((net(x[b]).pow(2) * tokens[b]).sum(), info)
+    >>> stepped, acc.step_size(info), acc.lr_factor(info), acc.steps, acc.last_lrs
+    (True, 16.0, 2.0, 1, [0.2])
     """
 
     def __init__(

@@ -69,6 +69,17 @@ class MicroBatchInfo:
         step_samples, step_units: samples and real units of the whole step, all ranks.
         scheduled: the schedule's size for this step (after rounding).
         world: number of ranks.
+
+    >>> from fitbatch import ScheduledBatchSampler
+    >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
+    >>> for batch, info in sampler.with_info():
+    ...     print(batch, info)
+    [0, 1] MicroBatchInfo(epoch=0, step=0, micro=0, n_micro=2, samples=2, units=8.0, step_samples=4,
+                          step_units=16.0, scheduled=4, world=1)
+    [2, 3] MicroBatchInfo(epoch=0, step=0, micro=1, n_micro=2, samples=2, units=8.0, step_samples=4,
+                          step_units=16.0, scheduled=4, world=1)
+    >>> info.opens_step, info.closes_step
+    (False, True)
     """
 
     epoch: int

@@ -48,6 +48,16 @@ class StreamShard:
         worker, num_workers: DataLoader worker id and count (0 and 1 in the main process).
         epoch: the epoch (see :meth:`StreamDataset.set_epoch`).
         seed: an int that differs per (rank, worker, epoch), reproducible from the dataset seed.
+
+    A source factory reads the shard's part of the data (here rank 1 of 2, no workers):
+
+    >>> import fitbatch
+    >>> def shard_items(shard):
+    ...     return range(shard.index, 10, shard.count)
+    >>> ds = fitbatch.StreamDataset(shard_items, sizeof=lambda x: 1, budget=4, cost="sum", num_replicas=2, rank=1)
+    >>> shard = ds.shard()
+    >>> shard.index, shard.count, shard.seed == ds.shard().seed, list(ds)
+    (1, 2, True, [[1, 3, 5, 7], [9]])
     """
 
     rank: int
@@ -158,7 +168,21 @@ def _all_reduce_min(value: int, group: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class EqualStepsSummary:
-    """Steps run, and what this rank fetched but did not run when the ranks stopped together."""
+    """Steps run, and what this rank fetched but did not run when the ranks stopped together.
+
+    Attributes:
+        steps: batches yielded on this rank.
+        dropped_batches, dropped_items: fetched here but not run, because another rank ran out.
+        exhausted: whether this rank's batches ran out.
+        collectives: ``all_reduce`` calls made (one per ``sync_every`` window).
+
+    >>> import fitbatch
+    >>> run = fitbatch.equal_steps(iter([[0, 1], [2, 3, 4]]), sync_every=4)  # a world of one
+    >>> list(run)
+    [[0, 1], [2, 3, 4]]
+    >>> run.summary
+    EqualStepsSummary(steps=2, dropped_batches=0, dropped_items=0, exhausted=True, collectives=1)
+    """
 
     steps: int
     dropped_batches: int
@@ -168,7 +192,18 @@ class EqualStepsSummary:
 
 
 class EqualSteps(Iterator[Any]):
-    """An iterator of batches whose length is the same on every rank (see :func:`equal_steps`)."""
+    """An iterator of batches whose length is the same on every rank (see :func:`equal_steps`).
+
+    Without an initialised ``torch.distributed``, ``sync_every`` runs as a world of one:
+
+    >>> import fitbatch
+    >>> batches = [[0, 1], [2], [3, 4], [5]]
+    >>> run = fitbatch.equal_steps(batches, sync_every=3)
+    >>> list(run), run.summary.steps, run.summary.collectives
+    ([[0, 1], [2], [3, 4], [5]], 4, 2)
+    >>> list(fitbatch.equal_steps(batches, steps=2))
+    [[0, 1], [2]]
+    """
 
     def __init__(self, batches: Iterable[Any], *, sync_every: int | None, steps: int | None, group: Any) -> None:
         self._batches = batches

@@ -32,6 +32,14 @@ class StreamSummary:
         oversized_batches: lone items over budget yielded alone (``oversized="single"``).
         padding_efficiency: real size units / padded units of the batches yielded.
         finished: whether the source is exhausted and every batch was yielded.
+
+    >>> import fitbatch
+    >>> stream = fitbatch.batch_stream([2, 9, 3, 1], sizeof=int, budget=4, cost="sum", oversized="skip")
+    >>> list(stream)
+    [[2], [3, 1]]
+    >>> stream.summary
+    StreamSummary(items_read=4, items_emitted=3, batches=2, held=0, skipped=1, skipped_positions=(1,),
+                  oversized_batches=0, padding_efficiency=0.75, finished=True)
     """
 
     items_read: int

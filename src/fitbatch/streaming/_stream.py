@@ -54,6 +54,15 @@ class BatchStream(Iterator[Any]):
 
     Iterating yields each batch once (a stream is read once): ``next(stream)`` and every
     ``iter(stream)`` share one position, and ``summary``/``state_dict()`` describe it.
+
+    >>> import fitbatch
+    >>> stream = fitbatch.batch_stream(iter([3, 1, 2, 4, 2]), sizeof=int, budget=4, cost="sum")
+    >>> next(stream)
+    [3, 1]
+    >>> stream
+    BatchStream(strategy='sequential', cost='sum', budget=4, read=5, batches=1, held=3)
+    >>> list(stream), stream.summary.finished
+    ([[2], [4], [2]], True)
     """
 
     def __init__(
