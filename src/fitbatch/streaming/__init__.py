@@ -37,7 +37,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fitbatch.streaming._rounds import StreamSummary
-from fitbatch.streaming._stream import BatchStream, PerChunk, batch_stream, per_chunk
+from fitbatch.streaming._sizeof import PerChunk, per_chunk
+from fitbatch.streaming._stream import BatchStream, batch_stream
 
 if TYPE_CHECKING:  # imported lazily below: StreamDataset subclasses torch's IterableDataset
     from fitbatch.streaming._parallel import (

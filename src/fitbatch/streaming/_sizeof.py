@@ -1,0 +1,73 @@
+"""How a stream measures its items: ``sizeof=fn`` per item, or ``sizeof=per_chunk(fn)`` per chunk.
+
+>>> _sizers(len, None)[0]("abc")
+3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PerChunk:
+    """A ``sizeof`` that sizes a whole chunk of items at once (built by :func:`per_chunk`).
+
+    Attributes:
+        fn: ``items -> sizes``: a list of items in, one number per item out (array-like).
+
+    >>> PerChunk(len).fn([1, 2])
+    2
+    """
+
+    fn: Callable[[list[Any]], Any]
+
+
+def per_chunk(fn: Callable[[list[Any]], Any]) -> PerChunk:
+    """Mark ``fn`` as sizing a list of items at once, for ``batch_stream(sizeof=...)``.
+
+    A stream reads its source in chunks; one call per chunk is faster than one per item when the
+    sizes come from a vectorised computation (a numpy lookup, a tokenizer's batch call).
+
+    Args:
+        fn: ``items -> sizes``, one number per item.
+
+    Returns:
+        A :class:`PerChunk` to pass as ``sizeof``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+
+    >>> import numpy as np
+    >>> from fitbatch import batch_stream
+    >>> lengths = np.array([5, 3, 8, 2])
+    >>> list(batch_stream(range(4), sizeof=per_chunk(lambda ids: lengths[ids]), budget=10, cost="sum"))
+    [[0, 1], [2, 3]]
+    """
+    if not callable(fn):
+        raise TypeError(f"per_chunk takes a function items -> sizes, got {fn!r}")
+    return PerChunk(fn)
+
+
+def _sizers(sizeof: Any, sizeof_batch: Any) -> tuple[Callable[[Any], float] | None, Callable[[list[Any]], Any] | None]:
+    """(per item, per chunk) from ``sizeof`` and the deprecated ``sizeof_batch``: exactly one is set."""
+    if sizeof_batch is not None:
+        warnings.warn(
+            "batch_stream(sizeof_batch=fn) is deprecated since fitbatch 0.2.0 and removed in 0.3.0: "
+            "pass sizeof=fitbatch.streaming.per_chunk(fn)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if sizeof is not None:
+            raise TypeError("pass exactly one of sizeof and sizeof_batch (deprecated: sizeof=per_chunk(fn))")
+        sizeof = per_chunk(sizeof_batch)
+    if sizeof is None:
+        raise TypeError("pass exactly one of sizeof (item -> size) and sizeof=per_chunk(fn) (items -> sizes)")
+    if isinstance(sizeof, PerChunk):
+        return None, sizeof.fn
+    if not callable(sizeof):
+        raise TypeError(f"sizeof must be callable (item -> size) or per_chunk(fn), got {sizeof!r}")
+    return sizeof, None
