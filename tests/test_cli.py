@@ -172,7 +172,7 @@ ERRORS = [
     (["plan", "nulls.parquet", "--budget", "10"], "nulls.parquet column 'tokens' row 1: missing value"),
     (["plan", "README.md", "--budget", "10"], "unknown sizes format '.md'"),
     (["plan", "small.npy", "--budget", "0.5"], "budget 0.5 is smaller than every sample: the smallest costs 1 alone (padded cost)"),
-    (["plan", "small.npy", "--budget", "8"], "1 sample cost more than the budget 8 even alone; largest: index 8 (size 9.0)"),
+    (["plan", "small.npy", "--budget", "8"], "1 sample cost more than the budget 8 even alone; largest: index 8 (cost 9.0)"),
 ]
 
 
