@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,22 @@ def test_error_messages(argv: list[str], message: str) -> None:
 
 
 # --- every expected failure is one line and exit status 2; a bug keeps its traceback ---------
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """cli.main configures logging for its process (a handler, a de-duplicating filter on every
+    root handler, the root level): undo it, so in-process runs leave later tests' logs alone."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    filters = {h: list(h.filters) for h in handlers}
+    yield
+    for handler in list(root.handlers):
+        if handler not in filters:
+            root.removeHandler(handler)
+    for handler, kept in filters.items():
+        handler.filters[:] = kept
+    root.setLevel(level)
 
 
 def main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
