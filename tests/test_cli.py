@@ -9,12 +9,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import fitbatch
+import fitbatch.sizes
+import fitbatch.sizes._files as files_module
+from fitbatch import cli
 from fitbatch.distributed import arrange
 
 TESTS = Path(__file__).resolve().parent
@@ -172,7 +177,7 @@ ERRORS = [
     (["plan", "nulls.parquet", "--budget", "10"], "nulls.parquet column 'tokens' row 1: missing value"),
     (["plan", "README.md", "--budget", "10"], "unknown sizes format '.md'"),
     (["plan", "small.npy", "--budget", "0.5"], "budget 0.5 is smaller than every sample: the smallest costs 1 alone (padded cost)"),
-    (["plan", "small.npy", "--budget", "8"], "1 sample cost more than the budget 8 even alone; largest: index 8 (size 9.0)"),
+    (["plan", "small.npy", "--budget", "8"], "1 sample cost more than the budget 8 even alone; largest: index 8 (cost 9.0)"),
 ]
 
 
@@ -181,10 +186,122 @@ def test_error_messages(argv: list[str], message: str) -> None:
     if any(a.endswith(".parquet") for a in argv):
         pytest.importorskip("pyarrow")
     proc = run(*argv, ok=False)
-    assert proc.returncode == 1, proc.stdout
-    assert proc.stderr.startswith(f"fitbatch {argv[0]}: error: ")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.startswith("fitbatch: error: ")
     assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+# --- every expected failure is one line and exit status 2; a bug keeps its traceback ---------
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """cli.main configures logging for its process (a handler, a de-duplicating filter on every
+    root handler, the root level): undo it, so in-process runs leave later tests' logs alone."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    filters = {h: list(h.filters) for h in handlers}
+    yield
+    for handler in list(root.handlers):
+        if handler not in filters:
+            root.removeHandler(handler)
+    for handler, kept in filters.items():
+        handler.filters[:] = kept
+    root.setLevel(level)
+
+
+def main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run the CLI in-process; return its one error line (checked to be one line, status 2)."""
+    assert cli.main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fitbatch: error: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_unwritable_outputs_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    small = str(CLI_DATA / "small.npy")
+    assert main_error(capsys, "sizes", small, "-o", "/nonexistent/dir/out.npy") == (
+        "fitbatch: error: cannot write /nonexistent/dir/out.npy: No such file or directory")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.bin").write_bytes(b"abc")
+    out = tmp_path / "out.npy"
+    assert main_error(capsys, "sizes", str(tmp_path / "data"), "-o", str(out), "--paths", "/nonexistent/paths.txt") == (
+        "fitbatch: error: cannot write /nonexistent/paths.txt: No such file or directory")
+
+
+def test_plot_failures_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    small = str(CLI_DATA / "small.npy")
+    line = main_error(capsys, "plan", small, "--budget", "10", "--plot", "/proc/nope.png")
+    assert line.startswith("fitbatch: error: cannot write the plot /proc/nope.png: ")
+    line = main_error(capsys, "plan", small, "--budget", "10", "--plot", str(tmp_path / "plan.xyz"))
+    assert "cannot write the plot" in line and "Format 'xyz' is not supported" in line
+
+
+class NoCredentialsError(Exception):
+    """Stands in for botocore's (no OSError), raised from within a storage backend."""
+
+    __module__ = "botocore.exceptions"
+
+
+class FailingFS:
+    """An fsspec-like filesystem whose every listing call raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def invalidate_cache(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise self.error
+
+        return fail
+
+
+@pytest.mark.parametrize(("error", "line"), [
+    (NoCredentialsError("Unable to locate credentials"),
+     "cannot read s3://bucket/prefix/: NoCredentialsError: Unable to locate credentials"),
+    (PermissionError(13, "Permission denied", "bucket/prefix"), "cannot read s3://bucket/prefix/: Permission denied"),
+])
+def test_storage_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                     error: Exception, line: str) -> None:
+    # s3fs and moto may be absent: a filesystem that fails as s3fs without credentials does
+    monkeypatch.setattr(files_module, "_url_to_fs", lambda url, options: (FailingFS(error), url.split("://", 1)[1]))
+    assert main_error(capsys, "sizes", "s3://bucket/prefix/", "-o", "out.npy") == f"fitbatch: error: {line}"
+
+
+@pytest.mark.parametrize("error", [
+    ImportError("reading s3:// needs 'fsspec': pip install 'fitbatch[fsspec]'"),
+    ValueError("bad\nvalue"),
+    TypeError("sizes must be numbers"),
+    OSError("disk on fire"),
+])
+def test_library_errors_are_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                     error: Exception) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(fitbatch.sizes, "from_source", fail)
+    line = main_error(capsys, "plan", "x.npy", "--budget", "10")
+    assert line.endswith(" ".join(str(error).split()))
+
+
+def test_unexpected_errors_keep_their_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(*args: Any, **kwargs: Any) -> Any:
+        raise KeyError("a bug in fitbatch")
+
+    monkeypatch.setattr(fitbatch.sizes, "from_source", bug)
+    with pytest.raises(KeyError, match="a bug in fitbatch"):
+        cli.main(["plan", "x.npy", "--budget", "10"])
+
+
+def test_a_subprocess_error_is_one_line_too(tmp_path: Path) -> None:
+    proc = run("sizes", "small.npy", "-o", str(tmp_path / "missing" / "out.npy"), ok=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"fitbatch: error: cannot write {tmp_path / 'missing' / 'out.npy'}: No such file or directory\n"
 
 
 def test_oversized_error_names_the_flags_and_single_plans_them() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -137,3 +138,82 @@ def test_models_are_frozen_and_compare_by_value():
         return s
 
     assert fitbatch.FunctionCost(my_cost).to_dict()["fn"].endswith("my_cost")
+
+
+# --- results are checked where they enter planning, naming the model and the batch ----------
+
+
+def _nan_beyond_two(c, m, s):
+    return np.where(c > 2, np.nan, s)
+
+
+@pytest.mark.parametrize(("fn", "what"), [
+    (_nan_beyond_two, "NaN"),
+    (lambda c, m, s: np.where(c > 2, np.inf, s), "inf"),
+])
+def test_function_cost_results_are_checked(fn, what):
+    with pytest.raises(ValueError) as err:
+        fitbatch.plan_batches([1, 2, 3, 4], 10, cost=fn)
+    msg = str(err.value)
+    assert msg.startswith(f"cost model FunctionCost({fn.__qualname__}) returned {what} for a batch of (count=3, max=")
+    assert "a cost must be a finite number >= 0" in msg
+
+
+def test_negative_costs_are_refused():
+    with pytest.raises(ValueError, match=r"returned a negative cost -1 for a batch of \(count=1, max=1, sum=1\)"):
+        fitbatch.plan_batches([1, 2, 3, 4], 10, cost=lambda c, m, s: s - 2)
+
+
+def test_nan_for_every_sample_names_the_model_not_an_integer_conversion():
+    with pytest.raises(ValueError, match=r"FunctionCost\(.*\) returned NaN for a batch of \(count=1, max=1, sum=1\) "
+                                         r"\(and 3 more of the 4 evaluated\)"):
+        fitbatch.plan_batches([1, 2, 3, 4], 10, cost=lambda c, m, s: s * np.nan)
+
+
+def test_custom_models_are_checked_and_the_probe_grid_is_not():
+    @dataclasses.dataclass(frozen=True)
+    class LongerThanOne(fitbatch.CostModel):
+        def evaluate(self, count, max_size, sum_size):
+            return np.asarray(max_size, dtype=np.float64) - 1.0 + 0.0 * count
+
+    model = fitbatch.resolve_cost(LongerThanOne())  # negative on the probe grid: not refused there
+    assert LongerThanOne.checked and not fitbatch.PaddedCost.checked
+    with pytest.raises(ValueError, match=r"cost model .*LongerThanOne\(\) returned a negative cost -0.5 for a batch of "
+                                         r"\(count=1, max=0.5, sum=0.5\)"):
+        fitbatch.plan_batches([2.0, 0.5], 10, cost=model)
+
+    class Scalar(fitbatch.CostModel):
+        def evaluate(self, count, max_size, sum_size):
+            return 1.0
+
+        def __repr__(self):
+            return "Scalar()"
+
+    with pytest.raises(ValueError, match=r"cost model Scalar\(\) returned shape \(\) from evaluate .*vectorised"):
+        Scalar().sample_cost(np.ones(3))
+
+
+def test_non_numeric_costs_name_the_model():
+    def words(c, m, s):
+        return ["many"] * len(c)
+
+    with pytest.raises(TypeError, match=r"cost model FunctionCost\(.*words\) returned list from evaluate, not numbers"):
+        fitbatch.plan_batches([1, 2], 10, cost=words)
+
+
+def test_oversized_message_says_cost_and_shows_the_size_when_it_differs():
+    with pytest.raises(ValueError) as err:
+        fitbatch.plan_batches([1, 2, 8, 4], 205, cost=fitbatch.PaddedPolynomial(fixed=200))
+    assert "1 sample cost more than the budget 205 even alone; largest: index 2 (cost 208.0, size 8.0)." in str(err.value)
+    with pytest.raises(ValueError, match=r"index 1 \(cost 120.0, size \(3.0, 40.0\)\)"):
+        fitbatch.plan_batches([[1, 2], [3, 40]], 100, cost="padded")
+    with pytest.raises(ValueError, match=r"index 1 \(cost 60.0\)\."):  # the size is the cost: shown once
+        fitbatch.plan_batches([1, 60], 50, cost="sum")
+
+
+@pytest.mark.parametrize("cls", [fitbatch.PaddedCost, fitbatch.SumCost, fitbatch.PaddedPolynomial])
+def test_weights_must_match_the_size_dimensions(cls):
+    model = cls(weights=(1.0,))
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\(.*weights=\(1.0,\)\) has 1 weight but the sizes have "
+                                         r"D=2 dimensions \(shape \(N, 2\)\); pass one weight per dimension"):
+        fitbatch.plan_batches([[1, 2], [3, 4]], 205, cost=model)

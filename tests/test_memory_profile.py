@@ -168,6 +168,27 @@ def test_devices_and_capacity():
         detect_capacity("meta")
 
 
+def test_cuda_without_cuda_names_the_device_and_the_way_out(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    for call in (lambda: measure_peak(lambda: 1, device="cuda"), lambda: detect_capacity("cuda:0"),
+                 lambda: PeakTracker("cuda")):
+        with pytest.raises(RuntimeError, match=r"device 'cuda(:0)?' needs CUDA, but torch .* is built without CUDA; "
+                                               r"measure on device='cpu' or device='meta'"):
+            call()
+    monkeypatch.setattr(torch.version, "cuda", "12.4")  # a CUDA build that sees no GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError, match=r"no CUDA device is visible \(CUDA_VISIBLE_DEVICES=''\)"):
+        measure_peak(lambda: 1, device="cuda")
+
+
+def test_a_cuda_index_past_the_visible_devices_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"device 'cuda:3' does not exist: 2 CUDA devices visible \(cuda:0..cuda:1\)"):
+        measure_peak(lambda: 1, device="cuda:3")
+
+
 def test_importing_memory_does_not_import_torch():
     code = (
         "import sys, fitbatch; before = 'torch' in sys.modules; import fitbatch.memory; "

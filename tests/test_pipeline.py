@@ -474,6 +474,26 @@ def test_process_stage_error_keeps_type_and_remote_traceback() -> None:
 
 
 @pytest.mark.parametrize("backend", ["loky", "stdlib"])
+@pytest.mark.parametrize(("fn", "kind", "message", "why"), [
+    (workers.unpicklable_error_at_three, "NeedsTwoArgs", "shard-3.tar: truncated", "unpickling it fails: TypeError"),
+    (workers.lock_error_at_three, "HoldsALock", "item 3 holds a lock", "pickling it fails: TypeError"),
+])
+def test_a_worker_error_that_cannot_travel_arrives_named(backend: str, fn: Any, kind: str, message: str, why: str) -> None:
+    stage = Processes(fn, n_workers=2, backend=backend)
+    with Infinite(range(10), stage, batch_size=2, batches_per_epoch=3, combiner=list) as batches:
+        it = batches()
+        assert next(it) == [0, 1]
+        with pytest.raises(RuntimeError) as info:  # was: loky's BrokenProcessPool, or a bare pickling TypeError
+            next(it)
+    text = str(info.value)
+    assert text.startswith(f"pipeline stage 1 Processes({fn.__name__}, n_workers=2), in worker process ")
+    assert f"raised pipeline_scripts.workers.{kind}: {message}\n" in text
+    assert why in text
+    assert f'in {fn.__name__}\n    raise {kind}(' in text  # the worker's traceback, as text
+    assert any("worker process" in note for note in notes(info.value))
+
+
+@pytest.mark.parametrize("backend", ["loky", "stdlib"])
 def test_a_dead_worker_process_is_reported(backend: str) -> None:
     stage = Processes(workers.die_at_three, n_workers=2, backend=backend)
     with Infinite(range(10), stage, batch_size=2, batches_per_epoch=3, combiner=list) as batches:

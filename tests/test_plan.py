@@ -533,7 +533,7 @@ def test_oversized_error_lists_count_offenders_and_alternatives():
     msg = str(err.value)
     assert msg.startswith("6 samples cost more than the budget 50")
     # the largest first, with their indices
-    assert "index 8 (size 99.0), index 7 (size 95.0), index 3 (size 90.0), index 5 (size 80.0), index 1 (size 70.0)" in msg
+    assert "index 8 (cost 99.0), index 7 (cost 95.0), index 3 (cost 90.0), index 5 (cost 80.0), index 1 (cost 70.0)" in msg
     assert "and 1 more" in msg
     assert "oversized='single'" in msg and "oversized='skip'" in msg
     with pytest.raises(ValueError, match="^1 sample cost"):

@@ -83,6 +83,49 @@ def test_bad_traces_name_the_line(text, match):
         csv_schedule(text)
 
 
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ("0,+-5", r"trace\.csv line 2: expected 'step,batchsize' with two whole numbers, got batch size '\+-5'"),
+        ("0,\u00b2", r"trace\.csv line 2: expected 'step,batchsize' with two whole numbers, got batch size '\u00b2'"),
+        ("0,1_000", r"trace\.csv line 2: .* got batch size '1_000'"),
+        ("+-0,5", r"trace\.csv line 2: .* got step '\+-0'"),
+        ("0," + "1" + "0" * 30, r"trace\.csv line 2: batch size 1000000000000000000000000000000 is too large"),
+        ("0,9223372036854775808", r"trace\.csv line 2: batch size 9223372036854775808 is too large"),
+    ],
+)
+def test_rejected_trace_values_name_file_line_and_value(tmp_path, row, match):
+    path = tmp_path / "trace.csv"
+    path.write_text(f"step,batchsize\n{row}\n1,8\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=match):
+        BatchSizeSchedule.from_csv(path)
+    with pytest.raises(ValueError, match=match):
+        BatchSizeSchedule.coerce(str(path))
+
+
+def test_a_binary_trace_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    with pytest.raises(ValueError, match=r"trace\.csv is not a UTF-8 text file \(byte 0: b'\\x89'\); expected a CSV trace"):
+        BatchSizeSchedule.from_csv(path)
+    with path.open("rb") as fh:  # an open binary file: the same message
+        with pytest.raises(ValueError, match=r"trace\.csv is not a UTF-8 text file"):
+            BatchSizeSchedule.from_csv(fh)
+    with path.open(encoding="utf-8") as fh:  # an open text file that fails to decode
+        with pytest.raises(ValueError, match=r"trace\.csv is not a UTF-8 text file"):
+            BatchSizeSchedule.from_csv(fh)
+
+
+def test_only_the_first_line_may_be_a_header():
+    assert csv_schedule("step,batchsize\n0,8\n").values(0, 1).tolist() == [8]
+    with pytest.raises(ValueError, match=r"line 2: expected 'step,batchsize' with two whole numbers, got 1 fields 'oops'"):
+        csv_schedule("step,batchsize\noops\n0,8\n")
+    with pytest.raises(ValueError, match=r"line 3: expected .* got step 'more'"):
+        csv_schedule("junk\n\nmore,garbage\n0,8\n")
+    with pytest.raises(ValueError, match=r"line 1: expected .* got step 'x0'"):
+        csv_schedule("x0,8\n1,8\n")  # a number in it: a data row, not a header
+
+
 def test_one_row_trace():
     one = "step,batchsize\n0,16\n"
     assert csv_schedule(one, on_exhausted="hold_last").values(0, 5).tolist() == [16] * 5

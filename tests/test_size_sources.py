@@ -99,6 +99,28 @@ def sources() -> list[str]:
     return [p.read_text(encoding="utf-8") for p in sorted(root.glob("*.py"))]
 
 
+def test_readers_refuse_booleans_and_integers_float64_cannot_hold(tmp_path: Path) -> None:
+    big = 2**53 + 1
+    np.save(tmp_path / "flags.npy", np.array([True, False]))
+    with pytest.raises(ValueError, match=r"flags\.npy: sizes must be numbers, got booleans"):
+        S.from_source(tmp_path / "flags.npy")
+    np.save(tmp_path / "huge.npy", np.array([1, 2**63 + 5], dtype=np.uint64))
+    with pytest.raises(ValueError, match=r"huge\.npy: integer sizes must be at most 2\*\*53.*index 1 \(size 9223372036854775813\)"):
+        S.from_source(tmp_path / "huge.npy")
+    (tmp_path / "big.txt").write_text(f"5\n{big}\n")
+    with pytest.raises(ValueError, match=rf"big\.txt line 2: {big} is an integer above 2\*\*53"):
+        S.from_source(tmp_path / "big.txt")
+    (tmp_path / "big.csv").write_text(f"n\n5\n{big}\n")
+    with pytest.raises(ValueError, match=rf"big\.csv line 3 \(column 'n', row 1\): {big} is an integer above 2\*\*53"):
+        S.from_source(tmp_path / "big.csv")
+    with pytest.raises(ValueError, match=rf"column 'sizes' row 1: {big} is an integer above"):
+        S.from_array([1, big])
+    (tmp_path / "float.txt").write_text("5\n1e17\n")  # a float literal: kept, as a float
+    assert S.from_source(tmp_path / "float.txt").tolist() == [5.0, 1e17]
+    np.save(tmp_path / "edge.npy", np.array([1, 2**53]))
+    assert S.from_source(tmp_path / "edge.npy").dtype == np.int64
+
+
 def test_from_tokenizer_counts_real_tokens(sources: list[str]) -> None:
     got = S.from_tokenizer(sources, _python_tokenizer, batch_size=2)
     assert got.tolist() == [len(_python_tokenizer([t])[0]) for t in sources]

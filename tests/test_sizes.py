@@ -83,6 +83,34 @@ def test_wrong_types(raw, match):
         as_sizes(raw)
 
 
+BIG = 2**53 + 1  # the smallest integer float64 cannot hold
+
+
+@pytest.mark.parametrize("raw, index, value", [
+    ([BIG, 1], 0, BIG),                                            # Python ints (int64 array)
+    (np.array([1, BIG], dtype=np.int64), 1, BIG),
+    (np.array([1, 2**63 + 5], dtype=np.uint64), 1, 2**63 + 5),    # uint64 above 2**63, as ...
+    ([1, 2**63 + 5], 1, 2**63 + 5),                                 # ... Python ints that large
+    ([1, 2**64], 1, 2**64),                                         # beyond any integer dtype
+    ([0.5, BIG], 1, BIG),                                           # an int rounded among floats
+    ([[1, 2], [3, BIG]], 1, BIG),                                   # (N, D): the row
+    ({0: 1, 1: BIG}, 1, BIG),
+    (torch.tensor([1, BIG]), 1, BIG),
+])
+def test_integer_sizes_above_2_53_are_refused_naming_index_and_value(raw, index, value):
+    with pytest.raises(ValueError, match=rf"integer sizes must be at most 2\*\*53 = 9007199254740992 .* "
+                                         rf"1 bad value: index {index} \(size {value}\)\. Count in a coarser unit"):
+        as_sizes(raw)
+
+
+def test_integers_up_to_2_53_and_large_floats_are_kept():
+    assert as_sizes([2**53, 1]).values.tolist() == [2.0**53, 1.0]
+    assert as_sizes(np.array([2**53], dtype=np.uint64)).integral
+    assert as_sizes([2.0**60, 0.5]).values[0] == 2.0**60  # a float is what it is: nothing rounded
+    with pytest.raises(ValueError, match=r"index 0 \(size 9007199254740993\)"):  # was: one batch of [2**53+1, 1]
+        fitbatch.plan_batches([BIG, 1], BIG, cost="sum")
+
+
 def test_mapping_keys_must_be_zero_to_n():
     with pytest.raises(ValueError, match=r"missing \[1\]"):
         as_sizes({0: 1, 2: 3})

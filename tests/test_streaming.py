@@ -257,7 +257,7 @@ def test_sizeof_errors_name_the_position():
 @pytest.mark.parametrize("strategy", ["sequential", "buckets"])
 def test_oversized_policies(strategy, caplog):
     data = [3, 50, 4, 60, 2]
-    with pytest.raises(ValueError, match=r"stream item 1 \(size 50\).*oversized='single'.*oversized='skip'"):
+    with pytest.raises(ValueError, match=r"stream item 1 \(cost 50.0\).*oversized='single'.*oversized='skip'"):
         list(batch_stream(data, sizeof=float, budget=10, cost="sum", strategy=strategy))
     single = batch_stream(data, sizeof=float, budget=10, cost="sum", strategy=strategy, oversized="single")
     out = list(single)
@@ -280,7 +280,7 @@ def test_streams_and_plans_refuse_oversized_items_with_one_message(strategy):
     # one rule and one message (fitbatch._rules.screen_oversized); only the names differ
     names = {
         "2 samples": "2 items",
-        "index 3 (size 60.0), index 1 (size 50.0)": "stream item 3 (size 60), stream item 1 (size 50)",
+        "index 3 (cost 60.0), index 1 (cost 50.0)": "stream item 3 (cost 60.0), stream item 1 (cost 50.0)",
         "plan's stats": "stream's summary",
     }
     expected = str(planned.value)

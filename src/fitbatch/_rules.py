@@ -16,13 +16,10 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
-
-from fitbatch._validate import format_offenders
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -30,6 +27,8 @@ FloatArray = NDArray[np.float64]
 #: what becomes of a sample whose own cost exceeds the budget: refused with a ``ValueError``,
 #: given a batch of its own, or left out (and counted).
 OVERSIZED = ("error", "single", "skip")
+# Offenders an oversized error names.
+SHOWN = 5
 # Relative amount by which the budget is lowered for fractional sizes (see planning_budget).
 ROUNDING_MARGIN = 1e-12
 
@@ -46,15 +45,18 @@ def screen_oversized(
     budget: float,
     policy: str,
     *,
-    names: Callable[[IntArray], str] | None = None,
+    sizes: NDArray[np.float64] | None = None,
+    positions: IntArray | None = None,
+    label: str = "index",
     noun: str = "sample",
     counted_in: str = "plan's stats",
 ) -> Screened:
     """Apply ``policy`` (one of :data:`OVERSIZED`) to samples whose costs alone are ``alone``.
 
-    ``names`` describes offenders (positions into ``alone``, the costliest first) in the error;
-    by default ``index i (size c)`` with ``c`` the cost alone. ``noun`` and ``counted_in`` name
-    the samples and where skipped ones are counted.
+    The error names the costliest offenders as ``{label} {position} (cost c, size s)``:
+    ``positions`` maps positions into ``alone`` to the numbers shown (default: themselves),
+    ``sizes`` are the samples' sizes (shown when they differ from the costs). ``noun`` and
+    ``counted_in`` name the samples and where skipped ones are counted.
 
     Raises:
         ValueError: under ``"error"`` when a sample costs more than ``budget`` alone; the
@@ -69,7 +71,7 @@ def screen_oversized(
         return none
     if policy == "error":
         worst = over[np.argsort(-alone[over], kind="stable")]
-        described = names(worst) if names is not None else format_offenders(worst, alone[worst])
+        described = _offenders(worst, alone, sizes, positions, label)
         raise ValueError(
             f"{over.size} {noun}{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
             f"even alone; largest: {described}. "
@@ -77,6 +79,25 @@ def screen_oversized(
             f"them out (they are counted in the {counted_in})."
         )
     return Screened(over.astype(np.int64), np.flatnonzero(alone <= budget).astype(np.int64))
+
+
+def _offenders(
+    worst: IntArray, alone: FloatArray, sizes: NDArray[np.float64] | None, positions: IntArray | None, label: str
+) -> str:
+    """'index 2 (cost 208.0, size 8.0), ...': the size is left out where it equals the cost."""
+    shown = []
+    for k in worst[:SHOWN]:
+        cost = float(alone[k])
+        what = f"cost {cost}"
+        if sizes is not None:
+            size = np.asarray(sizes[k], dtype=np.float64)
+            if size.ndim:
+                what += f", size ({', '.join(str(float(x)) for x in size)})"
+            elif float(size) != cost:
+                what += f", size {float(size)}"
+        shown.append(f"{label} {int(k if positions is None else positions[k])} ({what})")
+    more = worst.size - SHOWN
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def planning_budget(budget: float, integral: bool) -> float:

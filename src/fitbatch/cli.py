@@ -88,8 +88,7 @@ def _demo(args: argparse.Namespace) -> int:
     print("Tokenising this Python's standard library (tokenize + ast, no download)...", flush=True)
     sizes = stdlib_function_lengths(limit=args.limit)
     if sizes.size == 0:
-        print("no standard-library sources found", file=sys.stderr)
-        return 1
+        raise CliError("no standard-library sources found to tokenise")
     print(
         f"{sizes.size} functions, {int(sizes.sum())} tokens; median {int(np.median(sizes))}, "
         f"max {int(sizes.max())} tokens per function. Budget {args.budget:g} ({args.cost} cost).\n"
@@ -127,7 +126,41 @@ class _Once(logging.Filter):
 
 
 class CliError(Exception):
-    """A user error: printed as one line, exit status 1."""
+    """A user error: printed as one line, exit status 2 (see :func:`main`)."""
+
+
+#: the exit status of every error the user can act on (argparse's usage errors use it too)
+EXIT_ERROR = 2
+# Failures the user can act on (bad input, files, missing extras), printed as one line; any
+# other exception is a bug in fitbatch and keeps its traceback.
+EXPECTED = (CliError, OSError, ValueError, TypeError, ImportError)
+# fsspec and its storage backends raise their own errors for credentials, access and endpoints
+# (botocore's NoCredentialsError is no OSError): expected as well, named by their type.
+STORAGE_MODULES = ("fsspec", "s3fs", "gcsfs", "adlfs", "botocore", "aiobotocore", "google.auth",
+                   "google.api_core", "azure")
+
+
+def _expected(exc: BaseException) -> bool:
+    if isinstance(exc, EXPECTED):
+        return True
+    return any(cls.__module__ == m or cls.__module__.startswith(m + ".")
+               for cls in type(exc).__mro__ for m in STORAGE_MODULES)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an operation on a path that the message names already failed."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else error_line(exc)
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line printed for an expected failure."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    if not isinstance(exc, EXPECTED):  # a storage backend's error: its type says what failed
+        text = f"{type(exc).__name__}: {text}"
+    return " ".join(text.split())
 
 
 @dataclasses.dataclass
@@ -247,8 +280,12 @@ def _load(source: str, column: str | None) -> np.ndarray:
         return fitbatch.sizes.from_source(source, column=column)
     except FileNotFoundError as exc:
         raise CliError(str(exc.args[0] if exc.args else exc)) from None
-    except (ValueError, TypeError, ImportError, OSError) as exc:
+    except (ValueError, TypeError, ImportError) as exc:
         raise CliError(str(exc)) from None
+    except Exception as exc:  # the file system or storage backend: say what was being read
+        if not _expected(exc):
+            raise
+        raise CliError(f"cannot read {source}: {_reason(exc)}") from None
 
 
 def _check_budget(sizes: fitbatch.Sizes, budget: float, cost: str) -> None:
@@ -290,8 +327,11 @@ def _plan(args: argparse.Namespace) -> int:
     if args.plot:
         from fitbatch._plot import plot_plan
 
-        plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows if r.first is not None], budget=args.budget, cost=args.cost,
-                  max_batch_size=args.max_batch_size)
+        try:
+            plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows if r.first is not None], budget=args.budget,
+                      cost=args.cost, max_batch_size=args.max_batch_size)
+        except (OSError, ValueError, RuntimeError) as exc:  # an unwritable path, an unknown format
+            raise CliError(f"cannot write the plot {args.plot}: {_reason(exc)}") from None
     if args.json:
         out = {
             "source": args.sizes, "n_samples": int(sizes.values.shape[0]), "budget": args.budget, "cost": args.cost,
@@ -323,11 +363,17 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _sizes(args: argparse.Namespace) -> int:
     raw = _load(args.source, args.column)
-    np.save(args.output, raw)
+    try:
+        np.save(args.output, raw)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {_reason(exc)}") from None
     if args.paths:
         paths, _ = fitbatch.sizes.list_files(args.source)
-        with open(args.paths, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(paths) + "\n")
+        try:
+            with open(args.paths, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(paths) + "\n")
+        except OSError as exc:
+            raise CliError(f"cannot write {args.paths}: {_reason(exc)}") from None
     print(f"{args.source}: {_describe(raw)}; wrote {args.output}" + (f" and {args.paths}" if args.paths else ""))
     return 0
 
@@ -388,16 +434,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fitbatch`` console script."""
+    """Entry point of the ``fitbatch`` console script.
+
+    Returns the exit status: 0, or :data:`EXIT_ERROR` after printing one line
+    ``fitbatch: error: ...`` on stderr for a failure the user can act on (bad input, a file that
+    cannot be read or written, a missing optional dependency, a storage backend's credentials
+    or access error). Usage errors exit through argparse with the same status; any other
+    exception propagates with its traceback.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_Once())
     try:
         return int(args.func(args))
-    except CliError as exc:
-        print(f"fitbatch {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        if not _expected(exc):
+            raise
+        print(f"fitbatch: error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

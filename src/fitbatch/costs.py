@@ -21,6 +21,7 @@ array([30.])
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -33,23 +34,37 @@ from fitbatch._validate import choice
 FloatArray = NDArray[np.float64]
 
 
-def _reduce_length(max_size: NDArray[Any], weights: tuple[float, ...] | None) -> FloatArray:
-    """One padded length per batch: 1-D as is; D-dim as product, or weighted sum of maxima."""
+def _reduce_length(max_size: NDArray[Any], weights: tuple[float, ...] | None, model: Any = None) -> FloatArray:
+    """One padded length per batch: 1-D as is; D-dim as product, or weighted sum of maxima.
+
+    ``model`` (whose weights these are) is named when the weights do not match the sizes.
+    """
     m = np.asarray(max_size, dtype=np.float64)
     if m.ndim <= 1:
         return m
-    if weights is None:
-        return np.prod(m, axis=-1)
-    return m @ np.asarray(weights, dtype=np.float64)
+    w = _weights_for(weights, m.shape[-1], model)
+    return np.prod(m, axis=-1) if w is None else m @ w
 
 
-def _reduce_sum(sum_size: NDArray[Any], weights: tuple[float, ...] | None) -> FloatArray:
+def _reduce_sum(sum_size: NDArray[Any], weights: tuple[float, ...] | None, model: Any = None) -> FloatArray:
     s = np.asarray(sum_size, dtype=np.float64)
     if s.ndim <= 1:
         return s
+    w = _weights_for(weights, s.shape[-1], model)
+    return s.sum(axis=-1) if w is None else s @ w
+
+
+def _weights_for(weights: tuple[float, ...] | None, d: int, model: Any) -> FloatArray | None:
+    """The weights as an array, or ``ValueError`` when they do not match D size dimensions."""
     if weights is None:
-        return s.sum(axis=-1)
-    return s @ np.asarray(weights, dtype=np.float64)
+        return None
+    if len(weights) != d:
+        owner = repr(model) if model is not None else f"weights={weights!r}"
+        raise ValueError(
+            f"{owner} has {len(weights)} weight{'s' if len(weights) > 1 else ''} but the sizes have "
+            f"D={d} dimensions (shape (N, {d})); pass one weight per dimension, or weights=None"
+        )
+    return np.asarray(weights, dtype=np.float64)
 
 
 def _check_weights(weights: Sequence[float] | None) -> tuple[float, ...] | None:
@@ -68,6 +83,8 @@ class CostModel(ABC):
     sizes may also implement :meth:`max_count` (a closed form the sorted kernels use instead of
     a search). Models are immutable and compare by value: make a subclass a frozen dataclass
     of its configuration, and set the class variable ``name`` (used by :meth:`to_dict`).
+    What a subclass defined outside fitbatch returns is checked on every call: one finite
+    cost >= 0 per batch, else a ``ValueError`` naming the model and the batch.
 
     >>> import dataclasses
     >>> import numpy as np
@@ -91,6 +108,20 @@ class CostModel(ABC):
     name: ClassVar[str] = "custom"
     #: whether the cost grows with the padded (max) size; packing ignores max-only savings
     uses_max: ClassVar[bool] = True
+    #: whether results are checked on every call (one finite cost >= 0 per batch, else a
+    #: ``ValueError`` naming the model and the batch): true of every model written outside
+    #: fitbatch and of :class:`FunctionCost`; the built-ins' results follow from validated input
+    checked: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "checked" not in cls.__dict__:
+            cls.checked = not cls.__module__.startswith("fitbatch.")
+        if cls.checked:
+            for method in ("evaluate", "sample_cost"):
+                own = cls.__dict__.get(method)
+                if own is not None and not getattr(own, "__isabstractmethod__", False):
+                    setattr(cls, method, _checking(own, method))
 
     @abstractmethod
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
@@ -113,6 +144,80 @@ class CostModel(ABC):
         """Plain, JSON-able description (used in state dicts and reports)."""
         fields: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
         return {"kind": self.name, **fields}
+
+
+# ---------------------------------------------------------------------------- checked results
+
+
+def _checking(method: Callable[..., Any], kind: str) -> Callable[..., FloatArray]:
+    """``method`` (a model's ``evaluate`` or ``sample_cost``) with its results checked."""
+    if kind == "evaluate":
+
+        @functools.wraps(method)
+        def evaluate(self: CostModel, count: Any, max_size: Any, sum_size: Any) -> FloatArray:
+            return _check_costs(self, method(self, count, max_size, sum_size), count, max_size, sum_size)
+
+        return evaluate
+
+    @functools.wraps(method)
+    def sample_cost(self: CostModel, sizes: Any) -> FloatArray:
+        count = np.ones(np.shape(sizes)[:1])
+        return _check_costs(self, method(self, sizes), count, sizes, sizes, alone=True)
+
+    return sample_cost
+
+
+def _check_costs(
+    model: CostModel, out: Any, count: Any, max_size: Any, sum_size: Any, *, alone: bool = False
+) -> FloatArray:
+    """``out`` as float64 if it holds one finite cost >= 0 per batch, else an error naming
+    ``model`` and the first batch (count, max size, sum of sizes) it is wrong for.
+
+    ``alone``: ``out`` came from ``sample_cost`` (batches of one sample each).
+
+    >>> _check_costs(SumCost(), [3, 4], np.ones(2), np.ones(2), np.ones(2))
+    array([3., 4.])
+    >>> _check_costs(SumCost(), [3, float("nan")], np.ones(2), np.array([3, 4]), np.array([3, 4]))
+    Traceback (most recent call last):
+    ...
+    ValueError: cost model SumCost(weights=None) returned NaN for a batch of (count=1, max=4, sum=4); a cost must be a finite number >= 0
+    """
+    method = "sample_cost" if alone else "evaluate"
+    costs = _as_costs(model, out, method)
+    if costs.shape != np.shape(count):
+        raise ValueError(
+            f"cost model {model!r} returned shape {costs.shape} from {method} for {np.size(count)} "
+            f"{'samples' if alone else 'batches'}, expected shape {np.shape(count)}: one cost per "
+            f"{'sample' if alone else 'batch'} (it must be vectorised over batches)"
+        )
+    # min and max propagate NaN: two passes tell that every cost is finite and >= 0
+    if costs.size and not (costs.min() >= 0 and costs.max() < np.inf):
+        bad = np.flatnonzero(~(np.isfinite(costs) & (costs >= 0)))
+        i = int(bad[0])
+        value = float(costs.flat[i])
+        what = "NaN" if np.isnan(value) else f"{value:g}" if np.isinf(value) else f"a negative cost {value:g}"
+        more = f" (and {bad.size - 1} more of the {costs.size} evaluated)" if bad.size > 1 else ""
+        raise ValueError(
+            f"cost model {model!r} returned {what} for a batch of "
+            f"({_batch_text(count, max_size, sum_size, i)}){more}; a cost must be a finite number >= 0"
+        )
+    return costs
+
+
+def _as_costs(model: CostModel, out: Any, method: str) -> FloatArray:
+    try:
+        return np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cost model {model!r} returned {type(out).__name__} from {method}, not numbers: {exc}") from None
+
+
+def _batch_text(count: Any, max_size: Any, sum_size: Any, i: int) -> str:
+    def at(values: Any) -> str:
+        arr = np.asarray(values, dtype=np.float64)
+        row = arr[i] if arr.ndim and arr.shape[0] > i else arr
+        return f"{float(row):.10g}" if np.ndim(row) == 0 else "[" + ", ".join(f"{v:.10g}" for v in np.ravel(row)) + "]"
+
+    return f"count={at(count)}, max={at(max_size)}, sum={at(sum_size)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +246,11 @@ class SumCost(CostModel):
         object.__setattr__(self, "weights", _check_weights(self.weights))
 
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
-        return _reduce_sum(sum_size, self.weights)
+        return _reduce_sum(sum_size, self.weights, self)
 
     def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
         sizes = np.asarray(sizes, dtype=np.float64)
-        return sizes if sizes.ndim == 1 else _reduce_sum(sizes, self.weights)  # read-only: no copy
+        return sizes if sizes.ndim == 1 else _reduce_sum(sizes, self.weights, self)  # read-only: no copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,14 +280,14 @@ class PaddedCost(CostModel):
         object.__setattr__(self, "weights", _check_weights(self.weights))
 
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
-        return np.asarray(count, dtype=np.float64) * _reduce_length(max_size, self.weights)
+        return np.asarray(count, dtype=np.float64) * _reduce_length(max_size, self.weights, self)
 
     def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
         sizes = np.asarray(sizes, dtype=np.float64)
-        return sizes if sizes.ndim == 1 else _reduce_length(sizes, self.weights)  # read-only: no copy
+        return sizes if sizes.ndim == 1 else _reduce_length(sizes, self.weights, self)  # read-only: no copy
 
     def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
-        length = _reduce_length(max_size, self.weights)
+        length = _reduce_length(max_size, self.weights, self)
         with np.errstate(divide="ignore"):
             return np.where(length > 0, budget / np.where(length > 0, length, 1.0), np.inf)
 
@@ -221,11 +326,11 @@ class PaddedPolynomial(CostModel):
         return self.linear + length * (self.per_token + self.quadratic * length)
 
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
-        length = _reduce_length(max_size, self.weights)
+        length = _reduce_length(max_size, self.weights, self)
         return self.fixed + np.asarray(count, dtype=np.float64) * self.per_sample(length)
 
     def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
-        unit = self.per_sample(_reduce_length(max_size, self.weights))
+        unit = self.per_sample(_reduce_length(max_size, self.weights, self))
         room = budget - self.fixed
         with np.errstate(divide="ignore", invalid="ignore"):
             out = np.where(unit > 0, room / np.where(unit > 0, unit, 1.0), np.inf)
@@ -242,7 +347,8 @@ class FunctionCost(CostModel):
             non-decreasing in each argument. Compared by identity.
 
     Raises:
-        ValueError: from :meth:`evaluate`, if ``fn`` returns a shape other than ``count``'s.
+        ValueError: from :meth:`evaluate`, if ``fn`` returns a shape other than ``count``'s, or
+            a cost that is NaN, infinite or negative (the message names the batch).
 
     >>> import numpy as np
     >>> model = FunctionCost(lambda count, max_size, sum_size: sum_size + 2 * count)
@@ -254,18 +360,20 @@ class FunctionCost(CostModel):
 
     fn: Callable[[FloatArray, FloatArray, FloatArray], Any]
     name: ClassVar[str] = "function"
+    checked: ClassVar[bool] = True
 
     def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
-        out = np.asarray(self.fn(np.asarray(count, dtype=np.float64), max_size, sum_size), dtype=np.float64)
-        if out.shape != np.shape(count):
-            raise ValueError(
-                f"cost function returned shape {out.shape}, expected {np.shape(count)} "
-                "(it must be vectorised over batches)"
-            )
-        return out
+        return self.fn(np.asarray(count, dtype=np.float64), max_size, sum_size)  # type: ignore[no-any-return]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.name, "fn": getattr(self.fn, "__qualname__", repr(self.fn))}
+        return {"kind": self.name, "fn": _fn_name(self.fn)}
+
+    def __repr__(self) -> str:
+        return f"FunctionCost({_fn_name(self.fn)})"
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 COST_NAMES = ("padded", "polynomial", "sum")
@@ -319,13 +427,21 @@ def resolve_cost(cost: str | CostModel | Callable[..., Any]) -> CostModel:
 def _check_monotone(model: CostModel) -> None:
     grid = np.array([0.0, 1.0, 2.0, 7.0, 100.0, 1e4])
     c, m, s = (g.ravel() for g in np.meshgrid(np.arange(1.0, 5.0), grid, grid, indexing="ij"))
-    base = model.evaluate(c, m, s)
+    # The grid holds batches no sizes make (sum > count x max): probe without the result checks,
+    # which apply to the batches planning asks about.
+    raw = getattr(type(model).evaluate, "__wrapped__", None)
+
+    def evaluate(c: FloatArray, m: FloatArray, s: FloatArray) -> FloatArray:
+        return _as_costs(model, raw(model, c, m, s) if raw is not None else model.evaluate(c, m, s), "evaluate")
+
+    base = evaluate(c, m, s)
     for name, bumped in (
-        ("count", model.evaluate(c + 1, m, s)),
-        ("max size", model.evaluate(c, m + 1, s)),
-        ("sum of sizes", model.evaluate(c, m, s + 1)),
+        ("count", evaluate(c + 1, m, s)),
+        ("max size", evaluate(c, m + 1, s)),
+        ("sum of sizes", evaluate(c, m, s + 1)),
     ):
-        bad = np.flatnonzero(bumped < base - 1e-9 * np.abs(base))
+        with np.errstate(invalid="ignore"):  # inf - inf: NaN, never "decreasing"
+            bad = np.flatnonzero(bumped < base - 1e-9 * np.abs(base))
         if bad.size:
             i = bad[0]
             raise ValueError(

@@ -359,7 +359,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     values = sizes.values
     model, budget = opts.cost, opts.budget
     alone = model.sample_cost(values)
-    skipped, kept = screen_oversized(alone, budget, opts.oversized)
+    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values)
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)

@@ -34,3 +34,33 @@ def die_at_three(x: int) -> int:
     if x == 3:
         os._exit(1)
     return x
+
+
+class NeedsTwoArgs(Exception):
+    """An error that pickles but cannot be unpickled: its ``__init__`` needs two arguments and
+    ``args`` holds one (the parent's loads() calls ``NeedsTwoArgs(message)``)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+
+
+class HoldsALock(Exception):
+    """An error that cannot be pickled at all: it keeps a lock."""
+
+    def __init__(self, message: str) -> None:
+        import threading
+
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def unpicklable_error_at_three(x: int) -> int:
+    if x == 3:
+        raise NeedsTwoArgs("shard-3.tar", "truncated")
+    return x
+
+
+def lock_error_at_three(x: int) -> int:
+    if x == 3:
+        raise HoldsALock("item 3 holds a lock")
+    return x

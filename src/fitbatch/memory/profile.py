@@ -55,6 +55,41 @@ def as_device(device: Any) -> torch.device:
     raise TypeError(f"device must be a str or torch.device, got {device!r}")
 
 
+def _usable_cuda(dev: torch.device) -> torch.device:
+    """``dev`` if it is not CUDA or names a CUDA device this process can use, else an error
+    naming it and the devices that can measure instead (torch itself fails with an
+    ``AssertionError``: "Torch not compiled with CUDA enabled").
+
+    Raises:
+        RuntimeError: CUDA is not available (torch built without it, or no GPU visible).
+        ValueError: ``cuda:N`` with N past the last visible device.
+
+    >>> import torch
+    >>> _usable_cuda(torch.device("cpu"))
+    device(type='cpu')
+    """
+    if dev.type != "cuda":
+        return dev
+    import torch
+
+    if not torch.cuda.is_available():
+        reason = (
+            f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+            else f"no CUDA device is visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+        raise RuntimeError(
+            f"device {str(dev)!r} needs CUDA, but {reason}; measure on device='cpu' or device='meta' "
+            "(the live-tensor tracker, no GPU needed), or run where a GPU is visible"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(
+            f"device {str(dev)!r} does not exist: {count} CUDA device{'s' if count > 1 else ''} visible "
+            f"(cuda:0{f'..cuda:{count - 1}' if count > 1 else ''})"
+        )
+    return dev
+
+
 def is_oom_error(exc: BaseException) -> bool:
     """Whether ``exc`` is an out-of-memory error (CUDA, CPU allocator or another backend).
 
@@ -93,7 +128,7 @@ def allocated_bytes(device: Any) -> int:
     The live-tensor tracker cannot see tensors created before it starts, so off CUDA the
     baseline is 0 and peaks are relative to the start of the measured work.
     """
-    dev = as_device(device)
+    dev = _usable_cuda(as_device(device))
     if dev.type == "cuda":
         import torch
 
@@ -124,7 +159,7 @@ def detect_capacity(device: Any) -> float:
     ...
     ValueError: cannot detect the memory capacity of device 'meta'; pass capacity= (bytes or '70GiB')
     """
-    dev = as_device(device)
+    dev = _usable_cuda(as_device(device))
     if dev.type == "cuda":
         import torch
 
@@ -167,7 +202,7 @@ class PeakTracker:
     """
 
     def __init__(self, device: Any = "cpu") -> None:
-        self.device = as_device(device)
+        self.device = _usable_cuda(as_device(device))
         self.peak = 0
         self.current = 0
         self.baseline = 0
@@ -288,6 +323,11 @@ def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = "cpu", **kwar
 
     Returns:
         The peak number of bytes added, an ``int``.
+
+    Raises:
+        RuntimeError: ``device`` is CUDA but CUDA is not available (the message says why and
+            which devices measure without it).
+        ValueError: ``cuda:N`` past the last visible device, or not a device name.
 
     >>> import torch
     >>> measure_peak(lambda n: torch.zeros(n, n, device="meta"), 64, device="meta")

@@ -11,10 +11,12 @@ import concurrent.futures
 import logging
 import multiprocessing
 import numbers
+import os
 import pickle
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, cast
@@ -210,7 +212,10 @@ class Processes(Parallel):
     items must be picklable: with loky, lambdas and local functions work (cloudpickle); with
     the standard library, ``fn`` must be importable (defined at module level) and the main
     script needs an ``if __name__ == "__main__":`` guard. Workers are killed when the pipeline
-    closes or the interpreter exits, even in the middle of a call. ``Loky`` is another name.
+    closes or the interpreter exits, even in the middle of a call. An error ``fn`` raises
+    arrives with its own type, unless it cannot be pickled (or unpickled): then as a
+    ``RuntimeError`` naming the stage and the error's type and message, with the worker's
+    traceback. ``Loky`` is another name.
 
     Args:
         fn: ``fn(item) -> item``, sent to the workers with each item.
@@ -239,7 +244,7 @@ class Processes(Parallel):
         _check_picklable(fn, self.backend)
 
     def pool(self, name: str) -> Pool:
-        return _ProcessPool(self.fn, self.n_workers, self.backend)
+        return _ProcessPool(_Portable(self.fn, name.removeprefix("pipeline-"), self.backend), self.n_workers, self.backend)
 
 
 #: dpipe's name for :class:`Processes`.
@@ -260,15 +265,20 @@ def _resolve_backend(backend: str) -> str:
     return "loky"
 
 
-def _check_picklable(fn: Any, backend: str) -> None:
-    dumps: Callable[[Any], bytes] = pickle.dumps
+def _dumps(backend: str) -> Callable[[Any], bytes]:
+    """How ``backend`` pickles what it sends between processes."""
     if backend == "loky":
         try:
             import cloudpickle
 
-            dumps = cloudpickle.dumps
+            return cast("Callable[[Any], bytes]", cloudpickle.dumps)
         except ImportError:  # pragma: no cover - loky depends on cloudpickle
             pass
+    return pickle.dumps
+
+
+def _check_picklable(fn: Any, backend: str) -> None:
+    dumps = _dumps(backend)
     try:
         dumps(fn)
     except Exception as error:
@@ -280,6 +290,43 @@ def _check_picklable(fn: Any, backend: str) -> None:
         raise TypeError(
             f"Processes needs a picklable function; {describe(fn)} is not ({error}); {way_out}"
         ) from error
+
+
+class _Portable:
+    """The stage function as a worker process runs it: an exception that would not survive the
+    way back to the main process (it does not pickle, or would not unpickle: the pool would
+    report only a broken pool) is replaced by a ``RuntimeError`` that names the stage, the
+    original type and message, and carries the worker's traceback as text."""
+
+    def __init__(self, fn: Callable[[Any], Any], stage: str, backend: str) -> None:
+        self.fn, self.stage, self.backend = fn, stage, backend
+
+    def __call__(self, item: Any) -> Any:
+        try:
+            return self.fn(item)
+        except Exception as error:
+            why = _not_portable(error, self.backend)
+            if why is None:
+                raise
+            kind = f"{type(error).__module__}.{type(error).__qualname__}"
+            raise RuntimeError(
+                f"pipeline stage {self.stage}, in worker process {os.getpid()}, raised {kind}: {error}\n"
+                f"(this RuntimeError stands in for it: it cannot be sent back to the main process, "
+                f"{why})\nThe worker's traceback:\n" + "".join(traceback.format_exception(error)).rstrip()
+            ) from None
+
+
+def _not_portable(error: BaseException, backend: str) -> str | None:
+    """Why ``error`` cannot travel from a worker to the main process, or ``None`` if it can."""
+    try:
+        data = _dumps(backend)(error)
+    except Exception as exc:
+        return f"pickling it fails: {type(exc).__name__}: {exc}"
+    try:
+        pickle.loads(data)
+    except Exception as exc:
+        return f"unpickling it fails: {type(exc).__name__}: {exc}"
+    return None
 
 
 class _ThreadPool:

@@ -26,6 +26,7 @@ import io
 import math
 import numbers
 import os
+import re
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Union, cast
@@ -102,9 +103,15 @@ class BatchSizeSchedule:
     def from_csv(cls, source: str | os.PathLike[str] | io.TextIOBase | Any, *, on_exhausted: str = "error") -> BatchSizeSchedule:
         """A trace file in the PyTorch-XLA emulator's format: ``step,batchsize`` rows.
 
-        The header line is optional; spaces around values, CRLF line ends, a UTF-8 BOM and blank
-        lines are tolerated. Steps must be 0, 1, 2, ... in order; sizes positive ints. Every row
-        is checked before training starts; errors name the file line.
+        The header line is optional: only the first line may be one, text with no number in it
+        (``step,batchsize``). Spaces around values, CRLF line ends, a UTF-8 BOM and blank lines
+        are tolerated. Steps must be 0, 1, 2, ... in order; sizes positive ints (below 2**63).
+        Every row is checked before training starts; errors name the file, the line and the value.
+
+        Raises:
+            ValueError: a row that is not two whole numbers, a step out of order, a size < 1
+                or too large, no rows, or a file that is not UTF-8 text.
+            OSError: the file cannot be read.
 
         Args:
             source: a path, or an open text file.
@@ -112,12 +119,15 @@ class BatchSizeSchedule:
         """
         if isinstance(source, (str, os.PathLike)):
             name = os.fspath(source)
-            with open(name, newline="", encoding="utf-8-sig") as fh:
-                text = fh.read()
+            with open(name, "rb") as fh:
+                text = _decode(fh.read(), name)
         elif hasattr(source, "read"):
-            name = getattr(source, "name", f"<{type(source).__name__}>")
-            text = source.read()
-            text = text.lstrip("\ufeff")
+            name = str(getattr(source, "name", f"<{type(source).__name__}>"))
+            try:
+                data = source.read()
+            except UnicodeDecodeError as exc:
+                raise ValueError(_not_text(name, exc)) from None
+            text = _decode(data, name) if isinstance(data, bytes) else str(data).lstrip("\ufeff")
         else:
             raise TypeError(f"source must be a path or an open text file, got {source!r}")
         table, rows = _parse_trace(text, str(name))
@@ -267,22 +277,46 @@ def _check_positive(table: IntArray, rows: IntArray | None, source: str) -> None
         raise ValueError(f"batch sizes must be >= 1; {bad.size} bad in {source}: {where}")
 
 
+def _decode(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(_not_text(name, exc)) from None
+
+
+def _not_text(name: str, exc: UnicodeDecodeError) -> str:
+    return (
+        f"{name} is not a UTF-8 text file (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
+        "expected a CSV trace of 'step,batchsize' rows"
+    )
+
+
+# the largest batch size a trace may hold (int64)
+_MAX_SIZE = np.iinfo(np.int64).max
+
+
 def _parse_trace(text: str, name: str) -> tuple[IntArray, IntArray]:
     sizes: list[int] = []
     rows: list[int] = []
-    for line_no, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
-        cells = [c.strip() for c in fields]
-        if not any(cells):
-            continue
-        if not sizes and not rows and not _is_int(cells[0]):
-            continue  # header
-        if len(cells) != 2 or not _is_int(cells[0]) or not _is_int(cells[1]):
-            raise ValueError(f"{name} line {line_no}: expected 'step,batchsize' with two ints, got {','.join(fields)!r}")
-        step, size = int(cells[0]), int(cells[1])
-        if step != len(sizes):
-            raise ValueError(f"{name} line {line_no}: step {step} out of order; expected step {len(sizes)}")
-        sizes.append(size)
-        rows.append(line_no)
+    reader = csv.reader(io.StringIO(text))
+    first = True
+    try:
+        for fields in reader:
+            line_no = reader.line_num
+            cells = [c.strip() for c in fields]
+            if not any(cells):
+                continue
+            if first and not any(_is_number(c) for c in cells):
+                first = False
+                continue  # the header: text with no number in it, such as 'step,batchsize'
+            first = False
+            step, size = _trace_row(cells, fields, f"{name} line {line_no}")
+            if step != len(sizes):
+                raise ValueError(f"{name} line {line_no}: step {step} out of order; expected step {len(sizes)}")
+            sizes.append(size)
+            rows.append(line_no)
+    except csv.Error as exc:
+        raise ValueError(f"{name} line {reader.line_num}: not a CSV row ({exc})") from None
     if not sizes:
         raise ValueError(f"{name} holds no 'step,batchsize' rows")
     table, lines = np.array(sizes, np.int64), np.array(rows, np.int64)
@@ -290,5 +324,26 @@ def _parse_trace(text: str, name: str) -> tuple[IntArray, IntArray]:
     return table, lines
 
 
-def _is_int(cell: str) -> bool:
-    return cell.lstrip("+-").isdigit()
+def _trace_row(cells: list[str], fields: list[str], where: str) -> tuple[int, int]:
+    """(step, size) of one row, or ``ValueError`` naming ``where`` and the value refused."""
+    expected = f"{where}: expected 'step,batchsize' with two whole numbers"
+    if len(cells) != 2:
+        raise ValueError(f"{expected}, got {len(cells)} fields {','.join(fields)!r}")
+    for what, cell in (("step", cells[0]), ("batch size", cells[1])):
+        if not _INT.fullmatch(cell):
+            raise ValueError(f"{expected}, got {what} {cell!r}")
+    step, size = int(cells[0]), int(cells[1])
+    if size > _MAX_SIZE:
+        raise ValueError(f"{where}: batch size {cells[1]} is too large (the most is 2**63 - 1)")
+    return step, size
+
+
+_INT = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes '1_000' and '²'
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True

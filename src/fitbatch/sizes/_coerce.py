@@ -27,6 +27,10 @@ from numpy.typing import NDArray
 
 from fitbatch._validate import format_offenders, non_negative_int
 
+#: the largest integer size accepted: float64, in which sizes are planned, holds every integer
+#: up to 2**53 exactly, and rounds larger ones
+MAX_EXACT = 2**53
+
 SizesLike = Union[NDArray[Any], "list[float]", Mapping[int, float], Callable[[int], float], Any]
 
 
@@ -89,8 +93,9 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
 
     Raises:
         TypeError: non-numeric sizes, or a callable without ``n``.
-        ValueError: a negative, infinite or NaN size (the message lists the first offenders),
-            a wrong shape, a mapping with missing keys, or ``n`` not matching.
+        ValueError: a negative, infinite or NaN size, or an integer size above 2**53 (float64
+            cannot hold it exactly; the message lists the first offenders), a wrong shape, a
+            mapping with missing keys, or ``n`` not matching.
 
     >>> as_sizes([3, 1, 2]).values
     array([3., 1., 2.])
@@ -122,6 +127,7 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
         arr = np.asarray(raw)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"sizes must be a numeric array-like; could not convert: {exc}") from None
+    _refuse_inexact(arr, raw)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise TypeError(f"sizes must be numeric, got dtype {arr.dtype} (first values {arr.ravel()[:3].tolist()!r})")
     if arr.dtype == bool:
@@ -156,6 +162,44 @@ def _from_mapping(sizes: Mapping[Any, Any]) -> list[Any]:
             else f"a sizes mapping must have keys exactly 0..{count - 1}; got keys outside it"
         )
     return [sizes[i] for i in range(count)]
+
+
+def _refuse_inexact(arr: NDArray[Any], raw: Any) -> None:
+    """Refuse integer sizes above :data:`MAX_EXACT`: float64 would round them.
+
+    Whatever held them: an int64 or uint64 array, Python ints (too large for any integer dtype:
+    an object array), or Python ints among floats in a list (a float array that rounded them).
+    """
+    if arr.ndim not in (1, 2):
+        return  # refused for its shape
+    if arr.dtype.kind in "iu":
+        if arr.dtype.itemsize < 8 or not arr.size or arr.max() <= MAX_EXACT:
+            return
+        flat = arr.ravel()
+        bad = np.flatnonzero(flat > MAX_EXACT)
+        values = [int(v) for v in flat[bad[:5]]]
+    elif arr.dtype == object or (arr.dtype.kind == "f" and arr.size and arr.max() >= MAX_EXACT and not isinstance(raw, np.ndarray)):
+        # rare: look at the Python objects themselves
+        try:
+            objects = np.asarray(raw, dtype=object).ravel()
+        except (TypeError, ValueError):  # pragma: no cover - asarray(raw) succeeded above
+            return
+        big = [
+            i for i, v in enumerate(objects.tolist())
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) > MAX_EXACT
+        ]
+        if not big:
+            return
+        bad = np.asarray(big)
+        values = [int(objects[i]) for i in big[:5]]
+    else:
+        return
+    rows = bad // (arr.shape[1] if arr.ndim == 2 and arr.shape[1] else 1)
+    raise ValueError(
+        f"integer sizes must be at most 2**53 = {MAX_EXACT} (float64 holds larger integers only "
+        f"approximately); {bad.size} bad value{'s' if bad.size > 1 else ''}: {format_offenders(rows, values)}. "
+        "Count in a coarser unit (KiB, not bytes), or pass floats to accept the rounding."
+    )
 
 
 def _check_values(values: NDArray[np.float64]) -> None:

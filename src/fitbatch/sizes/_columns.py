@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch.sizes._coerce import as_sizes
+from fitbatch.sizes._coerce import MAX_EXACT, as_sizes
 
 logger = logging.getLogger("fitbatch.sizes")  # one logger for every size source
 
@@ -40,21 +40,40 @@ def _require(module: str, extra: str, what: str) -> Any:
 
 
 def _finish(values: NDArray[Any], where: str) -> NDArray[Any]:
-    """Validate (non-negative, finite) and return int64 when every size is whole, else float64."""
+    """Validate like :func:`as_sizes` and return int64 when every size is whole, else float64."""
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{where}: sizes must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind in "iub":
-        out = arr.astype(np.int64, copy=False)
-    else:
-        out = arr.astype(np.float64, copy=False)
+    if arr.dtype == bool:
+        raise ValueError(f"{where}: sizes must be numbers, got booleans (dtype bool)")
     try:
-        as_sizes(out)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    if out.dtype == np.float64 and out.size and np.all(out == np.floor(out)) and out.max() < 2**62:
+        as_sizes(arr)  # before any cast: uint64 above 2**63 must not wrap to negative int64
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    out = arr.astype(np.int64 if arr.dtype.kind in "iu" else np.float64, copy=False)
+    if out.dtype == np.float64 and out.size and np.all(out == np.floor(out)) and out.max() <= MAX_EXACT:
         return out.astype(np.int64)
     return out
+
+
+def _inexact_row(values: Sequence[Any], numbers: NDArray[np.float64]) -> int | None:
+    """The first of ``values`` (number strings) that is an integer above 2**53, which ``numbers``
+    (their float64 parse) holds rounded; ``None`` if there is none."""
+    if not numbers.size or not numbers.max() >= MAX_EXACT:
+        return None
+    for i in np.flatnonzero(numbers >= MAX_EXACT).tolist():
+        text = values[i].decode() if isinstance(values[i], bytes) else str(values[i])
+        try:
+            if int(text) > MAX_EXACT:
+                return int(i)
+        except ValueError:  # a float literal such as 1e17: a float, not rounded from an integer
+            continue
+    return None
+
+
+def _too_large(value: Any) -> str:
+    shown = value.decode() if isinstance(value, bytes) else value
+    return f"{shown} is an integer above 2**53 = {MAX_EXACT}, which float64 cannot hold exactly"
 
 
 def to_numbers(values: Sequence[Any] | NDArray[Any], where: str, first_row: int = 0) -> NDArray[np.float64]:
@@ -118,7 +137,11 @@ def from_array(column: Any, *, name: str = "sizes") -> NDArray[Any]:
     else:
         arr = np.asarray(column) if not isinstance(column, (list, tuple)) else np.asarray(column, dtype=object)
     if arr.dtype.kind not in "iufb":
-        arr = to_numbers(arr.tolist() if arr.dtype == object else arr.astype(object).tolist(), where)
+        objects = arr.tolist() if arr.dtype == object else arr.astype(object).tolist()
+        arr = to_numbers(objects, where)
+        big = _inexact_row(objects, arr)
+        if big is not None:
+            raise ValueError(f"{where} row {big}: {_too_large(objects[big])}")
     if arr.dtype.kind == "f" and arr.size and np.isnan(arr).any():
         raise ValueError(f"{where} row {int(np.flatnonzero(np.isnan(arr))[0])}: missing value (NaN)")
     return _finish(arr, where)

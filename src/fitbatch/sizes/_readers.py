@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch.sizes._columns import _finish, _require, from_array, to_numbers
+from fitbatch.sizes._coerce import MAX_EXACT
+from fitbatch.sizes._columns import (
+    _finish,
+    _inexact_row,
+    _require,
+    _too_large,
+    from_array,
+    to_numbers,
+)
 from fitbatch.sizes._files import _GLOB_CHARS, _url_to_fs, from_files
 
 FILE_FORMATS = (".npy", ".txt", ".csv", ".parquet")
@@ -57,7 +65,9 @@ def _text_sizes(data: bytes, source: str) -> NDArray[Any]:
     """One number per line; blank lines and ``#`` comments are ignored."""
     if b"#" not in data:
         try:
-            return _finish(np.array(data.split(), dtype=np.float64), source)
+            fast = np.array(data.split(), dtype=np.float64)
+            if not (fast.size and fast.max() >= MAX_EXACT):  # else: look for rounded integers below
+                return _finish(fast, source)
         except ValueError:
             pass  # find the line below
     lines = data.splitlines()
@@ -68,6 +78,9 @@ def _text_sizes(data: bytes, source: str) -> NDArray[Any]:
     except ValueError as exc:
         row = int(re.search(r" row (\d+):", str(exc)).group(1))  # type: ignore[union-attr]
         raise ValueError(f"{source} line {keep[row] + 1}: {lines[keep[row]].strip().decode(errors='replace')!r} is not a number") from None
+    big = _inexact_row(values, numbers)
+    if big is not None:
+        raise ValueError(f"{source} line {keep[big] + 1}: {_too_large(values[big])}")
     return _finish(numbers, source)
 
 
@@ -96,6 +109,9 @@ def _csv_sizes(data: bytes, column: str | None, source: str) -> NDArray[Any]:
         shown = values[row_no]
         what = "missing value" if shown == "" else f"{shown!r} is not a number"
         raise ValueError(f"{source} line {line_of[row_no]} (column {name!r}, row {row_no}): {what}") from None
+    big = _inexact_row(values, numbers)
+    if big is not None:
+        raise ValueError(f"{source} line {line_of[big]} (column {name!r}, row {big}): {_too_large(values[big])}")
     return _finish(numbers, f"{source} column {name!r}")
 
 

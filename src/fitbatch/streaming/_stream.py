@@ -248,7 +248,8 @@ class BatchStream(Iterator[Any]):
         """Apply the oversized policy; lone items under ``"single"`` stay (planned alone)."""
         over, kept = screen_oversized(
             self.cost.sample_cost(seg.sizes), self.budget, self.oversized,
-            names=lambda worst: _item_names(seg, worst), noun="item", counted_in="stream's summary",
+            sizes=seg.sizes, positions=seg.positions, label="stream item", noun="item",
+            counted_in="stream's summary",
         )
         if kept is None:
             return seg
@@ -401,12 +402,6 @@ class BatchStream(Iterator[Any]):
             f"BatchStream(strategy={self.strategy.name!r}, cost={self.cost.name!r}, budget={self.budget:g}, "
             f"read={s.items_read}, batches={s.batches}, held={s.held})"
         )
-
-
-def _item_names(seg: Segment, worst: IntArray) -> str:
-    """Offenders of an oversized error: 'stream item 7 (size 50), ...' by stream position."""
-    sizes = [f"{size:g}" for size in seg.sizes[worst]]
-    return format_offenders(seg.positions[worst], sizes).replace("index", "stream item")
 
 
 def batch_stream(
