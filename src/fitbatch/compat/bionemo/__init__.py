@@ -14,8 +14,8 @@ is also importable from ``fitbatch.compat.bionemo`` itself:
 Deliberate differences from bionemo-size-aware-batching 1.0.0 (bugs not reproduced):
 
 * ``max_total_size`` must be a positive finite number (``ValueError``), as the sampler's
-  documentation says; the original accepts 0, negative numbers and NaN, and then skips every
-  item (NaN: batches them all). Both functions check their arguments when called; the
+  documentation says; the original accepts 0, negative numbers, NaN and bools, and then skips
+  every item (NaN: batches them all). Both functions check their arguments when called; the
   original generator checks ``sizeof`` only at the first ``next()``.
 * A ``sizeof`` returning a negative, NaN or infinite size raises ``ValueError``; a non-callable
   ``collate_fn`` raises ``TypeError`` (the original ignores it). A ``sizeof`` that is a mapping
@@ -28,6 +28,11 @@ Deliberate differences from bionemo-size-aware-batching 1.0.0 (bugs not reproduc
   next iteration (for ``BucketBatchSampler`` with ``shuffle``, the draws then come from
   ``generator`` at ``len()`` instead of at ``iter()``; the same batches follow). The original
   ``SizeAwareBatchSampler`` has no ``len()``.
+* Fractional sizes are planned against ``max_total_size * (1 - 1e-12)`` (as everywhere in
+  fitbatch), so float rounding never lets a batch overshoot; a batch whose fractional sizes
+  add up to exactly ``max_total_size`` closes one item earlier than the original's.
+* ``BucketBatchSampler``'s message for a 2-D ``bucket_boundaries`` says it must be 1-D (the
+  original's says 2-D).
 * ``collect_cuda_peak_alloc`` measures with fitbatch's tracker and logs out-of-memory items
   (``logging``) instead of printing to stderr; a non-CUDA device still raises ``ValueError``.
 
