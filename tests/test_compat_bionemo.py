@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -251,3 +253,124 @@ def test_polynomial_regression_fit_documented_errors():
     with pytest.raises(TypeError, match="floating point"):
         pr.fit(torch.arange(1, 6), x)
 
+
+
+def _original_utils():
+    return pytest.importorskip("bionemo.size_aware_batching.utils", reason="bionemo-size-aware-batching is not installed")
+
+
+def _bucket_cases(n_cases: int, seed: int):
+    """Random sizes (ints and floats), boundaries, base samplers and generator seeds."""
+    rng = np.random.default_rng(seed)
+    for case in range(n_cases):
+        n = int(rng.integers(1, 50))
+        sizes = torch.tensor(rng.integers(0, 40, n))
+        if case % 3 == 2:
+            sizes = sizes + torch.rand(n, generator=torch.Generator().manual_seed(case))
+        k = int(rng.integers(1, 5))
+        bounds = torch.tensor(sorted(rng.choice(np.arange(-5, 45), k + 1, replace=False).tolist()))
+        yield case, sizes, bounds, k, bool(case % 2), int(rng.integers(0, 10**6)), rng
+
+
+def test_bucket_batch_sampler_same_batches_as_the_original():
+    orig = _original()
+    checked = 0
+    for case, sizes, bounds, k, shuffle, seed, rng in _bucket_cases(120, 3):
+        if case % 2:
+            base = {"base_batch_sampler_class": torch.utils.data.BatchSampler,
+                    "base_batch_sampler_shared_kwargs": {"drop_last": case % 4 == 1},
+                    "base_batch_sampler_individual_kwargs": {"batch_size": rng.integers(1, 6, k).tolist()}}
+            ours_base = base
+        else:
+            costs = (sizes.double() + 1).tolist()
+            base = {"base_batch_sampler_class": orig.SizeAwareBatchSampler,
+                    "base_batch_sampler_shared_kwargs": {"sizeof": costs.__getitem__},
+                    "base_batch_sampler_individual_kwargs": {"max_total_size": rng.integers(1, 60, k).tolist()}}
+            ours_base = {**base, "base_batch_sampler_class": compat.SizeAwareBatchSampler}
+
+        def make(module, kwargs, sizes=sizes, bounds=bounds, shuffle=shuffle, seed=seed):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return module.BucketBatchSampler(sizes, bounds, shuffle=shuffle, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+        try:
+            theirs = make(orig, base)
+        except (RuntimeError, ValueError) as error:  # no element in a bucket: both refuse alike
+            with pytest.raises(type(error), match=re.escape(str(error)[:40])):
+                make(compat, ours_base)
+            continue
+        ours = make(compat, ours_base)
+        assert ours.bucket_element_indices == theirs.bucket_element_indices, f"case {case}"
+        assert torch.equal(ours.bucket_sizes, theirs.bucket_sizes) and ours.num_samples == theirs.num_samples
+        for _ in range(3):
+            batches = list(theirs)
+            assert len(ours) == len(batches), f"case {case}"  # len() draws the iteration that follows
+            assert list(ours) == batches, f"case {case}"
+        assert ours.plan().n_samples == sum(len(b) for b in list(ours))
+        checked += 1
+    assert checked > 80
+
+
+def test_create_buckets_same_as_the_original():
+    utils = _original_utils()
+    rng = np.random.default_rng(4)
+    for case in range(600):
+        sizes = torch.tensor(rng.integers(0, int(rng.integers(1, 200)), int(rng.integers(1, 80))))
+        if case % 4 == 3:
+            sizes = sizes.to(torch.int32)
+        width, count = int(rng.integers(1, 30)), int(rng.integers(1, 30))
+        ours, theirs = compat.create_buckets(sizes, width, count), utils.create_buckets(sizes, width, count)
+        assert torch.equal(ours.bucket_boundaries, theirs.bucket_boundaries), f"case {case}"
+        assert torch.equal(ours.bucket_sizes, theirs.bucket_sizes), f"case {case}"
+        assert ours.bucket_sizes.dtype == theirs.bucket_sizes.dtype == torch.int64
+
+
+class _MapStyle(torch.utils.data.Dataset):
+    """Only __len__ and __getitem__: a for loop reads it through the sequence protocol."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def __len__(self):
+        return len(self.values)
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+
+def test_map_style_dataset_read_like_the_original():
+    data = _MapStyle([3, 9, 4, 1, 12, 2, 2])
+    ours = list(compat.size_aware_batching(data, lambda x: x, 8))
+    assert ours == list(compat.size_aware_batching(list(data.values), lambda x: x, 8)) == [[3, 4, 1], [2, 2]]
+    with contextlib.suppress(pytest.skip.Exception):
+        assert ours == list(_original().size_aware_batching(data, lambda x: x, 8))
+
+
+def test_validation_order_and_messages_of_the_original():
+    sampler = torch.utils.data.SequentialSampler(range(3))
+    with pytest.raises(ValueError, match="max_total_size should be int or float"):
+        compat.SizeAwareBatchSampler(sampler, -1, {})  # the budget is checked before sizeof
+    with pytest.raises(TypeError, match="'>' not supported between instances of 'str' and 'int'"):
+        list(compat.SizeAwareBatchSampler(sampler, str, 1))
+    with pytest.raises(TypeError, match="sizeof must be a callable"):
+        compat.SizeAwareBatchSampler(sampler, " invalid", 0)  # sizeof before the positive budget
+    with contextlib.suppress(pytest.skip.Exception):
+        orig = _original()
+        for args in [(sampler, -1, {}), (sampler, " invalid", 0)]:
+            with pytest.raises(Exception) as theirs:
+                orig.SizeAwareBatchSampler(*args)
+            with pytest.raises(theirs.type):
+                compat.SizeAwareBatchSampler(*args)
+
+
+def test_bucket_batch_sampler_plan_and_len_are_the_next_iteration():
+    sizes = torch.arange(30)
+    sampler = compat.BucketBatchSampler(
+        sizes, torch.tensor([0, 10, 20, 30]), compat.SizeAwareBatchSampler,
+        {"sizeof": lambda i: i + 1}, {"max_total_size": [12, 40, 60]}, generator=torch.Generator().manual_seed(0),
+    )
+    n, plan = len(sampler), sampler.plan()
+    batches = list(sampler)
+    assert n == len(plan) == len(batches)
+    assert sorted(i for b in batches for i in b) == list(range(30))
+    assert plan.costs.tolist() == [float(sum(i for i in b)) for b in batches]  # sum of sizes

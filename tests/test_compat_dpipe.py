@@ -223,3 +223,108 @@ def test_seed_tutorial_prints_the_documented_shapes():
         assert int(k) >= 1 and int(depth) <= 100
     assert len(lines) == 33
     assert ns["THREADED"] < 0.8 * ns["SERIAL"]
+
+
+def _add(a, b=0):
+    return a + b
+
+
+def test_every_combiner_and_wrapper_identical_to_dpipe():
+    """The names beyond the pipeline: dpipe's zip combiners (any item that iterates), padding,
+    the argument wrappers with extra arguments given at the call, and dpipe's keyword names."""
+    bi = _dpipe()
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        arrays = [rng.standard_normal(int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 5)))]
+        same = [rng.standard_normal(3) for _ in range(int(rng.integers(1, 5)))]
+        assert compat.combine_batches(inputs=same) == bi.combine_batches(inputs=same)  # arrays are zipped too
+        _same(compat.combine_to_arrays(same), bi.combine_to_arrays(same))
+        value, ratio = float(rng.integers(-3, 3)), float(rng.choice([0.0, 0.3, 0.5, 1.0]))
+        np.testing.assert_array_equal(compat.pad_batch_equal(arrays, value, ratio), bi.pad_batch_equal(arrays, value, ratio))
+        batch = _random_batch(rng, same_shape=False)
+        _same(compat.combine_pad(inputs=batch, padding_values=np.min, ratio=ratio), bi.combine_pad(inputs=batch, padding_values=np.min, ratio=ratio))
+        xs = rng.integers(-9, 9, size=int(rng.integers(2, 6))).tolist()
+        k = int(rng.integers(1, 4))
+        assert compat.unpack_args(func=lambda *a, k=0: sum(a) * k, k=k)(xs, 5) == bi.unpack_args(func=lambda *a, k=0: sum(a) * k, k=k)(xs, 5)
+        assert compat.apply_at([0, -1], func=_add, b=k)(xs) == bi.apply_at([0, -1], func=_add, b=k)(xs)
+        assert compat.multiply(np.multiply, k)(xs) == bi.multiply(np.multiply, k)(xs)
+        assert compat.zip_apply(abs, str, np.negative)(xs[:3]) == bi.zip_apply(abs, str, np.negative)(xs[:3])
+        assert compat.sample_args(round, ndigits=lambda k=k: k)(1.23456) == bi.sample_args(round, ndigits=lambda k=k: k)(1.23456)
+    with pytest.raises(IndexError, match="out of bounds"):
+        compat.apply_at(5, abs)([1, 2])
+    with pytest.raises(ValueError, match="different lengths"):
+        compat.combine_batches([(1, 2), (3,)])
+
+
+def test_global_random_state_draws_identical_to_dpipe():
+    bi = _dpipe()
+    for seed in range(20):
+        np.random.seed(seed)
+        theirs = list(bi.expiration_pool(range(12), 3, 2, iterations=2))
+        np.random.seed(seed)
+        assert list(compat.expiration_pool(range(12), 3, 2, iterations=2)) == theirs
+        np.random.seed(seed)
+        theirs = [bi.random_apply(0.3, abs)(-seed - 1) for _ in range(30)]
+        np.random.seed(seed)
+        assert [compat.random_apply(0.3, abs)(-seed - 1) for _ in range(30)] == theirs
+
+
+def test_wrap_pipeline_and_iterator_stages_identical_to_dpipe():
+    bi = _dpipe()
+    from dpipe.batch_iter.pipeline import wrap_pipeline as theirs_wrap
+
+    from fitbatch.compat.dpipe.pipeline import wrap_pipeline
+
+    def pairs(items, scale):
+        items = iter(items)
+        for first in items:
+            yield first * scale, next(items, None)
+
+    assert list(wrap_pipeline(range(9), compat.Iterator(pairs, 2), lambda p: p[0])) == list(theirs_wrap(range(9), bi.Iterator(pairs, 2), lambda p: p[0]))
+
+    def run(module):
+        with module.Infinite(itertools.cycle(range(7)), module.Iterator(pairs, scale=3), module.Threads(lambda p: p[0]),
+                             batch_size=3, batches_per_epoch=4, combiner=list) as batches:
+            return [list(batches()) for _ in range(2)]
+
+    assert run(compat) == run(bi)
+
+
+def test_documented_differences_of_the_pipeline():
+    from fitbatch.compat.dpipe.pipeline import wrap_pipeline
+
+    with pytest.raises(ZeroDivisionError):  # dpipe: pdp.StopEvent
+        list(wrap_pipeline(range(3), compat.Threads(lambda x: 1 / x)))
+    with compat.Infinite([1, 2, 3], batch_size=2, batches_per_epoch=3, combiner=list) as batches:
+        assert list(batches()) == [[1, 2], [3, 1], [2, 3]]  # cycled; dpipe: [[1, 2], [3]]
+    with pytest.raises(TypeError, match="combiner"):
+        compat.Infinite([1], batch_size=1, batches_per_epoch=1, combiner=compat.Iterator(iter))
+
+
+def test_closed_infinite_starts_again_and_iterator_workers_share_items():
+    from fitbatch.compat.dpipe.pipeline import wrap_pipeline
+
+    batches = compat.Infinite(itertools.count(), compat.ExpirationPool(4, 2), batch_size=4, batches_per_epoch=2, combiner=list)
+    with batches:
+        first = list(batches())
+    assert len(first) == 2
+    assert len(list(batches())) == 2  # dpipe builds a new pipeline after close
+    batches.close()
+
+    def double(items):
+        for x in items:
+            yield 2 * x
+
+    assert sorted(wrap_pipeline(range(50), compat.Iterator(double, n_workers=3))) == list(range(0, 100, 2))
+    with pytest.raises(ValueError, match="n_workers"):
+        compat.Iterator(double, n_workers=0)
+    with pytest.raises(ValueError, match="pool_size"):
+        compat.ExpirationPool(0, 2)
+
+
+def test_load_by_random_id_contract():
+    from itertools import islice
+
+    got = list(islice(compat.load_by_random_id(str.upper, len, ids=["a", "bb"], weights=[0, 1], random_state=1), 5))
+    assert got == [("BB", 2)] * 5
+    assert list(islice(compat.load_by_random_id(str, ids=[7], random_state=0), 2)) == ["7", "7"]

@@ -6,15 +6,18 @@ One thin module per tool; each keeps the tool's names and signatures, maps them 
 docstring where it deliberately differs from the original (a bug not reproduced) and why:
 
 * :mod:`fitbatch.compat.equibatch` — ``EquiarealBatchSampler``;
-* :mod:`fitbatch.compat.bionemo` — ``size_aware_batching``, ``SizeAwareBatchSampler``,
-  ``collect_cuda_peak_alloc``, ``PolynomialRegression``;
+* :mod:`fitbatch.compat.bionemo` — bionemo-size-aware-batching 1.0.0: ``sampler``
+  (``size_aware_batching``, ``SizeAwareBatchSampler``, ``BucketBatchSampler``, ``Real``) and
+  ``utils`` (``collect_cuda_peak_alloc``, ``create_buckets``, ``Buckets``), plus the
+  pre-release's ``PolynomialRegression``;
 * :mod:`fitbatch.compat.aistore` — ``DynamicBatchSampler``;
-* :mod:`fitbatch.compat.dpipe` — ``Infinite``, ``sample``, ``unpack_args``, ``apply_at``,
-  ``Threads``, ``Loky``, ``combine_pad``, ``combine_to_arrays``;
+* :mod:`fitbatch.compat.dpipe` — deep-pipe 0.5.0's ``dpipe.batch_iter``: its 18 names and its
+  modules ``pipeline`` (with ``wrap_pipeline``), ``sources``, ``utils``, ``expiration_pool``;
 * :mod:`fitbatch.compat.xla_vbs` — ``CustomSampler``, ``LinearRuleOptimizer``,
   ``RootRuleOptimizer``, ``ConstantOptimizer``.
 
-Migrating is a change of the import line (see ``docs/migrating.md``). Importing a module here
+Migrating is a change of the import line, for bionemo and dpipe a change of the package prefix
+(see ``docs/migrating.md``); ``tests/upstream/`` runs the tools' own test suites on the adapters. Importing a module here
 imports torch only where the adapter needs it by nature. The samplers are
 :class:`~fitbatch.sampler.PlanSampler` subclasses, as ``fitbatch.BudgetBatchSampler`` is; they
 take torch's ``Sampler``/``BatchSampler`` as a second base on first access to the class.
