@@ -374,6 +374,7 @@ def _cleanup(model):
 
 
 @needs_cuda
+@pytest.mark.skip(reason="skipped upstream too: 'Currently seems to be failing on some GPUs'")
 def test_collect_cuda_peak_alloc(dataset, model_and_alloc_peak):  # pragma: no cover - GPU only
     model, expected_peak = model_and_alloc_peak
     features, peaks = collect_cuda_peak_alloc(dataset, _work(model), dataset.device, cleanup=_cleanup(model))
