@@ -198,6 +198,79 @@ def test_resumable_loader_counts_what_the_loop_received(accelerator_factory, fun
     assert list(loader2) == sampler2.plan(1).to_lists()
 
 
+def trainer_sampler(**kw):
+    """The sampler of tests/integrations/trainer_worker.py: 19 batches per rank in epoch 0, 20 in epoch 1."""
+    lengths = np.random.default_rng(0).integers(8, 97, 240)
+    return BudgetBatchSampler(lengths, 600, cost="padded", strategy="sequential", shuffle=True, seed=0,
+                              num_replicas=2, rank=0, **kw)
+
+
+class StubTrainer:
+    """The Trainer methods FitbatchTrainerMixin overrides, as transformers 5.23 calls them."""
+
+    def __init__(self, args) -> None:
+        from types import SimpleNamespace
+
+        self.args, self.state = args, SimpleNamespace(global_step=0, num_train_epochs=2)
+
+    def set_initial_training_values(self, args, dataloader):
+        return (1, 99, 240, 240, 8, 99, 99)
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume, trial):
+        return 0, 0
+
+    def _run_epoch(self, model, epoch, train_dataloader, steps_in_epoch, num_update_steps_per_epoch):
+        return epoch, steps_in_epoch, num_update_steps_per_epoch
+
+    def _save_checkpoint(self, model, trial) -> None:
+        pass
+
+
+def test_trainer_epochs_of_their_own_length_and_the_checked_resume(tmp_path):
+    from types import SimpleNamespace
+
+    from fitbatch.integrations.transformers import SAMPLER_FILE, FitbatchTrainerMixin
+
+    class Trainer(FitbatchTrainerMixin, StubTrainer):
+        pass
+
+    def args(**kw):
+        return SimpleNamespace(**{"gradient_accumulation_steps": 2, "max_steps": -1, "num_train_epochs": 2,
+                                  "train_sampling_strategy": "random", "ignore_data_skip": False, **kw})
+
+    sampler = trainer_sampler()
+    assert [len(sampler.plan(e)) for e in range(2)] == [19, 20]
+    trainer = Trainer(args(), batch_sampler=sampler)
+    assert trainer.set_initial_training_values(trainer.args, None) == (2, 10, 240, 240, 8, 19, 20)
+    assert trainer.set_initial_training_values(args(num_train_epochs=1.5), None)[6] == 15
+    assert trainer.set_initial_training_values(args(max_steps=12), None)[0] == 2
+    assert trainer._run_epoch(None, epoch=1, train_dataloader=None, steps_in_epoch=19,
+                              num_update_steps_per_epoch=10) == (1, 20, 10)
+    assert sampler.epoch == 1
+    for global_step, position in ((0, (0, 0)), (9, (0, 18)), (10, (1, 0)), (13, (1, 6)), (20, (2, 0))):
+        trainer.state.global_step = global_step
+        assert trainer._init_training_state(20, 10, 2, None, None) == position
+
+    saved = trainer_sampler().state_dict(step=6)
+    saved["epoch"] = 1
+    trainer.state.global_step = 13
+    (tmp_path / SAMPLER_FILE).write_text(json.dumps(saved))
+    assert trainer._init_training_state(20, 10, 2, str(tmp_path), None) == (1, 6)
+    other = Trainer(args(gradient_accumulation_steps=3), batch_sampler=trainer_sampler())
+    other.state.global_step = 13  # 13 steps of 3 batches: epoch 1, batch 18, not where the sampler stood
+    with pytest.raises(ValueError, match="sampler stood at epoch 1, batch 6"):
+        other._init_training_state(20, 7, 2, str(tmp_path), None)
+    bigger = Trainer(args(), batch_sampler=trainer_sampler(max_batch_size=4))
+    bigger.state.global_step = 13
+    with pytest.raises(ValueError, match="planning options"):
+        bigger._init_training_state(20, 10, 2, str(tmp_path), None)
+    (tmp_path / SAMPLER_FILE).write_text(json.dumps({**saved, "num_replicas": 3}))
+    with pytest.raises(ValueError, match="saved on 3 processes"):
+        trainer._init_training_state(20, 10, 2, str(tmp_path), None)
+    with pytest.raises(TypeError, match="fitbatch sampler with state"):
+        Trainer(args(), batch_sampler=[[0, 1]])
+
+
 # --------------------------------------------------------------------------- real processes
 
 
@@ -301,3 +374,40 @@ def test_hf_trainer_packed_batches(tmp_path):
     assert flat(x[2] for p in packed for x in p["log"]) == list(range(len(lengths)))
     for parts in trainer_steps(packed).values():
         assert {items for _, _, items in parts} == {sum(lengths[i] - 1 for _, ids, _ in parts for i in ids)}
+
+
+def test_lightning_resumes_mid_epoch_with_a_stateful_dataloader(tmp_path, one_torch_thread):
+    """Lightning checkpoints a torchdata StatefulDataLoader (2 workers); the fitbatch sampler is its state."""
+    L = pytest.importorskip("lightning", reason="the integrations extra is not installed")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="the integrations extra is not installed")
+    sizes = np.random.default_rng(0).integers(1, 100, 500)
+    log: list = []
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, batch_idx):
+            log.append([self.current_epoch, batch.tolist()])
+            return self.lin(batch.float()[:, None]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def fit(ckpt_path=None) -> list:
+        log.clear()
+        sampler = BudgetBatchSampler(sizes, 1000, seed=0)
+        loader = stateful.StatefulDataLoader(range(500), batch_sampler=sampler, collate_fn=torch.tensor, num_workers=2)
+        every = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=7, save_top_k=-1, filename="{step}")
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, use_distributed_sampler=False, logger=False,
+                            callbacks=[every], enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Module(), loader, ckpt_path=ckpt_path)
+        return list(log)
+
+    full = fit()
+    per_epoch = [sum(1 for epoch, _ in full if epoch == e) for e in range(2)]
+    assert per_epoch[0] > 21, "step 21 is inside epoch 0"
+    for e in range(2):
+        assert flat(b for epoch, b in full if epoch == e) == list(range(500))
+    assert fit(str(tmp_path / "step=21.ckpt")) == full[21:], "the resumed run continues at the batch"

@@ -89,6 +89,14 @@ class FitbatchTrainerMixin:
                 "batch_sampler must be a fitbatch sampler with state (e.g. fitbatch.BudgetBatchSampler), "
                 f"got {type(batch_sampler).__name__}"
             )
+        hooks = ("set_initial_training_values", "_init_training_state", "_run_epoch", "_save_checkpoint")
+        base = super()
+        missing = [name for name in hooks if not hasattr(base, name)]
+        if missing:
+            raise RuntimeError(
+                f"{type(self).__name__} overrides Trainer methods this transformers lacks ({', '.join(missing)}); "
+                "install the integrations extra (transformers>=5.23)"
+            )
         self.batch_sampler = batch_sampler
         super().__init__(*args, **kwargs)
         if self.args.train_sampling_strategy not in ("random", "sequential"):
