@@ -9,8 +9,10 @@ it; a sampler takes torch's ``BatchSampler`` (or ``Sampler``) as a second base w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -18,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._validate import non_negative_int
+from fitbatch.integrations._sharding import outer_world
 from fitbatch.plan import BatchPlan
 from fitbatch.resume import (
     CONFIG_KEY,
@@ -113,7 +116,11 @@ class PlanSampler:
     CURSOR_KEY: ClassVar[str] = STEP_KEY
     CONFIG_KEY: ClassVar[str] = CONFIG_KEY
     CONFIG_NAME: ClassVar[str] = "configuration"
+    #: every rank plans the same global epoch and ``_layout`` picks ``self.rank``'s rows of it, so
+    #: the sampler can lay out the batches of all ranks (under accelerate, see :meth:`__iter__`)
+    SHARES_PLAN: ClassVar[bool] = False
     num_replicas: int
+    rank: int
     _sizes: Sizes
 
     # ------------------------------------------------------------------ hooks
@@ -168,9 +175,16 @@ class PlanSampler:
     # ------------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
-        return max(0, len(self.plan()) - self._start)
+        return max(0, len(self.plan()) - self._start) * outer_world(self, sys._getframe(1))
 
     def __iter__(self) -> Iterator[list[int]]:
+        # Under accelerate's BatchSamplerShard (``accelerator.prepare`` of the loader), yield the
+        # batches of all ranks, step by step: the shard's every-world-th pick then hands each rank
+        # its own. Elsewhere, this rank's batches. (fitbatch.integrations._sharding says why.)
+        world = outer_world(self, sys._getframe(1), iterating=True)
+        if world > 1:
+            self._position = self._start
+            return self._generate_world(world)
         return (batch for _, batch in self._rows())
 
     def _rows(self) -> Iterator[tuple[int, list[int]]]:
@@ -189,6 +203,21 @@ class PlanSampler:
             batch = order[bounds[row] : bounds[row + 1]].tolist()
             self._position = row + 1
             yield row, batch
+
+    def _generate_world(self, world: int) -> Iterator[list[int]]:
+        """Every rank's batches from the resume cursor on: step k yields rank 0's, rank 1's, ... batch k."""
+        start, self._start = self._start, 0
+        self._layout(self.epoch)  # fill the subclass's caches, which the views below share
+        plans = []
+        for rank in range(world):
+            view = copy.copy(self)  # the same sampler as rank `rank` runs it
+            view.rank = rank
+            plans.append(view._layout(self.epoch).plan)
+        for step in range(start, len(plans[0])):
+            self._position = step + 1
+            for plan in plans:
+                lo, hi = plan.offsets[step : step + 2].tolist()
+                yield plan.order[lo:hi].tolist()
 
     # ------------------------------------------------------------------ state envelope
 

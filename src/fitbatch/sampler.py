@@ -95,6 +95,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     CURSOR_KEY = STEP_KEY
     CONFIG_KEY = OPTIONS_KEY
     CONFIG_NAME = "set of planning options"
+    SHARES_PLAN = True
 
     def __init__(
         self,

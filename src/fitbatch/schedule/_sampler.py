@@ -145,6 +145,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
     )
     CURSOR_KEY = MICRO_KEY
     CONFIG_NAME = "schedule or options"
+    SHARES_PLAN = True
 
     def __init__(
         self,

@@ -1,0 +1,28 @@
+"""fitbatch under launchers and trainers: accelerate, the Hugging Face ``Trainer``, and the rest.
+
+* ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler, ...))`` works as it is: a fitbatch
+  sampler recognises accelerate's ``BatchSamplerShard`` and hands it the global step layout,
+  so each rank still runs exactly fitbatch's batches (``_sharding`` says how, and which
+  configurations are refused at the first batch).
+* :mod:`fitbatch.integrations.accelerate` — ``prepare(accelerator, loader)``: the same batches,
+  plus fitbatch's own cursor registered for ``accelerator.save_state``/``load_state`` (exact
+  mid-epoch resume, in O(1), on any world size) and ``set_epoch`` that reaches the sampler.
+* :mod:`fitbatch.integrations.transformers` — ``FitbatchTrainer`` / ``FitbatchTrainerMixin``:
+  a ``transformers.Trainer`` that trains on a fitbatch sampler's batches, with epochs of
+  varying length, token-normalised gradient accumulation and exact ``resume_from_checkpoint``.
+
+Lightning, torchdata's ``StatefulDataLoader`` and plain loops need no adapter:
+``docs/integrations.md`` shows each. Nothing here is imported by ``import fitbatch``, and each
+module imports its framework only when used (the ``integrations`` extra installs them all).
+
+>>> import fitbatch.integrations
+>>> sorted(fitbatch.integrations.MODULES)
+['accelerate', 'transformers']
+"""
+
+from __future__ import annotations
+
+#: the framework adapters, each ``fitbatch.integrations.<name>``
+MODULES = ("accelerate", "transformers")
+
+__all__ = ["MODULES"]

@@ -1,0 +1,210 @@
+"""fitbatch batches under Hugging Face ``accelerate``, with an exact cursor for ``save_state``.
+
+``accelerator.prepare(DataLoader(ds, batch_sampler=sampler, collate_fn=...))`` already gives
+every rank exactly the fitbatch sampler's batches (see :mod:`fitbatch.integrations._sharding`),
+and ``accelerator.skip_first_batches(loader, k)`` resumes it ``k`` steps into an epoch. What
+accelerate cannot know is *where* a budget-batched epoch stands: ``save_state`` saves no
+position for a plain loader, and a sampler registered on its own would save the batches its
+loader had *fetched* (one ahead, more with workers), not those the loop trained on.
+:func:`prepare` closes that gap:
+
+>>> from fitbatch.integrations import accelerate as fb_accelerate
+>>> loader = fb_accelerate.prepare(accelerator, DataLoader(ds, batch_sampler=sampler, collate_fn=fitbatch.pad_collate))  # doctest: +SKIP
+>>> for epoch in range(loader.epoch, epochs):  # doctest: +SKIP
+...     loader.set_epoch(epoch)                # reaches the sampler (accelerate's does not)
+...     for batch in loader:
+...         ...                                # train; loader.step = steps done this epoch
+...         accelerator.save_state(ckpt)       # the cursor is saved with the rest
+>>> accelerator.load_state(ckpt)  # doctest: +SKIP
+
+After ``load_state`` the loader continues at the saved step of the saved epoch, re-planning in
+O(1) (no batch is replayed), and on another number of processes the rest of the epoch is
+re-arranged for the new world (each sample still exactly once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from fitbatch._plan_sampler import PlanSampler
+from fitbatch.resume import StateSchema
+
+SAMPLER_KEY = "sampler"
+
+
+def state_at(sampler: Any, done: int) -> dict[str, Any]:
+    """The sampler's state after ``done`` rows of its epoch (its cursor keyword: ``step=``, ``micro=``)."""
+    return sampler.state_dict(**{sampler.CURSOR_KEY: done})  # type: ignore[no-any-return]
+
+
+def prepare_loader(accelerator: Any, loader: Any) -> Any:
+    """``accelerator.prepare(loader)`` for a loader whose ``batch_sampler`` is a fitbatch sampler.
+
+    The batch sampler already yields this rank's batches, so accelerate's ``BatchSamplerShard``
+    is made a pass-through (one process), as ``transformers`` does for its own rank-aware
+    sampler; this works for every fitbatch sampler, the compat ones included. Devices, RNG
+    synchronisation, gradient-accumulation state and ``skip_first_batches`` stay accelerate's.
+
+    Returns:
+        accelerate's prepared loader (a ``DataLoaderShard``).
+
+    Raises:
+        TypeError: the loader's ``batch_sampler`` is not a fitbatch sampler.
+        ValueError: ``split_batches=True`` or ``dispatch_batches=True`` (they cut or merge
+            batches), or a sampler built for another world than the accelerator's.
+
+    >>> prepare_loader(None, object())
+    Traceback (most recent call last):
+    ...
+    TypeError: loader.batch_sampler must be a fitbatch sampler (e.g. fitbatch.BudgetBatchSampler), got NoneType
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    if not isinstance(sampler, PlanSampler):
+        raise TypeError(
+            "loader.batch_sampler must be a fitbatch sampler (e.g. fitbatch.BudgetBatchSampler), "
+            f"got {type(sampler).__name__}"
+        )
+    config = accelerator.dataloader_config
+    for option in ("split_batches", "dispatch_batches"):
+        if getattr(config, option, False):
+            raise ValueError(
+                f"accelerate's {option}=True would cut or merge fitbatch's batches across processes; "
+                f"build the Accelerator with DataLoaderConfiguration({option}=False)"
+            )
+    world, index = int(accelerator.num_processes), int(accelerator.process_index)
+    replicas = getattr(sampler, "num_replicas", 1)
+    if replicas != world or getattr(sampler, "rank", 0) != index:
+        raise ValueError(
+            f"{type(sampler).__name__} was built for {replicas} rank(s) but the accelerator runs {world} "
+            f"processes: build it after Accelerator() (it reads torch.distributed) or pass "
+            f"num_replicas=accelerator.num_processes, rank=accelerator.process_index"
+        )
+    prepared = accelerator.prepare(loader)
+    shard: Any = getattr(prepared, "batch_sampler", None)
+    if getattr(shard, "batch_sampler", None) is sampler:
+        shard.num_processes, shard.process_index = 1, 0  # a pass-through: this rank's batches
+    return prepared
+
+
+def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> ResumableLoader:
+    """Prepare a loader of fitbatch batches and register its cursor for ``save_state``.
+
+    Args:
+        accelerator: an ``accelerate.Accelerator``.
+        loader: a ``torch.utils.data.DataLoader`` whose ``batch_sampler`` is a fitbatch sampler
+            with state (``BudgetBatchSampler``, ``ScheduledBatchSampler``), built for the
+            accelerator's processes.
+        register: call ``accelerator.register_for_checkpointing`` on the result, so that
+            ``save_state``/``load_state`` carry the epoch and the step.
+
+    Returns:
+        a :class:`ResumableLoader` over accelerate's prepared loader.
+
+    Raises:
+        TypeError, ValueError: see :func:`prepare_loader`; ``use_stateful_dataloader=True``
+            (accelerate would restore the position a second time).
+
+    >>> prepare(None, object())
+    Traceback (most recent call last):
+    ...
+    TypeError: loader.batch_sampler must be a fitbatch sampler (e.g. fitbatch.BudgetBatchSampler), got NoneType
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    if isinstance(sampler, PlanSampler) and not hasattr(sampler, "load_state_dict"):
+        raise TypeError(f"{type(sampler).__name__} has no state to resume; use prepare_loader(accelerator, loader)")
+    if isinstance(sampler, PlanSampler) and getattr(accelerator.dataloader_config, "use_stateful_dataloader", False):
+        raise ValueError(
+            "use_stateful_dataloader=True: accelerate would restore the loader's position and fitbatch's "
+            "cursor would restore it again; build the Accelerator without it (prepare() keeps the exact "
+            "position), or use accelerator.prepare(loader) alone and set the sampler's epoch yourself"
+        )
+    out = ResumableLoader(prepare_loader(accelerator, loader), sampler)
+    if register:
+        accelerator.register_for_checkpointing(out)
+    return out
+
+
+class ResumableLoader:
+    """accelerate's prepared loader plus fitbatch's cursor: the batches the loop received.
+
+    Iterating yields the prepared loader's batches and counts them (:attr:`step`);
+    :meth:`state_dict` is the sampler's state at that count, so a checkpoint taken inside the
+    loop (after the step) resumes at the next batch, whatever the loader prefetched. Other
+    attributes (``dataset``, ``device``, ``batch_sampler``, ...) are the prepared loader's.
+    After an iteration runs to the end, the sampler moves on to the next epoch (as accelerate's
+    loaders count epochs); :meth:`set_epoch` sets one.
+
+    Args:
+        loader: accelerate's prepared loader (from :func:`prepare_loader`).
+        sampler: the fitbatch sampler it draws from.
+
+    >>> import fitbatch
+    >>> sampler = fitbatch.BudgetBatchSampler([3, 1, 4, 1, 5], 5, num_replicas=1, rank=0)
+    >>> loader = ResumableLoader(list(sampler), sampler)  # any iterable of its batches
+    >>> next(iter(loader)), loader.step, loader.state_dict()["sampler"]["step"]
+    ([3, 1], 1, 1)
+    """
+
+    STATE = StateSchema("accelerate loader", version=1, required=(SAMPLER_KEY,))
+
+    def __init__(self, loader: Any, sampler: Any) -> None:
+        self.loader, self.sampler = loader, sampler
+        self._done = self._first_step()  # steps of the epoch the loop has received
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration runs (the sampler's)."""
+        return int(self.sampler.epoch)
+
+    @property
+    def step(self) -> int:
+        """Steps of the current epoch handed to the loop (index ``step - 1`` of ``step_totals()``)."""
+        return self._done
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration runs, on the sampler and on accelerate's loader."""
+        if epoch != self.sampler.epoch:
+            self._done = 0
+        self.sampler.set_epoch(epoch)
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(epoch)
+
+    def step_totals(self) -> Any:
+        """The sampler's per-step samples and real units of the epoch, all ranks together."""
+        return self.sampler.step_totals()
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _first_step(self) -> int:
+        # the sampler's resume cursor: the step its next iteration starts at
+        return len(self.sampler.plan()) - len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._done = self._first_step()
+        for batch in self.loader:
+            self._done += 1
+            yield batch
+        self.set_epoch(self.sampler.epoch + 1)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "sampler"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"version", "sampler"}``: the sampler's state after the steps the loop received."""
+        return self.STATE.envelope(**{SAMPLER_KEY: state_at(self.sampler, self._done)})
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the saved epoch and step (re-arranged if the number of processes changed)."""
+        self.STATE.check(state)
+        self.sampler.load_state_dict(state[SAMPLER_KEY])
+        if hasattr(self.loader, "set_epoch"):
+            self.loader.set_epoch(self.sampler.epoch)
+        # the sampler's cursor: the saved step, or 0 of a re-arranged rest of the epoch
+        self._done = self._first_step()
+
+
+__all__ = ["ResumableLoader", "prepare", "prepare_loader", "state_at"]

@@ -1,0 +1,109 @@
+"""One process of a real ``accelerate`` run (gloo, CPU); started by tests/test_integrations.py.
+
+    torchrun --standalone --nproc-per-node 2 accelerate_worker.py --out /tmp/x --phase naive
+
+``Accelerator(cpu=True)`` initialises gloo from torchrun's env:// variables. The data are the
+first 3,000 real function lengths of ``tests/data``; sample ``i`` is ``lengths[i]`` tokens
+worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
+
+* ``naive``: the issue's code, ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler,
+  collate_fn=fitbatch.pad_collate))``: two epochs, the sampler's own plan beside them, and
+  ``accelerator.skip_first_batches(loader, 5)`` of the second.
+* ``full``: ``fitbatch.integrations.accelerate.prepare`` (2 DataLoader workers) and a small
+  DDP model, two epochs, normalised by ``step_totals``; ``save_state`` after step
+  ``--stop-step`` of epoch 1, then on to the end.
+* ``resume``: the same objects, ``load_state`` of that checkpoint, on to the end (any world).
+
+Each process writes ``{phase}-w{world}-rank{r}.json``: its batches (``[epoch, step, ids]``), what it
+checked, and its final parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+LENGTHS = Path(__file__).resolve().parents[1] / "data" / "cpython_stdlib_functions.npy"
+N, BUDGET, VOCAB, EPOCHS = 3000, 4096, 16, 2
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--phase", choices=("naive", "full", "resume"), required=True)
+    p.add_argument("--stop-step", type=int, default=7)
+    args = p.parse_args()
+
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, Dataset
+
+    import fitbatch
+    from fitbatch.integrations import accelerate as fb_accelerate
+
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    lengths = np.load(LENGTHS)[:N]
+
+    class Samples(Dataset):
+        def __len__(self) -> int:
+            return N
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((int(lengths[i]),), i + 1)
+
+    def ids(batch) -> list[int]:
+        return (batch.values[:, 0] - 1).tolist()
+
+    # built after Accelerator(): it reads the world from torch.distributed
+    sampler = fitbatch.BudgetBatchSampler(lengths, BUDGET, cost="padded", seed=0)
+    out: dict = {"rank": acc.process_index, "world": acc.num_processes,
+                 "sampler_world": [sampler.num_replicas, sampler.rank]}
+    if args.phase == "naive":
+        loader = acc.prepare(DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate))
+        for epoch in range(EPOCHS):
+            sampler.set_epoch(epoch)  # accelerate's loader does not reach a batch sampler
+            out[f"len{epoch}"] = len(loader)
+            out[f"batches{epoch}"] = [ids(b) for b in loader]
+            out[f"plan{epoch}"] = sampler.plan().to_lists()
+            out[f"step_samples{epoch}"] = sampler.step_totals()[0].tolist()
+        out["skip5"] = [ids(b) for b in acc.skip_first_batches(loader, 5)]
+    else:
+        loader = fb_accelerate.prepare(
+            acc, DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate, num_workers=2)
+        )
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Embedding(VOCAB + 1, 8), torch.nn.Linear(8, VOCAB + 1)).double()
+        model, optimizer = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05))
+        if args.phase == "resume":
+            acc.load_state(str(args.out / "ckpt"))
+            out["resumed_at"] = [loader.epoch, loader.step]
+        log = []
+        for epoch in range(loader.epoch, EPOCHS):
+            loader.set_epoch(epoch)
+            samples, units = loader.step_totals()
+            targets = units - samples  # next-token targets of each step, all ranks
+            for batch in loader:
+                k = loader.step - 1
+                x = batch.values % (VOCAB + 1)
+                token_loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:], reduction="none")
+                loss_sum = (token_loss * batch.mask[:, 1:]).sum()
+                acc.backward(loss_sum * acc.num_processes / float(targets[k]))  # DDP averages over ranks
+                optimizer.step()
+                optimizer.zero_grad()
+                log.append([epoch, k, ids(batch)])
+                if args.phase == "full" and epoch == 1 and loader.step == args.stop_step:
+                    acc.save_state(str(args.out / "ckpt"))
+        out["log"] = log
+        out["end"] = [loader.epoch, loader.step]
+        out["params"] = torch.cat([q.detach().flatten() for q in net.parameters()]).tolist()
+    (args.out / f"{args.phase}-w{acc.num_processes}-rank{acc.process_index}.json").write_text(json.dumps(out))
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+if __name__ == "__main__":
+    main()
