@@ -1,7 +1,8 @@
 """Smoke tests: every training example and ``bench/train.py`` run end to end with tiny arguments.
 
 Each runs in a subprocess with a timeout (a few standard-library files, a few thousand tokens);
-optional dependencies (Lightning, ``datasets``) skip their example when absent.
+optional dependencies (Lightning, ``datasets``) skip their example when absent (the ``integrations``
+extra installs them, and CI runs both).
 """
 
 from __future__ import annotations

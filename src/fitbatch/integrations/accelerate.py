@@ -72,17 +72,20 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
                 f"accelerate's {option}=True would cut or merge fitbatch's batches across processes; "
                 f"build the Accelerator with DataLoaderConfiguration({option}=False)"
             )
-    world, index = int(accelerator.num_processes), int(accelerator.process_index)
-    replicas = getattr(sampler, "num_replicas", 1)
-    if replicas != world or getattr(sampler, "rank", 0) != index:
-        raise ValueError(
-            f"{type(sampler).__name__} was built for {replicas} rank(s) but the accelerator runs {world} "
-            f"processes: build it after Accelerator() (it reads torch.distributed) or pass "
-            f"num_replicas=accelerator.num_processes, rank=accelerator.process_index"
-        )
     prepared = accelerator.prepare(loader)
     shard: Any = getattr(prepared, "batch_sampler", None)
-    if getattr(shard, "batch_sampler", None) is sampler:
+    sharded = getattr(shard, "batch_sampler", None) is sampler
+    # the data-parallel world accelerate splits the loader over (with a device mesh: the DP part)
+    world, index = (int(shard.num_processes), int(shard.process_index)) if sharded else (1, 0)
+    replicas = getattr(sampler, "num_replicas", 1)
+    if (replicas, getattr(sampler, "rank", 0)) != (world, index):
+        raise ValueError(
+            f"{type(sampler).__name__} was built for rank {getattr(sampler, 'rank', 0)} of {replicas}, but "
+            f"accelerate splits the loader over {world} process(es) and this one is {index}: build it after "
+            "Accelerator() (it reads torch.distributed) or pass num_replicas=accelerator.num_processes, "
+            "rank=accelerator.process_index"
+        )
+    if sharded:
         shard.num_processes, shard.process_index = 1, 0  # a pass-through: this rank's batches
     return prepared
 
