@@ -113,18 +113,10 @@ class OOMEvent:
         budget_after: after feedback.
         refit: whether the memory model was refitted.
 
-    >>> import torch
-    >>> from fitbatch.memory import OOMGuard
-    >>> net = torch.nn.Linear(1, 1)
-    >>> guard = OOMGuard(net, size_fn=lambda row: float(row[0]))  # a row holds its sample's length
-    >>> def loss_fn(rows):  # pretend that more than 12 size units run out of memory
-    ...     if rows.sum() > 12:
-    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-    ...     return net(rows).mean()
-    >>> loss = guard.step(torch.tensor([[2.0], [6.0], [3.0], [5.0]]), loss_fn)
-    >>> guard.events
-    [OOMEvent(step=0, count=4, units=16.0, max_units=6.0, parts=2, budget_before=None, budget_after=None,
-              refit=False)]
+    >>> event = OOMEvent(step=3, count=4, units=16.0, max_units=6.0, parts=2,
+    ...                  budget_before=16.0, budget_after=14.4, refit=False)
+    >>> f"step {event.step}: {event.count} samples recovered as {event.parts} micro-batches"
+    'step 3: 4 samples recovered as 2 micro-batches'
     """
 
     step: int
