@@ -16,6 +16,11 @@
     is not read this epoch (``exhausted`` is False there).
   - ``steps=n``: exactly ``n`` steps per epoch with no communication (for infinite or resampled
     sources, as webdataset's ``with_epoch``); a shard that runs out first is an error.
+
+  Resume: the state saves the collective's results (the agreed window length, whether it is the
+  last), so a restore re-fetches exactly that window on every rank with no decision of its own;
+  batches without ``state_dict``/``load_state_dict`` cannot resume past step 0 (refused, never
+  replayed). ``docs/streaming.md`` ("Resume guarantees") states what is exact and what is refused.
 """
 
 from __future__ import annotations
