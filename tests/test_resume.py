@@ -72,6 +72,20 @@ def test_schema_holds_version_among_the_required_keys():
     assert SCHEMA.optional == frozenset({"history"})
 
 
+def test_field_checks_name_the_state_and_key_and_run_after_the_key_checks():
+    from fitbatch._validate import non_negative_int
+
+    schema = StateSchema("widget", version=2, required=("epoch", "step"), fields={"step": non_negative_int})
+    assert schema.check(good()) == good()
+    with pytest.raises(ValueError, match=r"widget state 'step' must be >= 0, got -1"):
+        schema.check(good(step=-1))
+    with pytest.raises(TypeError, match=r"widget state 'step' must be an int >= 0, got '5'"):
+        schema.check(good(step="5"))
+    with pytest.raises(ValueError, match="lacks keys"):  # a missing key is named first
+        schema.check({"version": 2, "step": -1})
+    assert schema == StateSchema("widget", version=2, required=("epoch", "step"))  # checks are not compared
+
+
 # ---------------------------------------------------------------- continue_epoch
 
 

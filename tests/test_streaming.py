@@ -468,3 +468,223 @@ def test_sizeof_batch_is_deprecated_for_per_chunk() -> None:
     assert list(stream) == [[3, 4], [5]]
     with pytest.raises(TypeError, match="per_chunk takes a function"):
         fitbatch.per_chunk(3)
+
+
+# ---------------------------------------------------------------------------- resume: nothing lost, nothing hangs
+
+
+def _gloo(tmp_path, mode: str) -> list[dict]:
+    """Both ranks of tests/streaming_scripts/equal_steps_resume_gloo.py; a hang fails (timeouts)."""
+    init = tmp_path / "init"
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    script = str(SCRIPTS / "equal_steps_resume_gloo.py")
+    run_processes([[sys.executable, script, mode, str(r), "2", str(init), str(outs[r])] for r in range(2)], timeout=150)
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def test_equal_steps_resume_inside_the_last_window_keeps_ranks_together_gloo(tmp_path):
+    # Saved at step 190, one step into the last (3-batch) window. Restoring used to decide "last
+    # window" per rank: rank 0 refetched a 7-batch window, ran on and hung in its next collective.
+    res = _gloo(tmp_path, "defect")
+    for r in res:
+        assert r["head"] + r["tail"] == r["full"]
+        assert r["summary"]["steps"] == len(r["full"]) == 192
+    assert res[0]["summary"]["dropped_batches"] > 0 and res[1]["summary"]["exhausted"]
+
+
+def test_equal_steps_resume_at_every_step_boundary_gloo(tmp_path):
+    # two ranks of 900 and 800 items; every boundary, inside windows and the last partial one
+    res = _gloo(tmp_path, "every")
+    for mode, steps in (("sync_every", 192), ("steps", 150)):
+        for r in res:
+            run = r[mode]
+            full = run["full"]
+            assert len(full) == steps and len(run["tails"]) == steps + 1
+            for k, tail in enumerate(run["tails"]):
+                assert full[:k] + tail == full, (mode, r["rank"], k)
+                assert run["summaries"][k] == run["summary"], (mode, r["rank"], k)
+    assert res[0]["sync_every"]["summary"]["collectives"] == res[1]["sync_every"]["summary"]["collectives"]
+
+
+def _loader_run(n: int = 200):
+    from torch.utils.data import DataLoader
+
+    ds = StreamDataset(range(n), sizeof=lambda i: 1, budget=10, cost="sum")
+    return equal_steps(DataLoader(ds, batch_size=None), sync_every=3)
+
+
+def test_equal_steps_refuses_to_resume_a_source_that_cannot(caplog):
+    # A DataLoader has no state: restarting it used to yield the first batches twice (24 of 20).
+    run = _loader_run()
+    head = [next(run) for _ in range(4)]
+    assert len(head) == 4
+    with caplog.at_level("WARNING", logger="fitbatch.streaming"):
+        state = json.loads(json.dumps(run.state_dict()))
+        run.state_dict()
+    assert state["resumable"] is False and state["source"] is None
+    assert caplog.text.count("loads at step 0 only") == 1  # logged once
+    again = _loader_run()
+    with pytest.raises(ValueError, match=r"step 4.*DataLoader.*twice.*BatchStream.*StatefulDataLoader"):
+        again.load_state_dict(state)
+    fresh = _loader_run()
+    start = _loader_run().state_dict()  # nothing consumed yet: loads, and the run is a fresh one
+    fresh.load_state_dict(start)
+    assert len(list(fresh)) == 20 and fresh.summary.steps == 20
+    # a state that holds a source's state cannot load into batches without load_state_dict
+    stream_state = equal_steps(batch_stream(range(20), sizeof=lambda i: 1, budget=10), sync_every=3).state_dict()
+    with pytest.raises(ValueError, match="holds its source's state.*DataLoader"):
+        _loader_run().load_state_dict(stream_state)
+
+
+def _replayable_run(n: int = 200, **kw):
+    kw = kw or {"sync_every": 5}
+    return equal_steps(batch_stream(Replayable(n), sizeof=lambda i: 1 + i % 5, budget=20), **kw)
+
+
+def test_equal_steps_state_is_checked():
+    run = _replayable_run()
+    for _ in range(7):
+        next(run)
+    state = run.state_dict()
+    assert (state["step"], state["window"], state["window_step"], state["final"]) == (7, 5, 2, False)
+    before = json.dumps(state)
+    cases = [
+        ({"step": -1}, ValueError, "'step' must be >= 0"),
+        ({"window": "5"}, TypeError, "'window' must be an int"),
+        ({"final": 1}, TypeError, "'final' must be True or False"),
+        ({"window": 6}, ValueError, "inconsistent equal_steps state"),
+        ({"window_step": 6}, ValueError, "inconsistent equal_steps state"),
+        ({"final": True}, ValueError, "inconsistent equal_steps state"),  # a full window is not the last
+        ({"options": {"sync_every": 4, "steps": None}}, ValueError, "same options"),
+        ({"version": 1}, ValueError, "version 1"),
+    ]
+    for change, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            _replayable_run().load_state_dict({**state, **change})
+    with pytest.raises(ValueError, match="same options"):
+        _replayable_run(steps=30).load_state_dict(state)
+    with pytest.raises(ValueError, match="fewer than the"):  # the stream's own check: a shorter source
+        _replayable_run(20).load_state_dict(state)
+    assert json.dumps(state) == before  # never mutated
+
+
+def test_equal_steps_steps_resumes_exactly_and_counts_collectives():
+    full = list(_replayable_run(steps=30))
+    for k in (0, 1, 17, 30):
+        run = _replayable_run(steps=30)
+        head = [next(run) for _ in range(k)]
+        again = _replayable_run(steps=30)
+        again.load_state_dict(json.loads(json.dumps(run.state_dict())))
+        assert head + list(again) == full and again.summary == run.summary.__class__(30, 0, 0, False, 0)
+
+
+def test_equal_steps_a_failing_rank_stops_every_rank(monkeypatch):
+    import fitbatch.streaming._parallel as P
+
+    reduced = []
+    monkeypatch.setattr(P, "_all_reduce_min", lambda value, group: reduced.append(value) or value)
+
+    def broken():
+        yield [1]
+        raise OSError("shard unreadable")
+
+    run = equal_steps(broken(), sync_every=4)
+    with pytest.raises(OSError, match="shard unreadable"):
+        next(run)
+    assert reduced == [-1]  # this rank told the others instead of leaving them in the collective
+    monkeypatch.setattr(P, "_all_reduce_min", lambda value, group: -1)  # another rank failed
+    run = _replayable_run()
+    with pytest.raises(RuntimeError, match="another rank's batches raised.*step 0"):
+        next(run)
+    with pytest.raises(StopIteration):
+        next(run)
+
+
+# ---------------------------------------------------------------------------- resume: the stream's own checks
+
+
+def _stream(source, strategy="sequential", sizes=None, **kw):
+    sizeof = (lambda i: 1 + (i * 7919) % 50) if sizes is None else sizes.__getitem__
+    return batch_stream(source, sizeof=sizeof, **{"budget": 200, "strategy": strategy, "buffer_size": 64, **kw})
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "buckets"])
+def test_stream_refuses_a_state_of_another_source(strategy):
+    first = _stream(Replayable(900), strategy)
+    for _ in range(20):
+        next(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    other = _stream(range(10_001, 11_001), strategy)  # same options, another shard's items
+    with pytest.raises(ValueError, match=r"other items than the state was taken over: stream item \d+ has size"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="fewer than the"):
+        _stream(Replayable(10), strategy).load_state_dict(state)
+    with pytest.raises(ValueError, match="other stream options"):
+        _stream(Replayable(900), strategy, max_batch_size=3).load_state_dict(state)
+
+
+def test_stream_state_values_are_checked():
+    first = _stream(Replayable(900), "buckets")
+    for _ in range(20):
+        next(first)
+    state = first.state_dict()
+    read = state["read"]
+    cases = [
+        ({"read": -1}, ValueError, "'read' must be >= 0"),
+        ({"read": "5"}, TypeError, "'read' must be an int"),
+        ({"emitted": True}, TypeError, "'emitted' must be an int"),
+        ({"real": float("nan")}, ValueError, "'real' must be finite"),
+        ({"pending": [[5, 2], [6, 1]]}, ValueError, "non-overlapping"),
+        ({"pending": [[5, 0]]}, ValueError, "non-empty"),
+        ({"pending": [5, 2]}, TypeError, "runs"),
+        ({"pending": [[read, 1]]}, ValueError, "inconsistent stream state"),
+        ({"emitted": read}, ValueError, "inconsistent stream state"),
+        ({"skipped_positions": [1, 2]}, ValueError, "inconsistent stream state"),
+        ({"integral": "yes"}, TypeError, "'integral' must be True or False"),
+        ({"buckets": {"tops": None}}, ValueError, "keys"),
+        ({"buckets": {"tops": [1, "x"], "next_fit": None}}, TypeError, "edge"),
+        ({"last_size": -2.0}, ValueError, "'last_size'"),
+    ]
+    for change, kind, message in cases:
+        with pytest.raises(kind, match=message):
+            _stream(Replayable(900), "buckets").load_state_dict({**state, **change})
+    seq = _stream(Replayable(900)).state_dict()
+    with pytest.raises(ValueError, match="'buckets' key"):
+        _stream(Replayable(900)).load_state_dict({**seq, "buckets": {"tops": None, "next_fit": None}})
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sizes"),
+    [
+        ("sequential", [0.5] + [30.0] * 20 + [20.0] * 30),
+        ("buckets", [0.5] + [30.0] * 20 + [20.0] * 30),
+        # given buckets: the fraction lowers the counts of the 20- and 30-buckets while they hold items
+        (fitbatch.Buckets(boundaries=(10.0, 20.0, 30.0)), [30.0, 20.0, 10.0, 30.0, 30.0, 20.0, 2.5, 30.0]),
+    ],
+)
+def test_resume_keeps_the_lowered_budget_of_fractional_sizes(strategy, sizes):
+    # A fractional size lowers the planning budget for the rest of the stream (as the indexed
+    # planner does). A restore that measured only the pending items forgot it and cut a batch
+    # that fits the budget exactly otherwise; buckets whose counts it lowered emitted their
+    # items later than a restored stream, which places everything it holds at once.
+    kw = {"cost": "padded", "budget": 60, "buffer_size": 8}
+    full = list(_stream(Replayable(len(sizes)), strategy, sizes, **kw))
+    for k in range(len(full) + 1):
+        first = _stream(Replayable(len(sizes)), strategy, sizes, **kw)
+        head = [next(first) for _ in range(k)]
+        again = _stream(Replayable(len(sizes)), strategy, sizes, **kw)
+        again.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        assert head + list(again) == full, k
+
+
+def test_sizeof_returning_a_bool_is_refused():
+    with pytest.raises(TypeError, match=r"sizeof returned the bool True for stream item 0; sizes must be numbers"):
+        list(batch_stream(["a", "b"], sizeof=lambda x: x == "a", budget=4))
+    with pytest.raises(TypeError, match=r"sizeof returned the bool False for stream item 3"):
+        list(batch_stream([5, 7, 1, 0], sizeof=lambda x: x if x else False, budget=40))
+    with pytest.raises(TypeError, match=r"stream item 2"):
+        list(batch_stream([5, 7, 1], sizeof=lambda x: np.bool_(True) if x == 1 else x, budget=40))
+    with pytest.raises(TypeError, match=r"sizeof_batch failed on the chunk of stream items 0..1.*booleans"):
+        list(batch_stream(["a", "b"], sizeof_batch=lambda xs: np.array([True, False]), budget=4))
+    # sizes 0 and 1 that are numbers are fine
+    assert list(batch_stream([0, 1, 1], sizeof=int, budget=2, cost="sum")) == [[0, 1, 1]]

@@ -55,6 +55,9 @@ class StateSchema:
         version: the version this release writes and reads.
         required: the keys besides ``version`` that every state of this kind has.
         optional: keys a state may have (written only in some configurations).
+        fields: checks of single values, ``{key: check(name, value)}``: each raises
+            ``TypeError``/``ValueError`` naming ``name`` (``"<owner> state 'key'"``) and the value
+            (for example :func:`fitbatch._validate.non_negative_int`).
 
     >>> schema = StateSchema("sampler", version=1, required=("epoch", "step"))
     >>> schema.check({"version": 1, "epoch": 0, "step": 4, "cursor": 4})
@@ -67,19 +70,29 @@ class StateSchema:
     version: int
     required: frozenset[str]
     optional: frozenset[str] = frozenset()
+    fields: Mapping[str, Callable[[str, Any], object]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
-    def __init__(self, name: str, version: int, required: Iterable[str], optional: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        required: Iterable[str],
+        optional: Iterable[str] = (),
+        fields: Mapping[str, Callable[[str, Any], object]] | None = None,
+    ) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "version", version)
         object.__setattr__(self, "required", frozenset(required) | {VERSION_KEY})
         object.__setattr__(self, "optional", frozenset(optional))
+        object.__setattr__(self, "fields", dict(fields or {}))
 
     def check(self, state: Any) -> Mapping[str, Any]:
         """Return ``state`` unchanged if it is a state of this schema, else raise naming what is wrong.
 
         Raises:
             TypeError: ``state`` is not a mapping.
-            ValueError: unknown keys, another version, or missing keys (checked in this order).
+            ValueError: unknown keys, another version, or missing keys (checked in this order),
+                or a value its ``fields`` check refuses (which may raise ``TypeError`` instead).
 
         >>> StateSchema("stream", version=1, required=("read",)).check({"version": 1})
         Traceback (most recent call last):
@@ -100,6 +113,9 @@ class StateSchema:
         missing = self.required - set(state)
         if missing:
             raise ValueError(f"{self.name} state lacks keys {sorted(missing)}; pass what state_dict() returned, unchanged")
+        for key, check in self.fields.items():
+            if key in state:
+                check(f"{self.name} state {key!r}", state[key])
         return state  # type: ignore[no-any-return]
 
     def envelope(self, **fields: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ batches, skipped items, padding efficiency so far) and ``state_dict()``/``load_s
 the state records how many source items were read and the positions of the items read but not
 yet emitted (at most ``buffer_size`` plus one chunk, stored as runs). A restarted stream reads
 the source again from its start, skips what was emitted, re-buffers what was not, and continues:
-**exact when the source replays the same items in the same order**.
+**exact when the source replays the same items in the same order**; a state of other options or
+of another source (its last item read measures otherwise) is refused.
 
 Data-parallel training and DataLoader workers: see :class:`StreamDataset` and
 :func:`equal_steps` (in :mod:`fitbatch.streaming._parallel`, imported on first use:

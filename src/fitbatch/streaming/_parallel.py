@@ -16,6 +16,11 @@
     is not read this epoch (``exhausted`` is False there).
   - ``steps=n``: exactly ``n`` steps per epoch with no communication (for infinite or resampled
     sources, as webdataset's ``with_epoch``); a shard that runs out first is an error.
+
+  Resume: the state saves the collective's results (the agreed window length, whether it is the
+  last), so a restore re-fetches exactly that window on every rank with no decision of its own;
+  batches without ``state_dict``/``load_state_dict`` cannot resume past step 0 (refused, never
+  replayed). ``docs/streaming.md`` ("Resume guarantees") states what is exact and what is refused.
 """
 
 from __future__ import annotations
@@ -30,13 +35,12 @@ from fitbatch import _rng
 from fitbatch._plan_sampler import torch_class
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._validate import non_negative_int, positive_int
-from fitbatch.resume import STEP_KEY, StateSchema
+from fitbatch.resume import OPTIONS_KEY, STEP_KEY
+from fitbatch.streaming._state import EQUAL_STEPS_STATE
 
 logger = logging.getLogger("fitbatch.streaming")
 
 _Base = torch_class("IterableDataset")  # so that DataLoader accepts a StreamDataset
-
-EQUAL_STEPS_STATE = StateSchema("equal_steps", version=1, required=(STEP_KEY, "window_step", "source"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,9 @@ def _all_reduce_min(value: int, group: Any) -> int:
     return int(t.item())
 
 
+_FAILED = -1  # what a rank whose batches raised contributes to the MIN: every rank stops, none hangs
+
+
 @dataclasses.dataclass(frozen=True)
 class EqualStepsSummary:
     """Steps run, and what this rank fetched but did not run when the ranks stopped together.
@@ -194,6 +201,12 @@ class EqualStepsSummary:
 class EqualSteps(Iterator[Any]):
     """An iterator of batches whose length is the same on every rank (see :func:`equal_steps`).
 
+    How many steps remain is never decided by one rank alone. With ``sync_every`` the length
+    of each window is the ``all_reduce(MIN)`` result, and it is the last window exactly when
+    that result is below ``sync_every``; both are kept, saved in the state, and a restore
+    fetches that many batches again on every rank, with no collective and no decision of its
+    own. With ``steps`` the count is the same constant on every rank.
+
     Without an initialised ``torch.distributed``, ``sync_every`` runs as a world of one:
 
     >>> import fitbatch
@@ -209,15 +222,17 @@ class EqualSteps(Iterator[Any]):
         self._batches = batches
         self._it: Iterator[Any] | None = None
         self.sync_every, self.steps, self.group = sync_every, steps, group
-        self._window: list[Any] = []
+        self._agreed = 0  # the current window's length, as the collective agreed it
+        self._window: list[Any] = []  # its batches (not kept once a restore finds it fully run)
         self._window_state: Any = None  # the source's state when the current window was fetched
         self._window_step = 0  # batches of the current window already run
         self._step = 0
-        self._final = False
+        self._final = False  # the current window is the last: a rank ran out
         self._dropped_batches = 0
         self._dropped_items = 0
         self._exhausted = False
         self._collectives = 0
+        self._warned = False
 
     def __iter__(self) -> EqualSteps:
         return self
@@ -227,11 +242,11 @@ class EqualSteps(Iterator[Any]):
             self._it = iter(self._batches)
         if self.steps is not None:
             return self._next_fixed()
-        if self._window_step >= len(self._window):
+        if self._window_step >= self._agreed:
             if self._final:
                 raise StopIteration
             self._fetch()
-            if not self._window:
+            if not self._agreed:
                 raise StopIteration
         batch = self._window[self._window_step]
         self._window_step += 1
@@ -255,12 +270,22 @@ class EqualSteps(Iterator[Any]):
 
     def _fetch(self) -> None:
         assert self._it is not None and self.sync_every is not None
-        state_dict = getattr(self._batches, "state_dict", None)
-        self._window_state = state_dict() if callable(state_dict) else None
-        window = list(itertools.islice(self._it, self.sync_every))
-        self._exhausted = len(window) < self.sync_every
+        self._window_state = self._source_state()
+        try:
+            window = list(itertools.islice(self._it, self.sync_every))
+        except Exception:
+            self._collectives += 1
+            _all_reduce_min(_FAILED, self.group)  # the other ranks learn it and stop too
+            raise
         run = _all_reduce_min(len(window), self.group)
         self._collectives += 1
+        if run == _FAILED:
+            self._final, self._agreed, self._window, self._window_step = True, 0, [], 0
+            raise RuntimeError(
+                f"equal_steps: another rank's batches raised while fetching the window at step {self._step}; "
+                "every rank stops here (that rank's error says why)"
+            )
+        self._exhausted = len(window) < self.sync_every
         if run < len(window):
             extra = window[run:]
             self._dropped_batches += len(extra)
@@ -269,9 +294,8 @@ class EqualSteps(Iterator[Any]):
                 "equal_steps: another rank ran out at step %d; dropped %d fetched batches (%d items) here",
                 self._step + run, len(extra), self._dropped_items,
             )
-        if run < self.sync_every:
-            self._final = True
-        self._window, self._window_step = window[:run], 0
+        self._final = run < self.sync_every
+        self._agreed, self._window, self._window_step = run, window[:run], 0
 
     @property
     def summary(self) -> EqualStepsSummary:
@@ -283,39 +307,119 @@ class EqualSteps(Iterator[Any]):
             collectives=self._collectives,
         )
 
+    # ------------------------------------------------------------------ state
+
+    def _resumable(self) -> bool:
+        return callable(getattr(self._batches, "state_dict", None)) and callable(
+            getattr(self._batches, "load_state_dict", None)
+        )
+
+    def _source_state(self) -> Any:
+        return self._batches.state_dict() if self._resumable() else None  # type: ignore[attr-defined]
+
     def state_dict(self) -> dict[str, Any]:
-        """Steps run, and the source's state (at the start of the current window) when it has one.
+        """Steps run, the agreed window, the counters and the source's state (see :func:`equal_steps`).
+
+        Inside a window the source's state is the one at the window's start, with the window's
+        agreed length; between windows it is the source's state now. Over batches without
+        ``state_dict()``/``load_state_dict()`` (a plain DataLoader) the state records
+        ``resumable: False`` (logged once): it loads at step 0 only.
 
         >>> run = equal_steps(iter([[1], [2], [3]]), steps=2)
         >>> next(run)
         [1]
-        >>> run.state_dict()
-        {'version': 1, 'step': 1, 'window_step': 0, 'source': None}
+        >>> state = run.state_dict()
+        >>> state["step"], state["resumable"], state["source"]
+        (1, False, None)
         """
-        if self.sync_every is None:
-            state_dict = getattr(self._batches, "state_dict", None)
-            source = state_dict() if callable(state_dict) else None
-            return EQUAL_STEPS_STATE.envelope(step=self._step, window_step=0, source=source)
-        return EQUAL_STEPS_STATE.envelope(step=self._step, window_step=self._window_step, source=self._window_state)
+        resumable = self._resumable()
+        if not resumable and not self._warned:
+            self._warned = True
+            logger.warning(
+                "equal_steps.state_dict(): %s has no state_dict()/load_state_dict(), so this state loads at "
+                "step 0 only; iterate a BatchStream or torchdata's StatefulDataLoader to resume mid-epoch",
+                type(self._batches).__name__,
+            )
+        between = self.steps is not None or (self._window_step >= self._agreed and not self._final)
+        return EQUAL_STEPS_STATE.envelope(
+            options=self._options(),
+            step=self._step,
+            window=0 if between else self._agreed,
+            window_step=0 if between else self._window_step,
+            final=self._final,
+            resumable=resumable,
+            source=self._source_state() if between else self._window_state,
+            exhausted=self._exhausted,
+            dropped_batches=self._dropped_batches,
+            dropped_items=self._dropped_items,
+            collectives=self._collectives,
+        )
+
+    def _options(self) -> dict[str, int | None]:
+        return {"steps": self.steps, "sync_every": self.sync_every}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore; the source is restored to the window start and the run batches fetched again."""
+        """Continue after ``state``: the source is restored, and inside a window its agreed
+        batches are fetched again (exactly that many, on every rank, with no collective).
+
+        Raises:
+            TypeError: a value of the state has the wrong type.
+            ValueError: unknown or missing keys, another version, inconsistent values, other
+                options, a run already started, a state taken over batches that cannot resume
+                (past step 0), or a source that replays fewer batches than the window held.
+        """
         EQUAL_STEPS_STATE.check(state)
+        if dict(state[OPTIONS_KEY]) != self._options():
+            raise ValueError(
+                f"equal_steps state was saved with {dict(state[OPTIONS_KEY])!r}; build equal_steps with the "
+                f"same options (now {self._options()!r})"
+            )
         if self._it is not None:
             raise ValueError("load_state_dict must be called before iterating")
-        if state["source"] is not None:
-            load = getattr(self._batches, "load_state_dict", None)
-            if not callable(load):
-                raise ValueError("the state holds a source state but these batches have no load_state_dict")
-            load(state["source"])
-        self._step = non_negative_int("step", state[STEP_KEY])
-        skip = non_negative_int("window_step", state["window_step"])
-        if skip:
+        step, window, done, final = state[STEP_KEY], state["window"], state["window_step"], state["final"]
+        _check_window(self.sync_every, self.steps, step, window, done, final)
+        if not state["resumable"]:
+            if step:
+                raise ValueError(
+                    f"cannot resume equal_steps at step {step}: the state was saved over batches without "
+                    f"state_dict()/load_state_dict() (these are a {type(self._batches).__name__}), so where they "
+                    f"were is unknown and restarting them would run up to {step} batches twice. Iterate "
+                    "batches that can resume (a BatchStream from batch_stream(...), or torchdata's "
+                    "StatefulDataLoader over the StreamDataset), or start the epoch over without this state"
+                )
+        elif not self._resumable():
+            raise ValueError(
+                f"the equal_steps state holds its source's state, but these batches (a {type(self._batches).__name__}) "
+                "have no state_dict()/load_state_dict(); wrap the kind of source the state was saved over"
+            )
+        else:
+            self._batches.load_state_dict(state["source"])  # type: ignore[attr-defined]
+        self._step, self._final, self._exhausted = step, final, state["exhausted"]
+        self._dropped_batches, self._dropped_items = state["dropped_batches"], state["dropped_items"]
+        self._collectives = state["collectives"]
+        self._agreed, self._window_step, self._window_state = window, done, state["source"]
+        if done < window:
             self._it = iter(self._batches)
-            self._window_state = state["source"]
-            self._window = list(itertools.islice(self._it, self.sync_every or skip))
-            self._final = len(self._window) < (self.sync_every or skip)
-            self._window_step = min(skip, len(self._window))
+            self._window = list(itertools.islice(self._it, window))
+            if len(self._window) < window:
+                raise ValueError(
+                    f"the source replays {len(self._window)} batches of the {window} of the window the state was "
+                    "saved in; resume over the same source, replayed in the same order"
+                )
+
+
+def _check_window(sync_every: int | None, steps: int | None, step: int, window: int, done: int, final: bool) -> None:
+    """The window of an equal_steps state must be one that the collective could have agreed."""
+    if sync_every is None:
+        ok = window == done == 0 and not final and steps is not None and step <= steps
+    else:
+        # a fetched window is the last exactly when the agreed length is below sync_every
+        ok = done <= window <= sync_every and done <= step and (window == 0 or final == (window < sync_every))
+    if not ok:
+        raise ValueError(
+            f"inconsistent equal_steps state (step {step}, window {window}, window_step {done}, final {final}) "
+            f"for sync_every={sync_every}, steps={steps}; pass what state_dict() returned, unchanged"
+        )
 
 
 def equal_steps(

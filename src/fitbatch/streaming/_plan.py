@@ -16,6 +16,7 @@ batches the uninterrupted stream still had to emit.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -120,10 +121,17 @@ def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) 
     cannot know its later sizes.
     """
     if planner.integral and not _jit.all_integral(sizes):
+        mark_fractional(planner)
+
+
+def mark_fractional(planner: SequentialPlanner | BucketPlanner) -> None:
+    """Plan against the lowered budget from now on (a fractional size was seen; a restore says so)."""
+    if planner.integral:
         planner.integral = False
         planner.budget = planning_budget(planner.budget, integral=False)
         if isinstance(planner, BucketPlanner) and planner.tops is not None:
             planner.restore(planner.tops, planner.next_fit)
+            planner.recounted = True
 
 
 class SequentialPlanner:
@@ -180,6 +188,10 @@ class SequentialPlanner:
     def held_segments(self) -> list[Segment]:
         return list(self._open)
 
+    def final(self, seg: Segment) -> list[Run]:
+        """Plan ``seg`` as the last items of an ended stream (what :meth:`finish` had planned)."""
+        return self.absorb(seg) + self.finish()
+
 
 class BucketPlanner:
     """Size buckets over a bounded buffer (see :func:`fitbatch.batch_stream`).
@@ -207,6 +219,8 @@ class BucketPlanner:
         self._lens: list[int] = []
         self._warm: list[Segment] = []
         self._held = 0
+        # the bucket counts changed (a lowered budget): what is held is placed again, as after a refit
+        self.recounted = False
         if strategy.boundaries is not None:
             self._set_tops(np.asarray(strategy.boundaries, dtype=np.float64))
 
@@ -272,9 +286,13 @@ class BucketPlanner:
                 return []
             self._fit()
             seg, self._warm, self._held = Segment.join(self._warm), [], 0
-        elif self.next_fit is not None and self.seen >= self.next_fit:
-            self._fit()
-            seg = Segment.join([*self._drain(), seg])
+        else:
+            refit = self.next_fit is not None and self.seen >= self.next_fit
+            if refit:
+                self._fit()
+            if refit or self.recounted:
+                seg = Segment.join([*self._drain(), seg])
+        self.recounted = False
         return self.place(seg)
 
     def _drain(self) -> list[Segment]:
@@ -360,6 +378,12 @@ class BucketPlanner:
     def held_segments(self) -> list[Segment]:
         return [s for b in self._buckets for s in b] + list(self._warm)
 
+    def final(self, seg: Segment) -> list[Run]:
+        """Plan ``seg`` as the last items of an ended stream (what :meth:`finish` had planned)."""
+        self._warm.append(seg)
+        self._held += len(seg)
+        return self.finish()
+
 
 def to_runs(positions: IntArray) -> list[list[int]]:
     """Sorted positions as [first, length] runs (a sequential stream's pending items are one run)."""
@@ -393,3 +417,17 @@ def located(exc: Exception, where: str) -> Exception:
         return type(exc)(msg)
     except Exception:  # exception types with other constructors
         return RuntimeError(msg)
+
+
+def refuse_bools(sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int) -> None:
+    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
+
+    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
+    """
+    for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
+        value = sizeof(items[i])
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(
+                f"sizeof returned the bool {value!r} for stream item {first + i}; sizes must be numbers "
+                "(return the item's length or cost, e.g. an int)"
+            )

@@ -19,7 +19,7 @@ from fitbatch import _jit
 from fitbatch._rules import OVERSIZED, screen_oversized
 from fitbatch._validate import choice, format_offenders, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.resume import OPTIONS_KEY, StateSchema
+from fitbatch.resume import OPTIONS_KEY
 from fitbatch.strategies import Buckets, Strategy
 from fitbatch.streaming._plan import (
     BucketPlanner,
@@ -29,24 +29,19 @@ from fitbatch.streaming._plan import (
     from_runs,
     located,
     lower_budget,
+    mark_fractional,
+    refuse_bools,
     resolve_stream_strategy,
     to_runs,
     whole_runs,
 )
 from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
 from fitbatch.streaming._sizeof import PerChunk, _sizers, per_chunk  # noqa: F401 - per_chunk for doctests
+from fitbatch.streaming._state import SHOWN, STREAM_STATE, check_counts
 
 logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
-STATE = StateSchema(
-    "stream",
-    version=1,
-    required=(OPTIONS_KEY, "read", "pending", "batches", "emitted", "real", "padded", "skipped",
-              "skipped_positions", "oversized_batches"),
-    optional=("buckets",),  # bucket strategies only
-)
-_SHOWN = 10  # skipped positions kept in the summary
 
 
 class BatchStream(Iterator[Any]):
@@ -97,6 +92,7 @@ class BatchStream(Iterator[Any]):
         self._read = 0
         self._skipped = 0
         self._skipped_positions: list[int] = []
+        self._last_size: float | None = None  # of the last item read: a restore checks the source with it
 
     # ------------------------------------------------------------------ iteration
 
@@ -140,8 +136,11 @@ class BatchStream(Iterator[Any]):
                 )
             return
         first = self._read
-        self._read += len(items)
-        seg = Segment(items, np.arange(first, self._read, dtype=np.int64), self._measure(items, first))
+        self._read += len(items)  # a chunk whose sizes fail is lost (the error names its items)
+        self._last_size = None
+        sizes = self._measure(items, first)
+        self._last_size = float(sizes[-1])
+        seg = Segment(items, np.arange(first, self._read, dtype=np.int64), sizes)
         self._enqueue(self._ingest(self._screen(seg)))
 
     def _ingest(self, seg: Segment, resume: bool = False) -> list[Run]:
@@ -217,7 +216,10 @@ class BatchStream(Iterator[Any]):
         n = len(items)
         if self._sizeof_batch is not None:
             try:
-                sizes = np.asarray(self._sizeof_batch(items), dtype=np.float64)
+                raw = np.asarray(self._sizeof_batch(items))
+                if raw.dtype == bool:
+                    raise TypeError(f"sizeof_batch returned booleans ({raw.ravel()[:3].tolist()}...); return numbers")
+                sizes = raw.astype(np.float64, copy=False)
             except Exception as exc:
                 raise located(exc, f"sizeof_batch failed on the chunk of stream items {first}..{first + n - 1}") from exc
             if sizes.shape != (n,):
@@ -234,6 +236,7 @@ class BatchStream(Iterator[Any]):
                 # `it` stopped just past the failing item
                 pos = first + n - operator.length_hint(it) - 1
                 raise located(exc, f"sizeof failed on stream item {pos}") from exc
+            refuse_bools(self._sizeof, items, sizes, first)
         # min and max propagate NaN: one pass each tells that every size is finite and >= 0
         if not (sizes.size == 0 or (sizes.min() >= 0 and sizes.max() < np.inf)):
             where = np.flatnonzero(~(np.isfinite(sizes) & (sizes >= 0)))
@@ -259,7 +262,7 @@ class BatchStream(Iterator[Any]):
                 "in the stream's summary", int(seg.positions[over[0]]), seg.sizes[over[0]], self.budget,
             )
         self._skipped += int(over.size)
-        room = _SHOWN - len(self._skipped_positions)
+        room = SHOWN - len(self._skipped_positions)
         self._skipped_positions.extend(int(p) for p in seg.positions[over[:room]])
         return seg.take(kept)
 
@@ -305,8 +308,8 @@ class BatchStream(Iterator[Any]):
         >>> next(stream)
         [0, 1]
         >>> state = stream.state_dict()
-        >>> state["version"], state["read"], state["batches"]
-        (1, 6, 1)
+        >>> state["version"], state["read"], state["batches"], state["pending"]
+        (2, 6, 1, [[2, 4]])
         """
         parts = [self._round.pending()] + [s.positions for s in self._planner.held_segments()]
         pending = np.concatenate(parts)
@@ -318,7 +321,7 @@ class BatchStream(Iterator[Any]):
                 "tops": None if p.tops is None else p.tops.tolist(),
                 "next_fit": p.next_fit,
             }
-        return STATE.envelope(
+        return STREAM_STATE.envelope(
             options=self._options(),
             read=self._read,
             pending=to_runs(pending),
@@ -329,6 +332,9 @@ class BatchStream(Iterator[Any]):
             skipped=self._skipped,
             skipped_positions=list(self._skipped_positions),
             oversized_batches=int(over),
+            integral=self._planner.integral,
+            done=self._done,
+            last_size=self._last_size,
             **extra,
         )
 
@@ -337,12 +343,16 @@ class BatchStream(Iterator[Any]):
 
         The source is iterated from its start: the first ``read`` items are skipped (and the
         not-yet-emitted ones among them buffered again, measured with ``sizeof`` once more).
+        The last item read is measured again too: a source that replays other items than the
+        one the state was taken over (another rank's or worker's shard) is refused.
 
         Raises:
-            ValueError: unknown or missing keys, another version, other options, a stream already started, or a
-                source that replays fewer items than the state recorded.
+            TypeError: a value of the state has the wrong type.
+            ValueError: unknown or missing keys, another version, a value out of range or
+                inconsistent with the others, other options, a stream already started, or a
+                source that replays fewer or other items than the state recorded.
         """
-        STATE.check(state)
+        STREAM_STATE.check(state)
         if state[OPTIONS_KEY] != self._options():
             raise ValueError(
                 "state was saved with other stream options; build the stream with the same ones "
@@ -352,17 +362,22 @@ class BatchStream(Iterator[Any]):
             raise ValueError("load_state_dict must be called before the stream is iterated")
         read = int(state["read"])
         pending = from_runs(state["pending"])
+        check_counts(state, read, pending, isinstance(self._planner, BucketPlanner))
         self._it = iter(self._source)
+        if not state["integral"]:
+            mark_fractional(self._planner)
         reservoir = self._restore_planner(state.get("buckets"))
-        held = self._replay(read, pending, reservoir)
-        self._read = read
+        held = self._replay(read, pending, reservoir, state["last_size"])
+        self._read, self._last_size, self._done = read, state["last_size"], state["done"]
         self._round = _Round.empty((
             int(state["batches"]), int(state["emitted"]), float(state["real"]), float(state["padded"]),
             int(state["oversized_batches"]),
         ))
         self._skipped = int(state["skipped"])
         self._skipped_positions = [int(p) for p in state["skipped_positions"]]
-        if len(held):
+        if self._done:  # the source had ended: the held items are the rest of the final plan
+            self._enqueue(self._planner.final(held))
+        elif len(held):
             self._enqueue(self._ingest(held, resume=True))
 
     def _restore_planner(self, saved: Mapping[str, Any] | None) -> bool:
@@ -373,15 +388,19 @@ class BatchStream(Iterator[Any]):
         p.restore(np.asarray(saved["tops"], dtype=np.float64), saved["next_fit"])
         return p.fitting
 
-    def _replay(self, read: int, pending: IntArray, reservoir: bool) -> Segment:
+    def _replay(self, read: int, pending: IntArray, reservoir: bool, last_size: float | None) -> Segment:
         """Skip the first ``read`` source items, keeping those at ``pending`` positions."""
         assert self._it is not None
         parts: list[Segment] = []
         pos = 0
+        items: list[Any] = []
         while pos < read:
             items = list(itertools.islice(self._it, min(8192, read - pos)))
             if not items:
-                raise ValueError(f"the source replays {pos} items, fewer than the {read} the state recorded")
+                raise ValueError(
+                    f"the source replays {pos} items, fewer than the {read} the state recorded; resume over "
+                    "the source the state was taken over, replayed in the same order"
+                )
             positions = np.arange(pos, pos + len(items), dtype=np.int64)
             lo, hi = np.searchsorted(pending, [pos, pos + len(items)])
             keep = pending[lo:hi] - pos
@@ -394,6 +413,14 @@ class BatchStream(Iterator[Any]):
                 picked = [items[i] for i in keep.tolist()]
                 parts.append(Segment(picked, positions[keep], self._measure(picked, pos)))
             pos += len(items)
+        if last_size is not None and items:
+            size = float(self._measure(items[-1:], read - 1)[0])
+            if size != last_size:
+                raise ValueError(
+                    f"the source replays other items than the state was taken over: stream item {read - 1} "
+                    f"has size {size:g} now and had {last_size:g}; resume each stream (each rank's, each "
+                    "worker's shard) over its own source, replayed in the same order"
+                )
         return Segment.join(parts) if parts else Segment([], np.zeros(0, np.int64), np.zeros(0))
 
     def __repr__(self) -> str:
