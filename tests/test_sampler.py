@@ -83,7 +83,7 @@ def test_resume_yields_exactly_the_remaining_batches(k):
     consumed = [next(it) for _ in range(k)]
     assert consumed == full[:k]
     state = json.loads(json.dumps(sampler.state_dict()))  # JSON-able
-    assert state["version"] == 1 and state["epoch"] == 2 and state["step"] == k
+    assert state["version"] == 2 and state["epoch"] == 2 and state["step"] == k
     frozen = json.dumps(state, sort_keys=True)
     fresh = BudgetBatchSampler(sizes, 2000, **kw)
     fresh.load_state_dict(state)
@@ -163,7 +163,7 @@ def test_cursor_len_and_state_behave_alike_in_both_samplers(make, cursor):
     assert len(sampler) == len(full) and sampler.plan().to_lists() == full
     assert int(sampler.step_totals()[0].sum()) == sum(len(b) for b in full)
     state = sampler.state_dict(**{cursor: 2})
-    assert state["version"] == 1 and state[cursor] == 2 and state["epoch"] == 0
+    assert state["version"] == 2 and state[cursor] == 2 and state["epoch"] == 0
     fresh = make()
     fresh.load_state_dict(state)
     assert len(fresh) == len(full) - 2
@@ -181,11 +181,11 @@ def test_both_samplers_check_state_with_their_schema(make, cursor):
         sampler.load_state_dict({k: v for k, v in state.items() if k != cursor})
     with pytest.raises(ValueError, match=r"unknown sampler state keys \['rank'\]"):
         sampler.load_state_dict({**state, "rank": 0})
-    with pytest.raises(ValueError, match="unsupported sampler state version 2; expected 1"):
-        sampler.load_state_dict({**state, "version": 2})
+    with pytest.raises(ValueError, match="unsupported sampler state version 1; expected 2"):
+        sampler.load_state_dict({**state, "version": 1})
     with pytest.raises(TypeError, match="sampler state must be a mapping"):
         sampler.load_state_dict([("version", 1)])
-    with pytest.raises(ValueError, match=f"{cursor} must be >= 0"):
+    with pytest.raises(ValueError, match=f"sampler state key '{cursor}' must be an int >= 0, got -1"):
         sampler.load_state_dict({**state, cursor: -1})
 
 
