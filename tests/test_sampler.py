@@ -451,6 +451,27 @@ def test_a_lower_budget_that_a_remaining_sample_exceeds_fails_naming_it():
     assert sorted(first + flat(it)) == list(range(20)) and skipping.plan().skipped.tolist() == [20]
 
 
+def test_a_change_whose_rest_cannot_fill_equal_steps_keeps_the_rest(caplog):
+    """4 samples left for 3 ranks, none of which fit together under the new budget: no empty batch,
+    no lost sample: the rest keeps its batches, the new budget holds from the next epoch."""
+    sizes = [10] * 10
+    samplers = [BudgetBatchSampler(sizes, 20, strategy="sequential", num_replicas=3, rank=r) for r in range(3)]
+    its = [iter(s) for s in samplers]
+    head = [next(it) for it in its]
+    expected = [s.plan().to_lists()[1:] for s in samplers]
+    with caplog.at_level("WARNING", logger="fitbatch.sampler"):
+        for s in samplers:
+            s.set_budget(10)
+    assert "cannot fill equal steps for 3 ranks" in caplog.text
+    rest = [list(it) for it in its]
+    assert rest == expected and sorted(flat(head) + flat(b for r in rest for b in r)) == list(range(10))
+    state = samplers[0].state_dict(step=1)
+    assert state["events"] == [{"step": 1, "budget": 10.0}]
+    again = BudgetBatchSampler(sizes, 20, strategy="sequential", num_replicas=3, rank=2)
+    again.load_state_dict(state)
+    assert list(again) == rest[2] and again.budget == 10.0
+
+
 # --------------------------------------------------------------------------- corrupted or foreign state
 
 

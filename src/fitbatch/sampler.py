@@ -40,7 +40,7 @@ from fitbatch._rng import SeedLike
 from fitbatch._rules import screen_oversized
 from fitbatch._validate import choice, format_offenders, parse_budget
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
-from fitbatch.distributed import POLICIES, Steps, arrange, arrange_budgets, world_info
+from fitbatch.distributed import POLICIES, Steps, TooFewSamples, arrange, arrange_budgets, world_info
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.resume import (
     BUDGET_KEY,
@@ -303,14 +303,24 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             sub = Sizes(self._sizes.values[samples], self._sizes.integral)
             # the rest gets its own keyed stream, one per change (no seed arithmetic)
             local = dataclasses.replace(opts, seed=int(_rng.generator(opts.seed, epoch, "replan", generation).integers(1 << 62)))
-            if budgets is not None:
-                steps = arrange_budgets(sub, local, budgets, epoch)
-                steps = dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
-            else:
-                steps = arrange(
-                    _renamed(plan_with(sub, local, epoch), samples), self._sizes, opts.cost, timeline.world,
-                    seed=opts.seed, epoch=epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
+            try:
+                if budgets is not None:
+                    steps = arrange_budgets(sub, local, budgets, epoch)
+                    steps = dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
+                else:
+                    steps = arrange(
+                        _renamed(plan_with(sub, local, epoch), samples), self._sizes, opts.cost, timeline.world,
+                        seed=opts.seed, epoch=epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
+                    )
+            except TooFewSamples:
+                # equal steps within the new budget would need an empty batch: the rest of the
+                # epoch keeps its batches (every sample once, equal steps); the change holds from
+                # the next epoch on
+                logger.warning(
+                    "epoch %d: the %d samples left cannot fill equal steps for %d ranks within %s; "
+                    "the rest of the epoch keeps its batches", epoch, samples.size, timeline.world, event,
                 )
+                return timeline
         plan = steps.plan  # the epoch's samples left out so far, and those the new plan leaves out
         plan.skipped = np.concatenate([like.skipped, plan.skipped])
         plan.dropped = np.concatenate([like.dropped, plan.dropped])
