@@ -7,18 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fitbatch.distributed import arrange
-from fitbatch.plan import PlanOptions, lower_bound, plan_with
-from fitbatch.resume import (
-    DIGEST,
-    VERSION_KEY,
-    StateSchema,
-    Timeline,
-    events,
-    integer,
-    sizes_digest,
-)
-from fitbatch.sizes import as_sizes
+from fitbatch.resume import DIGEST, VERSION_KEY, StateSchema, events, integer, sizes_digest
 
 SCHEMA = StateSchema("widget", version=2, required=("epoch", "step"), optional=("history",))
 
@@ -132,65 +121,3 @@ def test_envelope_puts_the_version_first_and_checks_the_fields():
 def test_schema_holds_version_among_the_required_keys():
     assert SCHEMA.required == frozenset({"version", "epoch", "step"})
     assert SCHEMA.optional == frozenset({"history"})
-
-
-# ---------------------------------------------------------------- Timeline
-
-
-def _epoch(n=60, seed=3, world=2):
-    sizes = as_sizes(np.random.default_rng(seed).integers(1, 9, n))
-    opts = PlanOptions.build(16, cost="sum", strategy="pooled", seed=seed)
-    steps = arrange(plan_with(sizes, opts), sizes, opts.cost, world, seed=seed, epoch=0)
-    return sizes, opts, Timeline.start(steps, opts.cost, opts.budget)
-
-
-def _ran(timeline, start, stop):
-    """The samples of steps start .. stop-1 of a timeline, all ranks."""
-    out = []
-    for seg, lo, hi in timeline.pieces(start):
-        hi = min(hi, stop - seg.first)
-        if hi > lo:
-            out += seg.steps.consumed_samples(hi).tolist()[len(seg.steps.consumed_samples(lo)) :]
-    return out
-
-
-@pytest.mark.parametrize("changes", [[(3, 3)], [(3, 3), (5, 2)], [(0, 4), (2, 1)], [(6, 2), (4, 3)]])
-def test_timeline_changes_keep_every_sample_once(changes):
-    sizes, opts, timeline = _epoch()
-    for generation, (step, world) in enumerate(changes, 1):
-        step = min(step, timeline.total)
-        before = timeline
-        rest = arrange(timeline.rest_plan(step, sizes), sizes, opts.cost, world, seed=3, epoch=0, purpose=f"g{generation}")
-        timeline = timeline.then(step, rest, opts.cost, opts.budget, world_change=True)
-        assert timeline.base == step and timeline.world == world
-        assert _ran(timeline, 0, step) == _ran(before, 0, step), "the steps before a change stay"
-        assert sorted(_ran(timeline, step, timeline.total)) == sorted(before.rest_samples(step).tolist())
-    assert sorted(_ran(timeline, 0, timeline.total)) == list(range(len(sizes)))
-    samples, _ = timeline.step_totals()
-    assert samples.size == timeline.total and int(samples.sum()) == len(sizes)
-
-
-def test_timeline_rest_plan_carries_the_lower_bound_of_its_samples():
-    sizes, opts, timeline = _epoch(n=400)
-    step = timeline.total // 2
-    rest = timeline.rest_plan(step, sizes)
-    alone = sizes.values[rest.order]
-    assert rest.lower_bound == lower_bound(opts.cost, opts.budget, float(alone.sum()), rest.n_samples)
-    assert rest.lower_bound < timeline.steps.plan.lower_bound
-    assert timeline.rest_plan(0, sizes).lower_bound == timeline.steps.plan.lower_bound
-    assert timeline.rest_plan(timeline.total, sizes).lower_bound == 0
-
-
-def test_timeline_rank_plan_runs_the_current_world_from_its_base():
-    sizes, opts, timeline = _epoch(n=200)
-    assert timeline.rank_plan(1, sizes).to_lists() == timeline.steps.rank_plan(1).to_lists()
-    rest = arrange(timeline.rest_plan(4, sizes), sizes, opts.cost, 3, seed=3, epoch=0, purpose="g1")
-    moved = timeline.then(4, rest, opts.cost, opts.budget, world_change=True)
-    for r in range(3):
-        assert moved.rank_plan(r, sizes).to_lists() == rest.rank_plan(r).to_lists()
-    # a change that keeps the world: the rank runs the old rows, then the new ones
-    again = arrange(moved.rest_plan(6, sizes), sizes, opts.cost, 3, seed=3, epoch=0, purpose="g2")
-    later = moved.then(6, again, opts.cost, opts.budget)
-    assert later.base == 4
-    for r in range(3):
-        assert later.rank_plan(r, sizes).to_lists() == rest.rank_plan(r).to_lists()[:2] + again.rank_plan(r).to_lists()

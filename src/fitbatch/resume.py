@@ -12,10 +12,9 @@ stream, ``equal_steps``, the accumulator, ``OOMGuard``, the compat optimizers):
   pass instead. It never mutates ``state`` and sets no "just restored" flag: the object
   re-plans from (seed, epoch, options) and jumps to the saved cursor in O(1), with no replay of
   what was consumed.
-* An epoch whose budget, cost model or world size changed part-way is a :class:`Timeline`: the
-  epoch's first arrangement, then one arrangement per change, each holding the samples its
-  predecessor had not run yet. A sampler saves the changes as *events* and rebuilds the same
-  timeline on resume, so every sample of the epoch still runs exactly once.
+* A sampler whose epoch changed part-way (budget, cost model, world size) saves the changes as
+  *events* (:func:`events` checks them) and rebuilds the same epoch on resume
+  (:mod:`fitbatch._timeline`), so every sample of the epoch still runs exactly once.
 
 >>> COUNTER = StateSchema("counter", version=1, required={"count": integer()})
 >>> state = COUNTER.envelope(count=3)
@@ -33,16 +32,11 @@ import dataclasses
 import hashlib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-
-from fitbatch.costs import CostModel
-from fitbatch.distributed import Steps, straggler_ratio
-from fitbatch.plan import BatchPlan, lower_bound
-from fitbatch.sizes import Sizes
 
 #: keys that more than one kind of state uses (as torchdata names its ``*_KEY`` constants)
 VERSION_KEY = "version"
@@ -62,8 +56,6 @@ COST_KEY = "cost"
 #: a value check: ``None`` when the value is fine, else what it must be (``"an int >= 0"``)
 Check = Callable[[Any], "str | None"]
 
-IntArray = NDArray[np.int64]
-FloatArray = NDArray[np.float64]
 
 
 # ---------------------------------------------------------------------- value checks
@@ -110,7 +102,7 @@ def mapping(value: Any) -> str | None:
 
 
 def events(value: Any) -> str | None:
-    """A check for a list of epoch events (see :class:`Timeline`): each a mapping of ``step`` and one change.
+    """A check for a list of epoch events (see :mod:`fitbatch._timeline`): each a ``step`` and one change.
 
     >>> events([{"step": 3, "budget": 3686.4}, {"step": 5, "num_replicas": 3}]) is None
     True
@@ -260,155 +252,6 @@ class StateSchema:
         return dict(self.check({VERSION_KEY: self.version, **fields}))
 
 
-# ---------------------------------------------------------------------- the timeline of an epoch
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """One arrangement of an epoch and where it runs: its row ``k`` is step ``first + k`` of the epoch.
-
-    Attributes:
-        first: the step of the epoch its first row runs at.
-        steps: the arrangement (all ranks).
-        model, budget: the cost model and the (largest) budget its batches were planned with,
-            for the lower bound of a part of it.
-    """
-
-    first: int
-    steps: Steps
-    model: CostModel
-    budget: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Timeline:
-    """The steps of one epoch as they run: the first arrangement, then one per change.
-
-    Step ``k`` of the epoch runs row ``k - first`` of the last segment that begins at or before
-    ``k``. A change at step ``s`` (:meth:`then`) keeps steps ``0 .. s-1`` and replaces the rest
-    with an arrangement of the samples the rest held (:meth:`rest_samples`, :meth:`rest_plan`),
-    so every sample of the epoch still runs exactly once. ``base`` is the step at which the
-    world size last changed: a rank of the current world runs steps ``base ..`` only.
-
-    >>> from fitbatch.distributed import arrange
-    >>> from fitbatch.plan import PlanOptions, plan_with
-    >>> from fitbatch.sizes import as_sizes
-    >>> sizes, opts = as_sizes([1] * 12), PlanOptions.build(2, cost="sum", strategy="sequential")
-    >>> steps = arrange(plan_with(sizes, opts), sizes, opts.cost, 2, seed=0, epoch=0)
-    >>> epoch = Timeline.start(steps, opts.cost, opts.budget)
-    >>> epoch.total, len(epoch.rest_samples(1))  # 6 batches of 2 on 2 ranks; 2 steps left after step 1
-    (3, 8)
-    >>> rest = arrange(epoch.rest_plan(1, sizes), sizes, opts.cost, 4, seed=0, epoch=0, purpose="resume-steps-1")
-    >>> after = epoch.then(1, rest, opts.cost, opts.budget, world_change=True)
-    >>> after.total, after.base, after.world, after.step_totals()[0].tolist()
-    (2, 1, 4, [4, 8])
-    """
-
-    segments: tuple[Segment, ...]
-    base: int = 0
-
-    @classmethod
-    def start(cls, steps: Steps, model: CostModel, budget: float) -> Timeline:
-        """An epoch as first arranged."""
-        return cls((Segment(0, steps, model, budget),))
-
-    @property
-    def steps(self) -> Steps:
-        """The arrangement in force (that of the last change)."""
-        return self.segments[-1].steps
-
-    @property
-    def total(self) -> int:
-        """Steps in the epoch."""
-        last = self.segments[-1]
-        return last.first + last.steps.n_steps
-
-    @property
-    def world(self) -> int:
-        """Ranks of the arrangement in force."""
-        return int(self.steps.grid.shape[1])
-
-    def pieces(self, start: int = 0) -> list[tuple[Segment, int, int]]:
-        """``(segment, first row, end row)`` of the segments that run steps ``start ..`` of the epoch."""
-        out = []
-        for i, seg in enumerate(self.segments):
-            end = self.segments[i + 1].first if i + 1 < len(self.segments) else self.total
-            lo, hi = max(start, seg.first), end
-            if lo < hi:
-                out.append((seg, lo - seg.first, hi - seg.first))
-        return out
-
-    def then(self, step: int, steps: Steps, model: CostModel, budget: float, *, world_change: bool = False) -> Timeline:
-        """This timeline with the steps from ``step`` on replaced by ``steps`` (``0 <= step <= total``)."""
-        kept = tuple(seg for seg in self.segments if seg.first < step)
-        return Timeline((*kept, Segment(step, steps, model, budget)), step if world_change else self.base)
-
-    def rest_samples(self, step: int) -> IntArray:
-        """The samples of the steps from ``step`` on (all ranks), sorted."""
-        parts = [_batches(seg.steps, lo, hi).order for seg, lo, hi in self.pieces(step)]
-        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-    def rest_plan(self, step: int, sizes: Sizes) -> BatchPlan:
-        """The batches of the steps from ``step`` on (all ranks), as one plan with the bound of its samples."""
-        pieces = self.pieces(step)
-        parts = [_batches(seg.steps, lo, hi) for seg, lo, hi in pieces]
-        bound = sum(_bound(seg, lo, hi, sizes) for seg, lo, hi in pieces)
-        return _join(parts, self.steps.plan, lower_bound=bound, straggler=None)
-
-    def step_totals(self) -> tuple[IntArray, FloatArray]:
-        """Per step of the epoch: samples and real units over all ranks."""
-        pieces = self.pieces()
-        samples = [seg.steps.step_samples[lo:hi] for seg, lo, hi in pieces]
-        units = [seg.steps.step_units[lo:hi] for seg, lo, hi in pieces]
-        return np.concatenate([np.zeros(0, np.int64), *samples]), np.concatenate([np.zeros(0), *units])
-
-    def rank_plan(self, rank: int, sizes: Sizes) -> BatchPlan:
-        """The batches rank ``rank`` runs at steps ``base ..``, in step order."""
-        if len(self.segments) == 1:
-            return self.steps.rank_plan(rank)
-        pieces = self.pieces(self.base)
-        parts = [seg.steps.plan.select(seg.steps.grid[lo:hi, rank]) for seg, lo, hi in pieces]
-        bound = sum(_bound(seg, lo, hi, sizes) for seg, lo, hi in pieces)
-        ratio = None
-        if self.world > 1 and pieces:
-            ratio = straggler_ratio(np.concatenate([_step_costs(seg.steps, lo, hi) for seg, lo, hi in pieces]))
-        return _join(parts, self.steps.plan, lower_bound=-(-bound // self.world), straggler=ratio)
-
-
-def _batches(steps: Steps, lo: int, hi: int) -> BatchPlan:
-    """The batches of rows ``lo .. hi-1`` of an arrangement, all ranks, in plan order."""
-    return steps.plan.select(np.sort(steps.grid[lo:hi].ravel()))
-
-
-def _bound(seg: Segment, lo: int, hi: int, sizes: Sizes) -> int:
-    """A lower bound of the batches of rows ``lo .. hi-1`` of a segment (its plan's own when whole)."""
-    if lo == 0 and hi == seg.steps.n_steps:
-        return int(seg.steps.plan.lower_bound)
-    samples = _batches(seg.steps, lo, hi).order
-    alone = seg.model.sample_cost(sizes.values[samples])
-    return lower_bound(seg.model, seg.budget, float(np.sum(alone)), int(samples.size))
-
-
-def _step_costs(steps: Steps, lo: int, hi: int) -> FloatArray:
-    costs: FloatArray = steps.plan.costs[steps.grid[lo:hi]]
-    return costs / np.asarray(steps.budgets)[None, :] if steps.budgets is not None else costs
-
-
-def _join(parts: Sequence[BatchPlan], like: BatchPlan, *, lower_bound: int, straggler: float | None) -> BatchPlan:
-    """One plan of the batches of ``parts`` in order, with the epoch's metadata from ``like``."""
-    counts = np.concatenate([np.zeros(0, np.int64), *(p.counts for p in parts)])
-    arrays = [np.concatenate([np.zeros(0), *(getattr(p, name) for p in parts)]) for name in ("costs", "real_units", "padded_units")]
-    out = BatchPlan(
-        np.concatenate([np.zeros(0, np.int64), *(p.order for p in parts)]),
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        costs=arrays[0], real_units=arrays[1], padded_units=arrays[2],
-        budget=like.budget, cost_name=like.cost_name, strategy_name=like.strategy_name, lower_bound=lower_bound,
-        skipped=like.skipped, dropped=like.dropped, dropped_batches=like.dropped_batches,
-        plan_seconds=like.plan_seconds, straggler_ratio=straggler,
-    )
-    return out
-
-
 __all__ = [
     "BUDGET_KEY",
     "CONFIG_KEY",
@@ -425,9 +268,7 @@ __all__ = [
     "STEP_KEY",
     "VERSION_KEY",
     "Check",
-    "Segment",
     "StateSchema",
-    "Timeline",
     "events",
     "hex_digest",
     "integer",

@@ -14,7 +14,7 @@ re-entrant iteration, data-parallel splitting and exact resume:
 * ``state_dict()`` is ``{version, epoch, step, events, ...}``; ``load_state_dict()`` re-plans the
   epoch (no replay of consumed batches), replays its events and continues at ``step``; if the
   world size changed, the rest of the epoch is re-arranged for the new world so every
-  remaining sample is seen exactly once (:class:`fitbatch.resume.Timeline`).
+  remaining sample is seen exactly once (:mod:`fitbatch._timeline`).
 
 >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted")
 >>> list(sampler)
@@ -26,22 +26,17 @@ re-entrant iteration, data-parallel splitting and exact resume:
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from fitbatch import _rng
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._rng import SeedLike
-from fitbatch._rules import screen_oversized
-from fitbatch._validate import choice, format_offenders, parse_budget
-from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
-from fitbatch.distributed import POLICIES, Steps, TooFewSamples, arrange, arrange_budgets, world_info
-from fitbatch.plan import BatchPlan, PlanOptions, plan_with
+from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step
+from fitbatch._validate import choice, parse_budget
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.distributed import POLICIES, Steps, world_info
+from fitbatch.plan import PlanOptions
 from fitbatch.resume import (
     BUDGET_KEY,
     COST_KEY,
@@ -54,12 +49,11 @@ from fitbatch.resume import (
     SIZES_DIGEST_KEY,
     STEP_KEY,
     StateSchema,
-    Timeline,
     events,
     integer,
     mapping,
 )
-from fitbatch.sizes import Sizes, SizesLike, as_sizes
+from fitbatch.sizes import SizesLike, as_sizes
 from fitbatch.strategies import Strategy
 
 logger = logging.getLogger(__name__)
@@ -67,8 +61,6 @@ logger = logging.getLogger(__name__)
 #: torch's ``BatchSampler`` (``object`` without torch): the samplers' second base, so that
 #: ``DataLoader`` and Lightning type checks pass
 TorchBatchSampler = torch_class("BatchSampler")
-
-Budgets = tuple[float, ...] | None  # per-rank budgets, or None for one budget
 
 
 class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
@@ -199,8 +191,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         """
         value = parse_budget(budget)
         if value != self._opts.budget:
-            budgets = None if self._budgets is None else _scaled(self._budgets, value)
-            self._change(dataclasses.replace(self._opts, budget=value), budgets, {BUDGET_KEY: value})
+            self._change({BUDGET_KEY: value})
 
     def set_cost(self, cost: Any) -> None:
         """Change the cost model from the next batch on (e.g. a memory model refitted after OOM).
@@ -211,21 +202,19 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         """
         model = resolve_cost(cost)
         if model != self._opts.cost:
-            self._change(dataclasses.replace(self._opts, cost=model), self._budgets, {COST_KEY: model.to_dict()})
+            self._change({COST_KEY: model.to_dict()}, model)
 
-    def _change(self, opts: PlanOptions, budgets: Budgets, change: dict[str, Any]) -> None:
-        step = self._position
-        if step == 0 and not self._events:  # the epoch has not begun: it begins with the change
+    def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
+        event = {STEP_KEY: self._position, **change}
+        opts, budgets = changed(self._opts, self._budgets, event, () if model is None else (model,))
+        if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
             self._begun, self._timeline = (opts, budgets), None
             logger.info("epoch %d planned with %s", self.epoch, change)
         else:
-            event = {STEP_KEY: step, **change}
-            self._timeline = self._replanned(self._current(), event, len(self._events) + 1, opts, budgets, self.epoch)
+            planner, generation = Planner(self._sizes, self.policy, self.epoch), len(self._events) + 1
+            self._timeline, _, _ = planner.apply(self._current(), event, generation, self._opts, self._budgets, (opts.cost,))
             self._events.append(event)
-            logger.info(
-                "epoch %d: %s from step %d on; the rest of the epoch re-planned into %d steps",
-                self.epoch, change, step, self._timeline.total - step,
-            )
+            logger.info("epoch %d: %s from step %d on; the rest re-planned", self.epoch, change, self._position)
         self._opts, self._budgets, self._cache = opts, budgets, None
         self._revision += 1
 
@@ -256,24 +245,16 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if epoch == self.epoch:
             return self._current().steps
         if self._cache is None or self._cache[0] != epoch:
-            self._cache = (epoch, self._arrange(epoch, self._opts, self._budgets, self.num_replicas))
+            self._cache = (epoch, Planner(self._sizes, self.policy, epoch).arrange(self._opts, self._budgets, self.num_replicas))
         return self._cache[1]
 
     def _current(self) -> Timeline:
         """The current epoch's steps as they run (planned on first use)."""
         if self._timeline is None:
-            opts, budgets = self._begun
-            steps = self._arrange(self.epoch, opts, budgets, self._world0)
-            self._timeline = Timeline.start(steps, opts.cost, _largest(opts, budgets))
+            self._timeline = Planner(self._sizes, self.policy, self.epoch).start(*self._begun, self._world0)
             if self.rank == 0:
-                logger.info("epoch %d: %s", self.epoch, steps.rank_plan(0).stats().summary())
+                logger.info("epoch %d: %s", self.epoch, self._timeline.steps.rank_plan(0).stats().summary())
         return self._timeline
-
-    def _arrange(self, epoch: int, opts: PlanOptions, budgets: Budgets, world: int) -> Steps:
-        if budgets is not None:
-            return arrange_budgets(self._sizes, opts, budgets, epoch)
-        plan = plan_with(self._sizes, opts, epoch)
-        return arrange(plan, self._sizes, opts.cost, world, seed=opts.seed, epoch=epoch, policy=self.policy)
 
     def _layout(self, epoch: int) -> RankLayout:
         if epoch != self.epoch:
@@ -284,66 +265,6 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             layout = RankLayout(timeline.rank_plan(self.rank, self._sizes), *timeline.step_totals(), first=timeline.base)
             self._rank_layout = (epoch, self._revision, layout)
         return self._rank_layout[2]
-
-    # ------------------------------------------------------------------ changes part-way through an epoch
-
-    def _replanned(
-        self, timeline: Timeline, event: Mapping[str, Any], generation: int, opts: PlanOptions, budgets: Budgets, epoch: int
-    ) -> Timeline:
-        """``timeline`` with the samples of the steps from ``event["step"]`` on planned again with ``opts``."""
-        step = int(event[STEP_KEY])
-        samples, like = timeline.rest_samples(step), timeline.steps.plan
-        if samples.size == 0:
-            empty = like.select(np.zeros(0, np.int64))
-            steps = arrange(empty, self._sizes, opts.cost, timeline.world, seed=opts.seed, epoch=epoch)
-        else:
-            if opts.oversized == "error":
-                alone = opts.cost.sample_cost(self._sizes.values[samples])
-                screen_oversized(alone, opts.budget, "error", names=lambda at: format_offenders(samples[at], alone[at]))
-            sub = Sizes(self._sizes.values[samples], self._sizes.integral)
-            # the rest gets its own keyed stream, one per change (no seed arithmetic)
-            local = dataclasses.replace(opts, seed=int(_rng.generator(opts.seed, epoch, "replan", generation).integers(1 << 62)))
-            try:
-                if budgets is not None:
-                    steps = arrange_budgets(sub, local, budgets, epoch)
-                    steps = dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
-                else:
-                    steps = arrange(
-                        _renamed(plan_with(sub, local, epoch), samples), self._sizes, opts.cost, timeline.world,
-                        seed=opts.seed, epoch=epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
-                    )
-            except TooFewSamples:
-                # equal steps within the new budget would need an empty batch: the rest of the
-                # epoch keeps its batches (every sample once, equal steps); the change holds from
-                # the next epoch on
-                logger.warning(
-                    "epoch %d: the %d samples left cannot fill equal steps for %d ranks within %s; "
-                    "the rest of the epoch keeps its batches", epoch, samples.size, timeline.world, event,
-                )
-                return timeline
-        plan = steps.plan  # the epoch's samples left out so far, and those the new plan leaves out
-        plan.skipped = np.concatenate([like.skipped, plan.skipped])
-        plan.dropped = np.concatenate([like.dropped, plan.dropped])
-        plan.dropped_batches += like.dropped_batches
-        return timeline.then(step, steps, opts.cost, _largest(opts, budgets))
-
-    def _rearranged(
-        self, timeline: Timeline, event: Mapping[str, Any], generation: int, opts: PlanOptions, budgets: Budgets, epoch: int
-    ) -> Timeline:
-        """``timeline`` with the batches of the steps from ``event["step"]`` on arranged for ``event["num_replicas"]`` ranks."""
-        step, world = int(event[STEP_KEY]), int(event[NUM_REPLICAS_KEY])
-        rest = arrange(
-            timeline.rest_plan(step, self._sizes), self._sizes, opts.cost, world, seed=opts.seed, epoch=epoch,
-            policy=self.policy, purpose=f"resume-steps-{generation}",
-        )
-        return timeline.then(step, rest, opts.cost, _largest(opts, budgets), world_change=True)
-
-    def _changed(self, opts: PlanOptions, budgets: Budgets, event: Mapping[str, Any]) -> tuple[PlanOptions, Budgets]:
-        """The options after a saved budget or cost change."""
-        if BUDGET_KEY in event:
-            value = float(event[BUDGET_KEY])
-            return dataclasses.replace(opts, budget=value), None if budgets is None else _scaled(budgets, value)
-        return dataclasses.replace(opts, cost=_restore_cost(event[COST_KEY], (self._opts.cost, opts.cost))), budgets
 
     # ------------------------------------------------------------------ state
 
@@ -406,19 +327,14 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 f"{self.num_replicas}; resuming per-rank budgets with a different world size is not supported"
             )
         epoch, step = self._check_state(state, _options(self._opts, self._budgets))
-        opts, budgets = self._opts, self._budgets
-        timeline = Timeline.start(self._arrange(epoch, opts, budgets, world0), opts.cost, _largest(opts, budgets))
+        planner, opts, budgets = Planner(self._sizes, self.policy, epoch), self._opts, self._budgets
+        timeline = planner.start(opts, budgets, world0)
         for generation, event in enumerate(saved, 1):
-            _check_step(f"event {generation - 1} ({event!r})", int(event[STEP_KEY]), timeline, epoch)
-            if NUM_REPLICAS_KEY in event:
-                timeline = self._rearranged(timeline, event, generation, opts, budgets, epoch)
-            else:
-                opts, budgets = self._changed(opts, budgets, event)
-                timeline = self._replanned(timeline, event, generation, opts, budgets, epoch)
-        _check_step(STEP_KEY, step, timeline, epoch)
+            timeline, opts, budgets = planner.apply(timeline, event, generation, opts, budgets, (self._opts.cost,))
+        check_step(STEP_KEY, step, timeline, epoch)
         if timeline.world != self.num_replicas:
             saved.append({STEP_KEY: step, NUM_REPLICAS_KEY: self.num_replicas})
-            timeline = self._rearranged(timeline, saved[-1], len(saved), opts, budgets, epoch)
+            timeline, _, _ = planner.apply(timeline, saved[-1], len(saved), opts, budgets)
             logger.info(
                 "resumed epoch %d at step %d: the %d samples left re-arranged for %d ranks",
                 epoch, step, timeline.steps.plan.n_samples, self.num_replicas,
@@ -442,56 +358,3 @@ def _options(opts: PlanOptions, budgets: Budgets) -> dict[str, Any]:
     if budgets is not None:
         out["budgets"] = list(budgets)
     return out
-
-
-def _largest(opts: PlanOptions, budgets: Budgets) -> float:
-    return opts.budget if budgets is None else max(budgets)
-
-
-def _scaled(budgets: tuple[float, ...], smallest: float) -> tuple[float, ...]:
-    """Per-rank budgets scaled so that the smallest becomes ``smallest``."""
-    factor = smallest / min(budgets)
-    return tuple(b * factor for b in budgets)
-
-
-def _renamed(plan: BatchPlan, samples: np.ndarray) -> BatchPlan:
-    """A plan of ``sizes[samples]`` with its indices mapped back to the whole dataset."""
-    per_batch = (plan.costs, plan.real_units, plan.padded_units)
-    return plan.rebatched(samples[plan.order], plan.offsets, per_batch, index_map=samples)
-
-
-def _check_step(what: str, step: int, timeline: Timeline, epoch: int) -> None:
-    if not timeline.base <= step <= timeline.total:
-        raise ValueError(
-            f"state's {what} is at step {step}, outside epoch {epoch}, whose steps run "
-            f"{timeline.base}..{timeline.total} there; pass what state_dict() returned, unchanged"
-        )
-
-
-_BUILT_IN_COSTS: dict[str, type[CostModel]] = {c.name: c for c in (SumCost, PaddedCost, PaddedPolynomial)}
-
-
-def _restore_cost(description: Mapping[str, Any], known: Sequence[CostModel]) -> CostModel:
-    """The cost model a state's event describes: one of ``known``, a built-in, or a fitbatch.memory model."""
-    for model in known:
-        if _json_equal(model.to_dict(), description):
-            return model
-    fields = {k: v for k, v in description.items() if k != "kind"}
-    kind = description.get("kind")
-    try:
-        if kind in _BUILT_IN_COSTS:
-            return _BUILT_IN_COSTS[kind](**fields)
-        from fitbatch.memory.model import load_memory_model
-
-        restored: CostModel = load_memory_model(dict(description))
-        return restored
-    except (TypeError, ValueError) as e:
-        raise ValueError(
-            f"state changes the cost model to {dict(description)!r} during the epoch, which cannot be "
-            f"rebuilt from the state ({e}); only the built-in cost models and fitbatch.memory models can"
-        ) from e
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    return bool(json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True))
-
