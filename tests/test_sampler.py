@@ -472,6 +472,33 @@ def test_a_change_whose_rest_cannot_fill_equal_steps_keeps_the_rest(caplog):
     assert list(again) == rest[2] and again.budget == 10.0
 
 
+def test_a_change_at_the_end_of_a_dropping_epoch_counts_each_dropped_sample_once():
+    """Found by tests/test_fuzz_sampler.py: the epoch's dropped samples were counted twice."""
+    sizes = np.clip(np.ceil(np.random.default_rng(0).lognormal(np.log(10), 0.9, 49)), 1, 60)
+    kw = dict(strategy="sequential", policy="drop", oversized="single")
+    samplers = [BudgetBatchSampler(sizes, 60, num_replicas=3, rank=r, **kw) for r in range(3)]
+    ran = [list(s) for s in samplers]
+    dropped = samplers[0].plan().dropped.tolist()
+    assert dropped and sorted(flat(b for r in ran for b in r) + dropped) == list(range(49))
+    for s in samplers:
+        s.set_budget(30)
+    assert samplers[0].plan().dropped.tolist() == dropped
+
+
+def test_a_budget_that_a_sample_exceeds_alone_is_refused_before_and_during_the_epoch():
+    """Found by tests/test_fuzz_sampler.py: before the first batch the error came only when planning."""
+    sizes = np.array([10] * 20 + [45])
+    for handed_out in (0, 2):
+        sampler = BudgetBatchSampler(sizes, 100, strategy="sequential", num_replicas=1, rank=0)
+        it = iter(sampler)
+        head = [next(it) for _ in range(handed_out)]
+        before = sampler.state_dict()
+        with pytest.raises(ValueError, match="1 sample cost more than the budget 40 even alone; largest: index 20"):
+            sampler.set_budget(40)
+        assert sampler.state_dict() == before and sampler.budget == 100
+        assert head + list(it) == BudgetBatchSampler(sizes, 100, strategy="sequential", num_replicas=1, rank=0).plan().to_lists()
+
+
 # --------------------------------------------------------------------------- corrupted or foreign state
 
 

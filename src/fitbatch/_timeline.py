@@ -237,6 +237,7 @@ class Planner:
         if NUM_REPLICAS_KEY in event:
             return self._rearranged(timeline, step, int(event[NUM_REPLICAS_KEY]), generation, opts, budgets), opts, budgets
         opts, budgets = changed(opts, budgets, event, known)
+        screen(self.sizes, opts)
         return self._replanned(timeline, step, generation, opts, budgets, event), opts, budgets
 
     def _rearranged(
@@ -254,27 +255,25 @@ class Planner:
     ) -> Timeline:
         """The samples of the steps from ``step`` on, planned again with ``opts`` for the same ranks."""
         samples, like = timeline.rest_samples(step), timeline.steps.plan
-        if samples.size == 0:
-            steps = arrange(like.select(np.zeros(0, np.int64)), self.sizes, opts.cost, timeline.world, seed=opts.seed, epoch=self.epoch)
-        else:
-            if opts.oversized == "error":
-                alone = opts.cost.sample_cost(self.sizes.values[samples])
-                screen_oversized(alone, opts.budget, "error", names=lambda at: format_offenders(samples[at], alone[at]))
-            try:
-                steps = self._plan_rest(samples, generation, opts, budgets, timeline.world)
-            except TooFewSamples:
-                # equal steps within the new budget would need an empty batch: the rest keeps its
-                # batches (every sample once, equal steps); the change holds from the next epoch
-                logger.warning(
-                    "epoch %d: the %d samples left cannot fill equal steps for %d ranks after %s; "
-                    "the rest of the epoch keeps its batches", self.epoch, samples.size, timeline.world, dict(event),
-                )
-                return timeline
+        largest = _largest(opts, budgets)
+        if samples.size == 0:  # a change at the end of the epoch: an empty rest, the epoch's left-out samples
+            empty = arrange(like.select(np.zeros(0, np.int64)), self.sizes, opts.cost, timeline.world, seed=opts.seed, epoch=self.epoch)
+            return timeline.then(step, empty, opts.cost, largest)
+        try:
+            steps = self._plan_rest(samples, generation, opts, budgets, timeline.world)
+        except TooFewSamples:
+            # equal steps within the new budget would need an empty batch: the rest keeps its
+            # batches (every sample once, equal steps); the change holds from the next epoch
+            logger.warning(
+                "epoch %d: the %d samples left cannot fill equal steps for %d ranks after %s; "
+                "the rest of the epoch keeps its batches", self.epoch, samples.size, timeline.world, dict(event),
+            )
+            return timeline
         plan = steps.plan  # the epoch's samples left out so far, and those the new plan leaves out
         plan.skipped = np.concatenate([like.skipped, plan.skipped])
         plan.dropped = np.concatenate([like.dropped, plan.dropped])
         plan.dropped_batches += like.dropped_batches
-        return timeline.then(step, steps, opts.cost, _largest(opts, budgets))
+        return timeline.then(step, steps, opts.cost, largest)
 
     def _plan_rest(self, samples: IntArray, generation: int, opts: PlanOptions, budgets: Budgets, world: int) -> Steps:
         sub = Sizes(self.sizes.values[samples], self.sizes.integral)
@@ -303,6 +302,22 @@ def changed(
         value = float(event[BUDGET_KEY])
         return dataclasses.replace(opts, budget=value), None if budgets is None else scaled(budgets, value)
     return dataclasses.replace(opts, cost=restore_cost(event[COST_KEY], (*known, opts.cost))), budgets
+
+
+def screen(sizes: Sizes, opts: PlanOptions) -> None:
+    """Under ``oversized="error"``, refuse options that a sample exceeds alone (before any change).
+
+    Every sample is checked, not only those left in the epoch: later epochs plan them all.
+
+    >>> from fitbatch.sizes import as_sizes
+    >>> screen(as_sizes([3, 9, 4]), PlanOptions.build(8))
+    Traceback (most recent call last):
+    ...
+    ValueError: 1 sample cost more than the budget 8 even alone; largest: index 1 (size 9.0). Pass oversized='single' to give each its own batch, or oversized='skip' to leave them out (they are counted in the plan's stats).
+    """
+    if opts.oversized == "error":
+        alone = opts.cost.sample_cost(sizes.values)
+        screen_oversized(alone, opts.budget, "error", names=lambda at: format_offenders(at, alone[at]))
 
 
 def check_step(what: str, step: int, timeline: Timeline, epoch: int) -> None:
@@ -366,4 +381,4 @@ def restore_cost(description: Mapping[str, Any], known: Sequence[CostModel] = ()
         ) from e
 
 
-__all__ = ["Budgets", "Planner", "Segment", "Timeline", "changed", "check_step", "restore_cost", "scaled"]
+__all__ = ["Budgets", "Planner", "Segment", "Timeline", "changed", "check_step", "restore_cost", "scaled", "screen"]

@@ -32,7 +32,7 @@ from typing import Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._rng import SeedLike
-from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step
+from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step, screen
 from fitbatch._validate import choice, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.distributed import POLICIES, Steps, world_info
@@ -207,11 +207,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
         event = {STEP_KEY: self._position, **change}
         opts, budgets = changed(self._opts, self._budgets, event, () if model is None else (model,))
+        screen(self._sizes, opts)  # fail here, not when the next epoch is planned
+        planner = Planner(self._sizes, self.policy, self.epoch)
         if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
-            self._begun, self._timeline = (opts, budgets), None
+            self._timeline, self._begun = planner.start(opts, budgets, self._world0), (opts, budgets)
             logger.info("epoch %d planned with %s", self.epoch, change)
         else:
-            planner, generation = Planner(self._sizes, self.policy, self.epoch), len(self._events) + 1
+            generation = len(self._events) + 1
             self._timeline, _, _ = planner.apply(self._current(), event, generation, self._opts, self._budgets, (opts.cost,))
             self._events.append(event)
             logger.info("epoch %d: %s from step %d on; the rest re-planned", self.epoch, change, self._position)
