@@ -204,7 +204,7 @@ def test_balance_on_real_lengths_beats_round_robin(functions, pytokens):
 
 def test_planning_work_per_rank_does_not_grow_with_world(monkeypatch, functions):
     """One global plan per rank and epoch whatever the world size; the arrangement is O(batches)."""
-    import fitbatch.sampler as sampler_module
+    import fitbatch._timeline as sampler_module  # where the sampler plans its epochs
 
     calls = []
     real = sampler_module.plan_with
@@ -323,7 +323,7 @@ def test_resume_equals_uninterrupted_and_survives_world_changes(seed, n, worlds,
         second = all_ranks(sizes, 240, w2, **kw)
         for s in second:
             s.load_state_dict(state)
-        start2 = second[0].state_dict()["step"]  # k1 on the same world; 0 on a re-arranged rest
+        start2 = second[0].state_dict()["step"]  # steps of the epoch: k1 on any world
         got2 = [list(s) for s in second]
     except ValueError as e:
         assert "cannot give every rank a batch" in str(e)
@@ -334,9 +334,10 @@ def test_resume_equals_uninterrupted_and_survives_world_changes(seed, n, worlds,
     assert set(epoch_losses.tolist()) <= set(np.concatenate([second[0].plan().skipped, lost]).tolist())
     # a second interruption, resumed on the same world and on a third one
     k2 = int(fractions[1] * len(got2[0]))
-    assert start2 == (k1 if w2 == w1 else 0)
-    state2 = second[w2 - 1].state_dict(step=start2 + k2)  # steps of the current arrangement
-    assert state2["history"] == ([[w1, k1]] if w2 != w1 else [])
+    assert start2 == k1
+    state2 = second[w2 - 1].state_dict(step=start2 + k2)  # steps of the epoch, all arrangements
+    assert state2["num_replicas"] == w1
+    assert state2["events"] == ([{"step": k1, "num_replicas": w2}] if w2 != w1 else [])
     for r in range(w2):
         again = BudgetBatchSampler(sizes, 240, num_replicas=w2, rank=r, **kw)
         again.load_state_dict(state2)
@@ -359,19 +360,23 @@ def test_state_is_json_and_load_checks_it(functions):
     iterate(sampler, 5)
     state = sampler.state_dict()
     assert json.loads(json.dumps(state)) == state
-    assert state["step"] == 5 and state["num_replicas"] == 4 and state["version"] == 1
+    assert state["step"] == 5 and state["num_replicas"] == 4 and state["version"] == 2
     frozen = json.dumps(state)
     other = BudgetBatchSampler(functions, 16384, num_replicas=2, rank=0, seed=0)
     other.load_state_dict(state)
     assert json.dumps(state) == frozen, "load_state_dict must not mutate its argument"
-    assert other.state_dict()["step"] == 0 and other.state_dict()["history"] == [[4, 5]]
+    resumed = other.state_dict()
+    assert resumed["step"] == 5 and resumed["num_replicas"] == 4
+    assert resumed["events"] == [{"step": 5, "num_replicas": 2}]
+    assert len(other) == other.steps().n_steps == len(other.step_totals()[0]) - 5
     with pytest.raises(ValueError, match="unknown"):
         other.load_state_dict({**state, "rank": 1})
     with pytest.raises(ValueError, match="options"):
         BudgetBatchSampler(functions, 8192, num_replicas=4, rank=1, seed=0).load_state_dict(state)
     # a new epoch forgets the resume
     other.set_epoch(1)
-    assert len(other) == other.steps().n_steps and other.state_dict()["history"] == []
+    assert len(other) == other.steps().n_steps and other.state_dict()["events"] == []
+    assert other.state_dict()["num_replicas"] == 2
 
 
 class Indexed(Dataset):
@@ -540,7 +545,7 @@ def test_ddp_resume_same_and_other_world(full_run, real_lengths, tmp_path):
 
     other, other_params = launch("resume", 3, tmp_path / "other", real_lengths, "--checkpoint", str(ckpt))
     check_epoch(other, other_params, 3)
-    assert all(r["first"] == 0 for r in other)
+    assert all(r["first"] == k for r in other)  # steps of the epoch: the 3 ranks go on from step k
     consumed = [flat(r["batches"]) for r in stop]
     assert_exactly_once(consumed + [flat(r["batches"]) for r in other], n)
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch import _kernels as K
+from fitbatch.plan import lower_bound
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 KINDS = ("int", "float", "dyadic", "2d")
@@ -576,3 +577,32 @@ def test_plan_arrays_are_int64_views():
     for b in plan:
         assert b.base is not None  # a view of one order array, not a copy
     assert K.batch_reduce(np.zeros(0), np.zeros(1, np.int64))[0].size == 0
+
+
+# ---------------------------------------------------------------- lower bound
+
+
+def test_a_tiny_total_under_a_huge_budget_has_a_bound_of_one():
+    stats = fitbatch.plan_batches([1, 2], "70 gb", cost="sum").stats()
+    assert (stats.n_batches, stats.lower_bound, stats.batches_vs_lower_bound) == (1, 1, 1.0)
+    assert "1.000x lower bound" in stats.summary()
+    for total in (1e-300, 1e-12, 3.0):
+        assert lower_bound(fitbatch.SumCost(), 70e9, total, 2) == 1
+
+
+def test_lower_bound_rounds_float_sums_without_an_absolute_epsilon():
+    model = fitbatch.SumCost()
+    assert lower_bound(model, 0.1, 0.1 + 0.2, 3) == 3  # 0.30000000000000004 / 0.1 is 3.0000000000000004
+    assert lower_bound(model, 0.1, 0.1 * 3 + 1e-12, 3) == 4  # a real excess is not rounded away
+    assert lower_bound(model, 4, 8, 2) == 2 and lower_bound(model, 4, 9, 3) == 3
+    assert lower_bound(model, 3, 10**15 + 1, 5) == math.ceil((10**15 + 1) / 3), "whole numbers: exact"
+    assert lower_bound(model, 10, 0, 4) == 1, "a non-empty plan needs a batch"
+    assert lower_bound(model, 10, 50, 0) == 0
+    fixed = fitbatch.PaddedPolynomial(fixed=10.0, linear=0.0, per_token=1.0, quadratic=0.0)
+    assert lower_bound(fixed, 10, 100, 3) == 1, "no usable budget: still at least one batch"
+
+
+@given(sizes=st.lists(st.floats(1e-6, 50), min_size=1, max_size=60), budget=st.floats(50, 1e12))
+def test_lower_bound_is_at_least_one_and_never_above_a_plan(sizes, budget):
+    plan = fitbatch.plan_batches(sizes, budget, cost="sum", strategy="packed")
+    assert 1 <= plan.stats().lower_bound <= len(plan)

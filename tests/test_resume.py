@@ -7,10 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fitbatch.distributed import arrange
-from fitbatch.plan import PlanOptions, plan_with
-from fitbatch.resume import VERSION_KEY, StateSchema, continue_epoch
-from fitbatch.sizes import as_sizes
+from fitbatch.resume import DIGEST, VERSION_KEY, StateSchema, events, integer, sizes_digest
 
 SCHEMA = StateSchema("widget", version=2, required=("epoch", "step"), optional=("history",))
 
@@ -50,11 +47,67 @@ def test_a_non_mapping_is_a_type_error_naming_the_object():
             SCHEMA.check(bad)
 
 
-def test_checks_run_unknown_then_version_then_missing():
-    with pytest.raises(ValueError, match="unknown"):
-        SCHEMA.check({"version": 9, "extra": 1})
+def test_checks_run_version_then_unknown_then_missing_then_values():
+    # the version decides which keys are valid, so another version is named before its keys
     with pytest.raises(ValueError, match="version 9"):
-        SCHEMA.check({"version": 9})
+        SCHEMA.check({"version": 9, "extra": 1})
+    with pytest.raises(ValueError, match="unknown"):
+        SCHEMA.check({"version": 2, "extra": 1})
+    with pytest.raises(ValueError, match="lacks"):
+        CHECKED.check({"version": 1, "step": -1})
+
+
+CHECKED = StateSchema(
+    "gadget", version=1, required={"step": integer(), "world": integer(1), "digest": DIGEST}, optional={"events": events}
+)
+
+
+def checked(**changes):
+    return {"version": 1, "step": 3, "world": 2, "digest": "0" * 32, **changes}
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("step", -1, "an int >= 0"),
+        ("step", 1.5, "an int >= 0"),
+        ("step", True, "an int >= 0"),
+        ("step", "3", "an int >= 0"),
+        ("world", 0, "an int >= 1"),
+        ("world", 1.7, "an int >= 1"),
+        ("world", -2, "an int >= 1"),
+        ("digest", "xyz", "a hexadecimal digest of 32 characters"),
+        ("events", [[2, -3]], "a list of events"),
+        ("events", [{"step": -1, "budget": 5.0}], "a list of events"),
+        ("events", [{"step": 1, "budget": 5.0, "num_replicas": 2}], "a list of events"),
+        ("events", [{"step": 1, "budget": float("nan")}], "a list of events"),
+        ("events", [{"step": 1, "num_replicas": 0}], "a list of events"),
+        ("events", [{"step": 1, "cost": "padded"}], "a list of events"),
+        ("events", {"step": 1}, "a list of events"),
+    ],
+)
+def test_values_are_checked_per_key_naming_key_value_and_way_out(key, value, expected):
+    with pytest.raises(ValueError) as info:
+        CHECKED.check(checked(**{key: value}))
+    message = str(info.value)
+    assert message.startswith(f"gadget state key {key!r} must be {expected}")
+    assert repr(value) in message and "pass what state_dict() returned, unchanged" in message
+
+
+def test_good_values_pass_and_keys_without_a_check_take_anything():
+    good_events = [{"step": 0, "budget": 4.5}, {"step": 2, "num_replicas": 3}, {"step": 2, "cost": {"kind": "sum"}}]
+    assert CHECKED.check(checked(events=good_events))["events"] == good_events
+    assert SCHEMA.check(good(step="anything")) is not None
+
+
+def test_sizes_digest_is_stable_and_tells_sizes_apart():
+    a = np.array([3, 1, 4, 1, 5])
+    assert sizes_digest(a) == sizes_digest(a.astype(np.float32)) == sizes_digest(list(a))
+    DIGEST("digest", sizes_digest(a))  # accepted: no error
+    with pytest.raises(ValueError, match="digest must be a hexadecimal digest of 32 characters"):
+        DIGEST("digest", sizes_digest(a).upper())
+    assert sizes_digest(a) != sizes_digest(a[::-1]) != sizes_digest(a[:4])
+    assert sizes_digest(a.reshape(5, 1)) != sizes_digest(a), "the shape is part of the digest"
 
 
 def test_envelope_puts_the_version_first_and_checks_the_fields():
@@ -72,59 +125,16 @@ def test_schema_holds_version_among_the_required_keys():
     assert SCHEMA.optional == frozenset({"history"})
 
 
-def test_field_checks_name_the_state_and_key_and_run_after_the_key_checks():
+def test_value_checks_name_the_state_and_key_and_run_after_the_key_checks():
     from fitbatch._validate import non_negative_int
 
-    schema = StateSchema("widget", version=2, required=("epoch", "step"), fields={"step": non_negative_int})
-    assert schema.check(good()) == good()
-    with pytest.raises(ValueError, match=r"widget state 'step' must be >= 0, got -1"):
-        schema.check(good(step=-1))
-    with pytest.raises(TypeError, match=r"widget state 'step' must be an int >= 0, got '5'"):
-        schema.check(good(step="5"))
+    schema = StateSchema("widget", version=2, required={"epoch": None, "step": non_negative_int})
+    good = {"version": 2, "epoch": 0, "step": 3}
+    assert schema.check(good) == good
+    with pytest.raises(ValueError, match=r"widget state key 'step' must be >= 0, got -1"):
+        schema.check({**good, "step": -1})
+    with pytest.raises(TypeError, match=r"widget state key 'step' must be an int >= 0, got '5'"):
+        schema.check({**good, "step": "5"})
     with pytest.raises(ValueError, match="lacks keys"):  # a missing key is named first
         schema.check({"version": 2, "step": -1})
     assert schema == StateSchema("widget", version=2, required=("epoch", "step"))  # checks are not compared
-
-
-# ---------------------------------------------------------------- continue_epoch
-
-
-def _arrangers(n=60, seed=3):
-    sizes = as_sizes(np.random.default_rng(seed).integers(1, 9, n))
-    opts = PlanOptions.build(16, cost="sum", strategy="pooled", seed=seed)
-
-    def fresh(world):
-        return arrange(plan_with(sizes, opts), sizes, opts.cost, world, seed=seed, epoch=0)
-
-    def rest(plan, world, purpose):
-        return arrange(plan, sizes, opts.cost, world, seed=seed, epoch=0, purpose=purpose)
-
-    return sizes, fresh, rest
-
-
-def _samples(steps, first=0):
-    return sorted(steps.plan.select(steps.grid[first:].ravel()).order.tolist()) if steps.n_steps > first else []
-
-
-@pytest.mark.parametrize("chain, world", [([[2, 3]], 2), ([[2, 3]], 3), ([[4, 1], [3, 2]], 2), ([[4, 1], [3, 2]], 3)])
-def test_continue_epoch_runs_every_remaining_sample_exactly_once(chain, world):
-    sizes, fresh, rest = _arrangers()
-    after = continue_epoch(chain, world, fresh=fresh, rest=rest)
-    # the samples consumed before, link by link, plus those left, are every sample once
-    consumed, current = [], fresh(chain[0][0])
-    for i, (_, done) in enumerate(chain):
-        consumed += current.consumed_samples(done).tolist()
-        if i + 1 < len(chain):
-            current = continue_epoch(chain[: i + 1], chain[i + 1][0], fresh=fresh, rest=rest).steps
-    left = _samples(after.steps, after.start)
-    assert sorted(consumed + left) == list(range(len(sizes)))
-    assert after.rearranged == (len(chain) > 1 or chain[-1][0] != world)
-    assert after.history == (chain[:-1] if chain[-1][0] == world else chain)
-    assert after.steps.grid.shape[1] == world
-
-
-def test_continue_epoch_in_the_same_world_is_the_fresh_arrangement_at_the_step():
-    _, fresh, rest = _arrangers()
-    after = continue_epoch([[2, 4]], 2, fresh=fresh, rest=rest)
-    assert (after.start, after.history, after.rearranged) == (4, [], False)
-    assert np.array_equal(after.steps.grid, fresh(2).grid)

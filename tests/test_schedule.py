@@ -441,6 +441,7 @@ def test_load_state_dict_rejects_bad_state():
     for bad, match in (
         ({**good, "extra": 1}, "unknown sampler state keys"),
         ({**good, "version": 99}, "unsupported sampler state version 99"),
+        ({**good, "micro": 1.5}, "'micro' must be an int >= 0, got 1.5"),
         ({**good, "n_samples": 21}, "21 samples"),
         ({**good, "num_replicas": 2}, "2 ranks"),
         ({k: v for k, v in good.items() if k != "micro"}, "lacks keys"),
@@ -454,6 +455,28 @@ def test_load_state_dict_rejects_bad_state():
     changed = ScheduledBatchSampler(20, [4, 8, 4, 4], micro_batch_size=2)
     with pytest.raises(ValueError, match="another schedule"):
         changed.load_state_dict(traced.state_dict())
+
+
+def test_load_state_dict_refuses_a_first_step_or_micro_the_schedule_does_not_give():
+    sched = BatchSizeSchedule.from_list([4, 8], on_exhausted="hold_last")
+    s = ScheduledBatchSampler(40, sched, micro_batch_size=2, num_replicas=2, rank=0)
+    s.set_epoch(2)
+    good = json.loads(json.dumps(s.state_dict(micro=1)))
+    rows = len(s)
+    assert good["first_step"] == s.first_step(2) != 7
+    fresh = ScheduledBatchSampler(40, sched, micro_batch_size=2, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match=rf"first_step 7 is not where epoch 2 begins .*\(step {good['first_step']}\)"):
+        fresh.load_state_dict({**good, "first_step": 7})
+    with pytest.raises(ValueError, match=rf"micro 1000000 is beyond epoch 2, which has {rows} micro-batches"):
+        fresh.load_state_dict({**good, "micro": 10**6})
+    with pytest.raises(ValueError, match=rf"micro 1000000 is outside epoch 2.*0\.\.{rows}"):
+        s.state_dict(micro=10**6)
+    with pytest.raises(ValueError, match="'num_replicas' must be an int >= 1, got 0"):
+        fresh.load_state_dict({**good, "num_replicas": 0})
+    with pytest.raises(ValueError, match="saved over other sizes"):
+        ScheduledBatchSampler(np.arange(1, 41), sched, micro_batch_size=2, num_replicas=2, rank=0).load_state_dict(good)
+    fresh.load_state_dict(good)  # the genuine state still loads, on a sampler that derives epoch 2 itself
+    assert list(fresh) == list(s)[1:]
 
 
 # ---------------------------------------------------------------- accumulator

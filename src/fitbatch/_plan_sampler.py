@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import json
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -27,8 +28,10 @@ from fitbatch.resume import (
     EPOCH_KEY,
     N_SAMPLES_KEY,
     NUM_REPLICAS_KEY,
+    SIZES_DIGEST_KEY,
     STEP_KEY,
     StateSchema,
+    sizes_digest,
 )
 from fitbatch.sizes import Sizes
 
@@ -53,7 +56,9 @@ def torch_class(name: str) -> type:
 class RankLayout:
     """One epoch as this rank runs it: its batches in order, and the steps' totals over all ranks.
 
-    Every rank runs one batch per row; a step is one row, or several (micro-batches).
+    Every rank runs one batch per row; a step is one row, or several (micro-batches). Row 0 of
+    ``plan`` runs at row ``first`` of the epoch: after a change of world size part-way through
+    an epoch, the rows before it ran on other ranks.
 
     >>> from fitbatch.plan import plan_batches
     >>> layout = RankLayout.alone(plan_batches([3, 1, 2], 4, cost="sum", strategy="sequential"))
@@ -62,12 +67,20 @@ class RankLayout:
 
     Attributes:
         plan: this rank's batches, one per row, in the order it runs them.
-        step_samples, step_units: samples and real size units of each step, all ranks together.
+        step_samples, step_units: samples and real size units of each step of the epoch (from
+            step 0, also those before ``first``), all ranks together.
+        first: the row of the epoch that row 0 of ``plan`` runs at.
     """
 
     plan: BatchPlan
     step_samples: NDArray[np.int64]
     step_units: NDArray[np.float64]
+    first: int = 0
+
+    @property
+    def end(self) -> int:
+        """Rows in the epoch: ``first + len(plan)``."""
+        return self.first + len(self.plan)
 
     @classmethod
     def alone(cls, plan: BatchPlan) -> RankLayout:
@@ -88,7 +101,11 @@ class PlanSampler:
       steps on every rank (plan it, or take it from a cache of the subclass);
     * ``_config() -> dict`` (for state): a JSON-able configuration; a state saved with another
       one is refused;
-    * ``_extra_state() -> dict`` (optional): fields of its own, beside the envelope's.
+    * ``_extra_state() -> dict`` (optional): fields of its own, beside the envelope's (or in
+      place of one of them).
+
+    A subclass whose current epoch changes part-way (a new budget) increments ``_revision``: an
+    iterator that is running takes the new layout at its next batch, from the row it reached.
 
     The public ``state_dict``/``load_state_dict`` stay in the subclasses, a few lines each: the
     cursor has its own keyword there (``step=``, ``micro=``), and a sampler without state (the
@@ -111,6 +128,9 @@ class PlanSampler:
     epoch: int = 0
     _start = 0  # first row the next iteration yields (set by a resume)
     _position = 0  # rows of this epoch handed out by the latest iterator
+    _revision = 0  # incremented when the current epoch's layout changes
+    _digest: str | None = None  # sizes_digest of _sizes, computed on first use
+    CONFIG_HINT: ClassVar[str] = ""  # appended to the message of a refused configuration
 
     STATE: ClassVar[StateSchema]
     CURSOR_KEY: ClassVar[str] = STEP_KEY
@@ -175,7 +195,8 @@ class PlanSampler:
     # ------------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
-        return max(0, len(self.plan()) - self._start) * outer_world(self, sys._getframe(1))
+        lay = self._layout(self.epoch)
+        return max(0, lay.end - max(self._start, lay.first)) * outer_world(self, sys._getframe(1))
 
     def __iter__(self) -> Iterator[list[int]]:
         # Under accelerate's BatchSamplerShard (``accelerator.prepare`` of the loader), yield the
@@ -188,21 +209,32 @@ class PlanSampler:
         return (batch for _, batch in self._rows())
 
     def _rows(self) -> Iterator[tuple[int, list[int]]]:
-        """The next iteration as ``(row, batch)`` pairs (for extras such as ``with_info``)."""
+        """The next iteration as ``(row of the epoch, batch)`` pairs (for extras such as ``with_info``)."""
         self._position = self._start
         return self._generate()
 
     def _generate(self) -> Iterator[tuple[int, list[int]]]:
         # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
         # DataLoader calls iter() twice per epoch and only runs the second iterator.
-        start, self._start = self._start, 0
-        plan = self.plan()
-        order, bounds = plan.order, plan.offsets.tolist()
-        self._position = start
-        for row in range(start, len(plan)):
-            batch = order[bounds[row] : bounds[row + 1]].tolist()
-            self._position = row + 1
-            yield row, batch
+        row, self._start = self._start, 0
+        epoch, seen = self.epoch, -1
+        while True:
+            # Invariant: rows before `row` are handed out; a change of the epoch's layout
+            # (``_revision``) replaces only rows from the one handed out last, so `row` stays.
+            if seen != self._revision and self.epoch == epoch:
+                seen = self._revision
+                lay = self._layout(epoch)
+                order, bounds = lay.plan.order, lay.plan.offsets.tolist()
+                if row < lay.first:
+                    row = lay.first
+                self._position = row
+            if row >= lay.end:
+                return
+            k = row - lay.first
+            batch = order[bounds[k] : bounds[k + 1]].tolist()
+            row += 1
+            self._position = row
+            yield row - 1, batch
 
     def _generate_world(self, world: int) -> Iterator[list[int]]:
         """Every rank's batches from the resume cursor on: step k yields rank 0's, rank 1's, ... batch k."""
@@ -224,30 +256,65 @@ class PlanSampler:
     def _save_state(self, done: int | None) -> dict[str, Any]:
         """The state after ``done`` rows of the epoch (default: those handed out so far)."""
         cursor = self._position if done is None else non_negative_int(self.CURSOR_KEY, done)
+        self._check_cursor(cursor, self._layout(self.epoch))
         fields = {
             EPOCH_KEY: self.epoch,
             self.CURSOR_KEY: cursor,
             NUM_REPLICAS_KEY: self.num_replicas,
             N_SAMPLES_KEY: len(self._sizes),
+            SIZES_DIGEST_KEY: self._sizes_digest(),
             self.CONFIG_KEY: self._config(),
         }
-        return self.STATE.envelope(**fields, **self._extra_state())
+        return self.STATE.envelope(**{**fields, **self._extra_state()})
 
-    def _check_state(self, state: Mapping[str, Any]) -> tuple[int, int]:
-        """Check ``state`` against the schema, the samples and the configuration; its (epoch, cursor)."""
+    def _sizes_digest(self) -> str:
+        if self._digest is None:
+            self._digest = sizes_digest(self._sizes.values)
+        return self._digest
+
+    def _check_state(self, state: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[int, int]:
+        """Check ``state`` against the schema, the samples and ``config`` (default: ``_config()``); its (epoch, cursor).
+
+        Configurations are compared as JSON stores them (a tuple and a list are alike).
+        """
         self.STATE.check(state)
         if state[N_SAMPLES_KEY] != len(self._sizes):
             raise ValueError(
                 f"state is for {state[N_SAMPLES_KEY]} samples, this sampler has {len(self._sizes)}; "
                 "resume over the same samples"
             )
-        if state[self.CONFIG_KEY] != self._config():
+        if state[SIZES_DIGEST_KEY] != self._sizes_digest():
             raise ValueError(
-                f"state was saved with another {self.CONFIG_NAME}; build the sampler with the same "
-                f"ones (saved: {state[self.CONFIG_KEY]!r})"
+                f"state was saved over other sizes (sizes_digest {state[SIZES_DIGEST_KEY]}, this sampler's "
+                f"{self._sizes_digest()}); resume over the same samples, in the same order"
             )
-        return non_negative_int(EPOCH_KEY, state[EPOCH_KEY]), non_negative_int(self.CURSOR_KEY, state[self.CURSOR_KEY])
+        saved, mine = _as_json(state[self.CONFIG_KEY]), _as_json(self._config() if config is None else config)
+        if saved != mine:
+            differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+            shown = "; ".join(f"{k}: saved {saved.get(k)!r}, this sampler {mine.get(k)!r}" for k in differ)
+            raise ValueError(
+                f"state was saved with another {self.CONFIG_NAME} ({shown}); build the sampler with "
+                f"the saved ones{self.CONFIG_HINT}"
+            )
+        return int(state[EPOCH_KEY]), int(state[self.CURSOR_KEY])
 
-    def _seek(self, row: int, rows: int) -> None:
-        """Start the next iteration at ``row`` of the current epoch, which has ``rows`` rows."""
-        self._start = self._position = min(row, rows)
+    def _check_cursor(self, cursor: int, lay: RankLayout) -> None:
+        """Refuse a cursor outside the rows this rank runs in the epoch (``lay.first .. lay.end``)."""
+        if not lay.first <= cursor <= lay.end:
+            where = f"from row {lay.first} (rows before it ran on another world size) " if lay.first else ""
+            raise ValueError(
+                f"{self.CURSOR_KEY} {cursor} is outside epoch {self.epoch}, which this sampler runs "
+                f"{where}to row {lay.end}; pass the {self.CURSOR_KEY}s of the epoch completed, "
+                f"{lay.first}..{lay.end}"
+            )
+
+    def _seek(self, row: int) -> None:
+        """Start the next iteration at ``row`` of the current epoch (checked by :meth:`_check_cursor`)."""
+        self._start = self._position = row
+        self._revision += 1
+
+
+def _as_json(value: Any) -> dict[str, Any]:
+    """``value`` as JSON stores it (tuples become lists): a saved configuration compares equal."""
+    out: dict[str, Any] = json.loads(json.dumps(value))
+    return out

@@ -107,14 +107,19 @@ def straggler_ratio(costs: FloatArray) -> float:
     return float(np.mean(costs.max(axis=1)[ok] / mean[ok])) if ok.any() else 1.0
 
 
+class TooFewSamples(ValueError):
+    """Too few samples to give every rank a batch at every step (``policy="split"``)."""
+
+
 def split_batches(plan: BatchPlan, sizes: Sizes, model: CostModel, extra: int) -> BatchPlan:
     """Add ``extra`` batches by halving the most expensive batches (repeatedly if needed).
 
     Every sample stays in exactly one batch and no batch costs more than before (cost models
-    are non-decreasing). Raises ``ValueError`` if there are too few samples.
+    are non-decreasing). Raises :class:`TooFewSamples` (a ``ValueError``) if there are too few
+    samples.
     """
     if extra > plan.n_samples - len(plan):
-        raise ValueError(
+        raise TooFewSamples(
             f"cannot give every rank a batch: {plan.n_samples} samples in {len(plan)} batches need "
             f"{extra} more batches; use fewer ranks, a smaller budget, or policy='drop'"
         )
@@ -242,18 +247,12 @@ def _stack(ranked: list[BatchPlan], caps: FloatArray, sizes: Sizes, model: CostM
     return _steps(plan, grid, fills, tuple(float(c) for c in caps))
 
 
-def remaining_plan(steps: Steps, steps_done: int) -> BatchPlan:
-    """The batches not yet run after ``steps_done`` steps (to re-arrange for a new world size)."""
-    rest = steps.grid[steps_done:].ravel()
-    return steps.plan.select(np.sort(rest))
-
-
 __all__ = [
     "POLICIES",
     "Steps",
+    "TooFewSamples",
     "arrange",
     "arrange_budgets",
-    "remaining_plan",
     "split_batches",
     "straggler_ratio",
     "world_info",

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -431,16 +432,28 @@ def measure_batches(
 
 
 def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: int) -> int:
-    """``ceil(sum of marginal sample costs / usable budget)``.
+    """``ceil(sum of marginal sample costs / usable budget)``, at least 1 for a non-empty plan.
 
     The marginal cost of a sample is its cost alone (``total_alone`` sums them) less the cost
     of an empty batch (the fixed part of a polynomial model); the usable budget is the budget
-    less that fixed part.
+    less that fixed part. The ratio is taken exactly (as fractions of the float values). With
+    whole-number costs and budget it is rounded up as it is; otherwise the float sum of ``n``
+    costs may exceed the true sum by about ``n`` units in the last place, so the ratio is first
+    lowered by that relative error (a bound may then be low by one, never high). A non-empty
+    plan's bound is at least 1, also when no batch can hold any marginal cost.
+
+    >>> from fitbatch.costs import SumCost
+    >>> lower_bound(SumCost(), 70e9, 3.0, 2), lower_bound(SumCost(), 0.1, 0.1 + 0.2, 3), lower_bound(SumCost(), 4, 9, 3)
+    (1, 3, 3)
     """
     if n_samples == 0:
         return 0
     base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
-    usable = budget - base
-    if usable <= 0:
-        return 0
-    return int(math.ceil((total_alone - base * n_samples) / usable - 1e-9))
+    marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
+    if usable <= 0 or marginal <= 0:
+        return 1
+    ratio = marginal / usable
+    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: no rounding
+        return max(1, math.ceil(ratio))
+    slack = Fraction(n_samples + 1, 2**52)  # the relative rounding error of a float sum of n terms
+    return max(1, math.ceil(ratio * (1 - min(slack, Fraction(1, 2)))))

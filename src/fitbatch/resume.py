@@ -1,4 +1,4 @@
-"""Resuming: the state schema every stateful object checks, and the resume of an epoch on a new world.
+"""Resuming: the state schema every stateful object checks, and the timeline of an epoch that changed.
 
 The contract, for every object with ``state_dict()``/``load_state_dict()`` (the samplers, the
 stream, ``equal_steps``, the accumulator, ``OOMGuard``, the compat optimizers):
@@ -7,32 +7,36 @@ stream, ``equal_steps``, the accumulator, ``OOMGuard``, the compat optimizers):
   :class:`StateSchema` (:meth:`StateSchema.envelope`); a composed object nests its parts'
   states under named keys.
 * ``load_state_dict(state)`` first runs :meth:`StateSchema.check`: ``state`` must be a mapping
-  with no unknown key, no missing key and this version, else a ``ValueError`` names the object,
-  the offending keys or value and what to pass instead. It never mutates ``state`` and sets no
-  "just restored" flag: the object re-plans from (seed, epoch, options) and jumps to the saved
-  cursor in O(1), with no replay of what was consumed.
-* A sampler whose world size changed between save and resume continues the epoch with
-  :func:`continue_epoch`: the samples left are re-arranged for the new world, each sample
-  still exactly once.
+  of this version, with no unknown key, no missing key, and every value of the type and range
+  its schema declares, else a ``ValueError`` names the object, the key, the value and what to
+  pass instead. It never mutates ``state`` and sets no "just restored" flag: the object
+  re-plans from (seed, epoch, options) and jumps to the saved cursor in O(1), with no replay of
+  what was consumed.
+* A sampler whose epoch changed part-way (budget, cost model, world size) saves the changes as
+  *events* (:func:`events` checks them) and rebuilds the same epoch on resume
+  (:mod:`fitbatch._timeline`), so every sample of the epoch still runs exactly once.
 
->>> COUNTER = StateSchema("counter", version=1, required=("count",))
+>>> COUNTER = StateSchema("counter", version=1, required={"count": integer()})
 >>> state = COUNTER.envelope(count=3)
 >>> state
 {'version': 1, 'count': 3}
->>> COUNTER.check({**state, "version": 2})
+>>> COUNTER.check({**state, "count": -1})
 Traceback (most recent call last):
 ...
-ValueError: unsupported counter state version 2; expected 1 (resume with the fitbatch release that saved it)
+ValueError: counter state key 'count' must be an int >= 0, got -1; pass what state_dict() returned, unchanged
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import hashlib
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from fitbatch.distributed import Steps, remaining_plan
-from fitbatch.plan import BatchPlan
+import numpy as np
+from numpy.typing import NDArray
 
 #: keys that more than one kind of state uses (as torchdata names its ``*_KEY`` constants)
 VERSION_KEY = "version"
@@ -42,57 +46,199 @@ MICRO_KEY = "micro"  # micro-batches of the epoch consumed
 STEPS_KEY = "steps"  # optimizer steps taken
 NUM_REPLICAS_KEY = "num_replicas"
 N_SAMPLES_KEY = "n_samples"
+SIZES_DIGEST_KEY = "sizes_digest"  # sizes_digest() of the samples
 CONFIG_KEY = "config"
 OPTIONS_KEY = "options"
+EVENTS_KEY = "events"
+BUDGET_KEY = "budget"
+COST_KEY = "cost"
+
+#: a value check ``check(name, value)``: returns when the value is fine, else raises ``TypeError``
+#: or ``ValueError`` naming ``name`` (``"<owner> state key 'key'"``), the value and what it must be
+#: (as :func:`fitbatch._validate.non_negative_int` does)
+Check = Callable[[str, Any], object]
+
+_WAY_OUT = "pass what state_dict() returned, unchanged"
+
+
+# ---------------------------------------------------------------------- value checks
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _refuse(name: str, value: Any, expected: str) -> None:
+    raise ValueError(f"{name} must be {expected}, got {value!r}; {_WAY_OUT}")
+
+
+def integer(low: int = 0) -> Check:
+    """A check for an int ``>= low`` (bools refused).
+
+    >>> integer(1)("state key 'n'", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: state key 'n' must be an int >= 1, got 0; pass what state_dict() returned, unchanged
+    """
+
+    def check(name: str, value: Any) -> None:
+        if not (_is_int(value) and int(value) >= low):
+            _refuse(name, value, f"an int >= {low}")
+
+    return check
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and float(value) > 0
+
+
+def positive_number(name: str, value: Any) -> None:
+    """A check for a positive finite number (a budget).
+
+    >>> positive_number("state key 'budget'", 0.5)
+    >>> positive_number("state key 'budget'", float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: state key 'budget' must be a positive finite number, got inf; pass what state_dict() returned, unchanged
+    """
+    if not _positive(value):
+        _refuse(name, value, "a positive finite number")
+
+
+def hex_digest(length: int) -> Check:
+    """A check for a lower-case hexadecimal string of ``length`` characters."""
+
+    def check(name: str, value: Any) -> None:
+        if not (isinstance(value, str) and len(value) == length and all(c in "0123456789abcdef" for c in value)):
+            _refuse(name, value, f"a hexadecimal digest of {length} characters")
+
+    return check
+
+
+def mapping(name: str, value: Any) -> None:
+    """A check for a mapping (a nested configuration or state)."""
+    if not isinstance(value, Mapping):
+        _refuse(name, value, "a mapping")
+
+
+def events(name: str, value: Any) -> None:
+    """A check for a list of epoch events (see :mod:`fitbatch._timeline`): each a ``step`` and one change.
+
+    >>> events("events", [{"step": 3, "budget": 3686.4}, {"step": 5, "num_replicas": 3}])
+    >>> events("events", [{"step": 3, "budget": -1}])
+    Traceback (most recent call last):
+    ...
+    ValueError: events must be a list of events {'step': int >= 0, and one of 'num_replicas' (an int >= 1), 'budget' (a positive finite number), 'cost' (a cost model's to_dict())}; item 0 is {'step': 3, 'budget': -1}, got [{'step': 3, 'budget': -1}]; pass what state_dict() returned, unchanged
+    """
+    expected = (
+        "a list of events {'step': int >= 0, and one of 'num_replicas' (an int >= 1), "
+        "'budget' (a positive finite number), 'cost' (a cost model's to_dict())}"
+    )
+    if not isinstance(value, list):
+        _refuse(name, value, expected)
+    for i, event in enumerate(value):
+        if not _good_event(event):
+            _refuse(name, value, f"{expected}; item {i} is {event!r}")
+
+
+_CHANGES: dict[str, Callable[[Any], bool]] = {
+    NUM_REPLICAS_KEY: lambda v: _is_int(v) and v >= 1,
+    BUDGET_KEY: _positive,
+    COST_KEY: lambda v: isinstance(v, Mapping) and isinstance(v.get("kind"), str),
+}
+
+
+def _good_event(event: Any) -> bool:
+    if not isinstance(event, Mapping) or set(event) - {STEP_KEY, *_CHANGES} or STEP_KEY not in event:
+        return False
+    changes = [key for key in event if key in _CHANGES]
+    step = event[STEP_KEY]
+    return _is_int(step) and step >= 0 and len(changes) == 1 and _CHANGES[changes[0]](event[changes[0]])
+
+
+def sizes_digest(values: NDArray[Any]) -> str:
+    """A stable fingerprint of sizes: blake2b (128 bits) of the shape and the float64 values.
+
+    A state carries it so that a state saved over other samples with the same count is refused.
+
+    >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3.0, 1.0, 4.0]))
+    True
+    >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3, 1, 5]))
+    False
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    h = hashlib.blake2b(repr(values.shape).encode(), digest_size=16)
+    h.update(values.tobytes())
+    return h.hexdigest()
+
+
+#: the check of a :func:`sizes_digest`
+DIGEST = hex_digest(32)
+
+
+# ---------------------------------------------------------------------- the schema
 
 
 @dataclasses.dataclass(frozen=True)
 class StateSchema:
-    """The keys and version of one kind of state, and the one check of a state to load.
+    """The keys, version and value checks of one kind of state, and the one check of a state to load.
 
     Args:
         name: the owner, as messages name it (``"sampler"``, ``"stream"``, ``"OOMGuard"``).
         version: the version this release writes and reads.
-        required: the keys besides ``version`` that every state of this kind has.
-        optional: keys a state may have (written only in some configurations).
-        fields: checks of single values, ``{key: check(name, value)}``: each raises
-            ``TypeError``/``ValueError`` naming ``name`` (``"<owner> state 'key'"``) and the value
-            (for example :func:`fitbatch._validate.non_negative_int`).
+        required: the keys besides ``version`` that every state of this kind has; a mapping
+            gives each key its value check (:func:`integer`, :func:`positive_number`,
+            :func:`mapping`, ... or any :data:`Check`; ``None``: any value).
+        optional: keys a state may have (written only in some configurations), likewise.
 
-    >>> schema = StateSchema("sampler", version=1, required=("epoch", "step"))
+    >>> schema = StateSchema("sampler", version=1, required={"epoch": integer(), "step": integer()})
     >>> schema.check({"version": 1, "epoch": 0, "step": 4, "cursor": 4})
     Traceback (most recent call last):
     ...
     ValueError: unknown sampler state keys ['cursor']; expected ['epoch', 'step', 'version']
+    >>> schema.check({"version": 1, "epoch": 0, "step": 1.5})
+    Traceback (most recent call last):
+    ...
+    ValueError: sampler state key 'step' must be an int >= 0, got 1.5; pass what state_dict() returned, unchanged
     """
 
     name: str
     version: int
     required: frozenset[str]
     optional: frozenset[str] = frozenset()
-    fields: Mapping[str, Callable[[str, Any], object]] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    checks: Mapping[str, Check] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     def __init__(
         self,
         name: str,
         version: int,
-        required: Iterable[str],
-        optional: Iterable[str] = (),
-        fields: Mapping[str, Callable[[str, Any], object]] | None = None,
+        required: Iterable[str] | Mapping[str, Check | None],
+        optional: Iterable[str] | Mapping[str, Check | None] = (),
     ) -> None:
+        checks = {
+            key: check
+            for keys in (required, optional)
+            if isinstance(keys, Mapping)
+            for key, check in keys.items()
+            if check is not None
+        }
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "version", version)
         object.__setattr__(self, "required", frozenset(required) | {VERSION_KEY})
         object.__setattr__(self, "optional", frozenset(optional))
-        object.__setattr__(self, "fields", dict(fields or {}))
+        object.__setattr__(self, "checks", checks)
 
     def check(self, state: Any) -> Mapping[str, Any]:
         """Return ``state`` unchanged if it is a state of this schema, else raise naming what is wrong.
 
+        The version is checked first (it decides which keys are valid), then unknown keys, then
+        missing keys, then each value against its check.
+
         Raises:
             TypeError: ``state`` is not a mapping.
-            ValueError: unknown keys, another version, or missing keys (checked in this order),
-                or a value its ``fields`` check refuses (which may raise ``TypeError`` instead).
+            ValueError: another version, unknown keys, missing keys, or a value of the wrong
+                range (checked in this order); a value check may raise ``TypeError`` for a value
+                of the wrong type.
 
         >>> StateSchema("stream", version=1, required=("read",)).check({"version": 1})
         Traceback (most recent call last):
@@ -101,21 +247,20 @@ class StateSchema:
         """
         if not hasattr(state, "keys"):
             raise TypeError(f"{self.name} state must be a mapping (what state_dict() returned), got {type(state).__name__}")
-        allowed = self.required | self.optional
-        unknown = set(state) - allowed
-        if unknown:
-            raise ValueError(f"unknown {self.name} state keys {sorted(unknown)}; expected {sorted(allowed)}")
         if VERSION_KEY in state and state[VERSION_KEY] != self.version:
             raise ValueError(
                 f"unsupported {self.name} state version {state[VERSION_KEY]!r}; expected {self.version} "
                 "(resume with the fitbatch release that saved it)"
             )
+        allowed = self.required | self.optional
+        unknown = set(state) - allowed
+        if unknown:
+            raise ValueError(f"unknown {self.name} state keys {sorted(unknown)}; expected {sorted(allowed)}")
         missing = self.required - set(state)
         if missing:
             raise ValueError(f"{self.name} state lacks keys {sorted(missing)}; pass what state_dict() returned, unchanged")
-        for key, check in self.fields.items():
-            if key in state:
-                check(f"{self.name} state {key!r}", state[key])
+        for key in sorted(set(state) & set(self.checks)):
+            self.checks[key](f"{self.name} state key {key!r}", state[key])
         return state  # type: ignore[no-any-return]
 
     def envelope(self, **fields: Any) -> dict[str, Any]:
@@ -127,99 +272,27 @@ class StateSchema:
         return dict(self.check({VERSION_KEY: self.version, **fields}))
 
 
-@dataclasses.dataclass(frozen=True)
-class Continuation:
-    """Where a resumed epoch goes on: its arrangement, the first step to run, the worlds before it.
-
-    Attributes:
-        steps: the epoch's arrangement to continue in (all ranks).
-        start: the first step of ``steps`` to run (0 after a re-arrangement).
-        history: ``[num_replicas, steps done]`` of each earlier arrangement, oldest first; a
-            sampler saves it in its state so a later resume rebuilds the same chain.
-        rearranged: whether ``steps`` differs from the epoch's fresh arrangement.
-
-    >>> from fitbatch.distributed import arrange
-    >>> from fitbatch.plan import PlanOptions, plan_with
-    >>> from fitbatch.sizes import as_sizes
-    >>> sizes, opts = as_sizes([1] * 6), PlanOptions.build(1, cost="sum")
-    >>> def fresh(world):
-    ...     return arrange(plan_with(sizes, opts), sizes, opts.cost, world, seed=0, epoch=0)
-    >>> def rest(plan, world, purpose):
-    ...     return arrange(plan, sizes, opts.cost, world, seed=0, epoch=0, purpose=purpose)
-    >>> same = continue_epoch([[2, 1]], 2, fresh=fresh, rest=rest)  # same world: step 1 of the fresh one
-    >>> same.start, same.history, same.rearranged, same.steps.n_steps
-    (1, [], False, 3)
-    """
-
-    steps: Steps
-    start: int
-    history: list[list[int]]
-    rearranged: bool
-
-
-def continue_epoch(
-    chain: Sequence[Sequence[int]],
-    world: int,
-    *,
-    fresh: Callable[[int], Steps],
-    rest: Callable[[BatchPlan, int, str], Steps],
-) -> Continuation:
-    """Rebuild the arrangement an epoch ran in when its state was taken, and continue it on ``world`` ranks.
-
-    Each link of ``chain`` is ``[num_replicas, steps done]`` of one arrangement, oldest first;
-    the last is the one the state was taken in. The first arrangement is the fresh one; each
-    later one arranges the samples its predecessor had left. If the last world is not
-    ``world``, the samples left are re-arranged once more, for ``world`` ranks. Everything is
-    rebuilt from the chain: no consumed batch is replayed, and every sample runs exactly once.
-
-    Args:
-        chain: the arrangements, as a sampler's saved ``history`` plus ``[num_replicas, step]``.
-        world: the number of ranks now.
-        fresh: ``fresh(num_replicas)`` -> the epoch as first arranged for that many ranks.
-        rest: ``rest(plan, num_replicas, purpose)`` -> ``plan`` (the samples left) arranged for
-            that many ranks; ``purpose`` keys its randomness, one per re-arrangement.
-
-    >>> from fitbatch.distributed import arrange
-    >>> from fitbatch.plan import PlanOptions, plan_with
-    >>> from fitbatch.sizes import as_sizes
-    >>> sizes, opts = as_sizes([1] * 12), PlanOptions.build(2, cost="sum", strategy="sequential")
-    >>> def fresh(world):
-    ...     return arrange(plan_with(sizes, opts), sizes, opts.cost, world, seed=0, epoch=0)
-    >>> def rest(plan, world, purpose):
-    ...     return arrange(plan, sizes, opts.cost, world, seed=0, epoch=0, purpose=purpose)
-    >>> after = continue_epoch([[2, 1]], 3, fresh=fresh, rest=rest)  # 2 ranks ran 1 step; now 3
-    >>> after.steps.plan.n_samples, after.start, after.history
-    (8, 0, [[2, 1]])
-    """
-    links = [[int(w), int(done)] for w, done in chain]
-    current = fresh(links[0][0])
-    for generation in range(1, len(links)):
-        current = _rearranged(current, links[generation - 1][1], links[generation][0], generation, rest)
-    last_world, done = links[-1]
-    if last_world == world:
-        return Continuation(current, done, links[:-1], len(links) > 1)
-    current = _rearranged(current, done, world, len(links), rest)
-    return Continuation(current, 0, links, True)
-
-
-def _rearranged(
-    steps: Steps, done: int, world: int, generation: int, rest: Callable[[BatchPlan, int, str], Steps]
-) -> Steps:
-    left = remaining_plan(steps, min(done, steps.n_steps))
-    return rest(left, world, f"resume-steps-{generation}")
-
-
 __all__ = [
+    "BUDGET_KEY",
     "CONFIG_KEY",
+    "COST_KEY",
+    "DIGEST",
     "EPOCH_KEY",
+    "EVENTS_KEY",
     "MICRO_KEY",
     "NUM_REPLICAS_KEY",
     "N_SAMPLES_KEY",
     "OPTIONS_KEY",
+    "SIZES_DIGEST_KEY",
     "STEPS_KEY",
     "STEP_KEY",
     "VERSION_KEY",
-    "Continuation",
+    "Check",
     "StateSchema",
-    "continue_epoch",
+    "events",
+    "hex_digest",
+    "integer",
+    "mapping",
+    "positive_number",
+    "sizes_digest",
 ]

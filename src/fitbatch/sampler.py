@@ -9,10 +9,12 @@ re-entrant iteration, data-parallel splitting and exact resume:
 * every rank plans the same global epoch from ``(seed, epoch)`` and runs its share of
   cost-balanced steps; all ranks yield the same number of batches (see
   :mod:`fitbatch.distributed`);
-* ``state_dict()`` is ``{version, epoch, step, ...}``; ``load_state_dict()`` re-plans the epoch
-  (no replay of consumed batches) and continues at ``step``; if the world size changed, the rest
-  of the epoch is re-arranged for the new world so every remaining sample is seen exactly once
-  (:func:`fitbatch.resume.continue_epoch`).
+* ``set_budget``/``set_cost`` part-way through an epoch re-plan the samples of the steps not yet
+  handed out (the running iteration takes them at its next batch) and are saved as *events*;
+* ``state_dict()`` is ``{version, epoch, step, events, ...}``; ``load_state_dict()`` re-plans the
+  epoch (no replay of consumed batches), replays its events and continues at ``step``; if the
+  world size changed, the rest of the epoch is re-arranged for the new world so every
+  remaining sample is seen exactly once (:mod:`fitbatch._timeline`).
 
 >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted")
 >>> list(sampler)
@@ -23,25 +25,32 @@ re-entrant iteration, data-parallel splitting and exact resume:
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
+from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step, screen
 from fitbatch._validate import choice, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.distributed import POLICIES, Steps, arrange, arrange_budgets, world_info
+from fitbatch.distributed import POLICIES, Steps, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
-from fitbatch.plan import plan_with
 from fitbatch.resume import (
+    BUDGET_KEY,
+    COST_KEY,
+    DIGEST,
     EPOCH_KEY,
+    EVENTS_KEY,
     N_SAMPLES_KEY,
     NUM_REPLICAS_KEY,
     OPTIONS_KEY,
+    SIZES_DIGEST_KEY,
     STEP_KEY,
     StateSchema,
-    continue_epoch,
+    events,
+    integer,
+    mapping,
 )
 from fitbatch.sizes import SizesLike, as_sizes
 from fitbatch.strategies import Strategy
@@ -54,8 +63,6 @@ logger = logging.getLogger(__name__)
 #: torch's ``BatchSampler`` (``object`` without torch): the samplers' second base, so that
 #: ``DataLoader`` and Lightning type checks pass
 TorchBatchSampler = torch_class("BatchSampler")
-
-HISTORY_KEY = "history"
 
 
 class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
@@ -88,14 +95,25 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     STATE = StateSchema(
         "sampler",
-        version=1,
-        required=(EPOCH_KEY, STEP_KEY, NUM_REPLICAS_KEY, N_SAMPLES_KEY, OPTIONS_KEY),
-        optional=(HISTORY_KEY,),  # absent: the epoch ran in one world
+        version=2,
+        required={
+            EPOCH_KEY: integer(),
+            STEP_KEY: integer(),  # steps of the epoch consumed, all arrangements together
+            NUM_REPLICAS_KEY: integer(1),  # the world the epoch began on
+            N_SAMPLES_KEY: integer(),
+            SIZES_DIGEST_KEY: DIGEST,
+            OPTIONS_KEY: mapping,  # the options the epoch began with
+            EVENTS_KEY: events,  # changes of budget, cost or world size during the epoch
+        },
     )
     CURSOR_KEY = STEP_KEY
     CONFIG_KEY = OPTIONS_KEY
     CONFIG_NAME = "set of planning options"
     SHARES_PLAN = True
+    CONFIG_HINT = (
+        " (those the saved epoch began with: a budget or cost changed during the epoch is an event "
+        "in the state, replayed on load)"
+    )
 
     def __init__(
         self,
@@ -120,10 +138,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             budget = min(self._budgets)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
         self.policy = choice("policy", policy, POLICIES)
-        self._cache: tuple[int, Steps] | None = None
-        self._resumed: tuple[int, Steps] | None = None  # re-arranged rest of an epoch
-        # earlier arrangements of this epoch, as [num_replicas, steps done], after world changes
-        self._history: list[list[int]] = []
+        self._cache: tuple[int, Steps] | None = None  # another epoch's arrangement
+        # the current epoch: what it began with, its changes (events) and its steps as they run
+        self._begun: tuple[PlanOptions, Budgets] = (self._opts, self._budgets)
+        self._world0 = self.num_replicas
+        self._events: list[dict[str, Any]] = []
+        self._timeline: Timeline | None = None
+        self._rank_layout: tuple[int, int, RankLayout] | None = None  # (epoch, revision, layout)
 
     # ------------------------------------------------------------------ configuration
 
@@ -136,16 +157,62 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         return self._opts.budget
 
     def set_budget(self, budget: float | str) -> None:
-        """Change the budget from the next epoch on (e.g. after an out-of-memory error)."""
-        self._opts = dataclasses.replace(self._opts, budget=parse_budget(budget))
-        self._cache = None
-        logger.info("budget set to %g from epoch %d on", self._opts.budget, self.epoch + 1)
+        """Change the budget from the next batch on (e.g. after an out-of-memory error).
+
+        Before the epoch's first batch, the epoch is planned with it. Part-way through an epoch,
+        the samples of the steps not yet handed out are planned again with the new budget and
+        arranged for the ranks: a running iteration takes them at its next batch, every sample of
+        the epoch still runs once, ``len()`` and :meth:`step_totals` describe the epoch as it now
+        runs, and the state records the change as an event (``{"step": k, "budget": b}``), so a
+        resume rebuilds the same batches. Later epochs are planned with the new budget.
+
+        Every rank must make the same change at the same step (:class:`~fitbatch.memory.OOMGuard`
+        agrees on one budget over all ranks; a ``DataLoader`` must hand out as many batches on
+        every rank, i.e. the same ``num_workers`` and ``prefetch_factor``). With per-rank budgets,
+        each rank's budget is scaled so that the smallest becomes ``budget``.
+
+        Raises:
+            ValueError: a budget that is not positive and finite, or (``oversized="error"``) one
+                that a sample of the rest of the epoch exceeds alone.
+
+        >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted", num_replicas=1, rank=0)
+        >>> it = iter(sampler)
+        >>> next(it), next(it)
+        ([3, 1], [6, 0, 2])
+        >>> sampler.set_budget(9)
+        >>> list(it), len(sampler), sampler.state_dict()["events"]
+        ([[4], [7], [5]], 5, [{'step': 2, 'budget': 9.0}])
+        """
+        value = parse_budget(budget)
+        if value != self._opts.budget:
+            self._change({BUDGET_KEY: value})
 
     def set_cost(self, cost: Any) -> None:
-        """Change the cost model from the next epoch on (e.g. a memory model refitted after OOM)."""
-        self._opts = dataclasses.replace(self._opts, cost=resolve_cost(cost))
-        self._cache = None
-        logger.info("cost model set to %s from epoch %d on", self._opts.cost.to_dict(), self.epoch + 1)
+        """Change the cost model from the next batch on (e.g. a memory model refitted after OOM).
+
+        Like :meth:`set_budget`: part-way through an epoch the rest of it is planned again and the
+        state records the change (``{"step": k, "cost": model.to_dict()}``); a resume rebuilds the
+        model from that description (built-in and :mod:`fitbatch.memory` models).
+        """
+        model = resolve_cost(cost)
+        if model != self._opts.cost:
+            self._change({COST_KEY: model.to_dict()}, model)
+
+    def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
+        event = {STEP_KEY: self._position, **change}
+        opts, budgets = changed(self._opts, self._budgets, event, () if model is None else (model,))
+        screen(self._sizes, opts)  # fail here, not when the next epoch is planned
+        planner = Planner(self._sizes, self.policy, self.epoch)
+        if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
+            self._timeline, self._begun = planner.start(opts, budgets, self._world0), (opts, budgets)
+            logger.info("epoch %d planned with %s", self.epoch, change)
+        else:
+            generation = len(self._events) + 1
+            self._timeline, _, _ = planner.apply(self._current(), event, generation, self._opts, self._budgets, (opts.cost,))
+            self._events.append(event)
+            logger.info("epoch %d: %s from step %d on; the rest re-planned", self.epoch, change, self._position)
+        self._opts, self._budgets, self._cache = opts, budgets, None
+        self._revision += 1
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration plans (every rank must call it alike).
@@ -157,55 +224,72 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         """
         before = self.epoch
         super().set_epoch(epoch)
-        if self.epoch != before:  # a resume applies to its own epoch only
-            self._resumed = None
-            self._history = []
+        if self.epoch != before:  # changes and resumes apply to their own epoch only
+            self._begun, self._world0 = (self._opts, self._budgets), self.num_replicas
+            self._events, self._timeline = [], None
+            self._revision += 1
 
     # ------------------------------------------------------------------ plans
 
     def steps(self, epoch: int | None = None) -> Steps:
-        """The epoch's global arrangement into steps (shared by all ranks)."""
-        epoch = self._epoch(epoch)
-        if self._resumed is not None and self._resumed[0] == epoch:
-            return self._resumed[1]
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        steps = self._arrange(epoch)
-        self._cache = (epoch, steps)
-        if self.rank == 0:
-            logger.info("epoch %d: %s", epoch, steps.rank_plan(0).stats().summary())
-        return steps
+        """The epoch's global arrangement into steps (shared by all ranks).
 
-    def _arrange(self, epoch: int, world: int | None = None) -> Steps:
-        world = self.num_replicas if world is None else world
-        if self._budgets is not None:
-            return arrange_budgets(self._sizes, self._opts, self._budgets, epoch)
-        plan = plan_with(self._sizes, self._opts, epoch)
-        return arrange(plan, self._sizes, self._opts.cost, world, seed=self._opts.seed, epoch=epoch, policy=self.policy)
+        For the current epoch after a change part-way through it (budget, cost, world size):
+        the arrangement of the rest of the epoch, from the step of the last change on.
+        """
+        epoch = self._epoch(epoch)
+        if epoch == self.epoch:
+            return self._current().steps
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, Planner(self._sizes, self.policy, epoch).arrange(self._opts, self._budgets, self.num_replicas))
+        return self._cache[1]
+
+    def _current(self) -> Timeline:
+        """The current epoch's steps as they run (planned on first use)."""
+        if self._timeline is None:
+            self._timeline = Planner(self._sizes, self.policy, self.epoch).start(*self._begun, self._world0)
+            if self.rank == 0:
+                logger.info("epoch %d: %s", self.epoch, self._timeline.steps.rank_plan(0).stats().summary())
+        return self._timeline
 
     def _layout(self, epoch: int) -> RankLayout:
-        steps = self.steps(epoch)
-        return RankLayout(steps.rank_plan(self.rank), steps.step_samples, steps.step_units)
+        if epoch != self.epoch:
+            steps = self.steps(epoch)
+            return RankLayout(steps.rank_plan(self.rank), steps.step_samples, steps.step_units)
+        if self._rank_layout is None or self._rank_layout[:2] != (epoch, self._revision):
+            timeline = self._current()
+            layout = RankLayout(timeline.rank_plan(self.rank, self._sizes), *timeline.step_totals(), first=timeline.base)
+            self._rank_layout = (epoch, self._revision, layout)
+        return self._rank_layout[2]
 
     # ------------------------------------------------------------------ state
 
     def _config(self) -> dict[str, Any]:
-        return self._opts.to_dict()
+        return _options(*self._begun)
 
     def _extra_state(self) -> dict[str, Any]:
-        return {HISTORY_KEY: [list(h) for h in self._history]}
+        return {NUM_REPLICAS_KEY: self._world0, EVENTS_KEY: copy.deepcopy(self._events)}
 
     def state_dict(self, *, step: int | None = None) -> dict[str, Any]:
-        """A JSON-able state: ``epoch`` and ``step`` (steps of the epoch already consumed).
+        """A JSON-able state: ``epoch``, ``step`` (steps of the epoch already consumed) and the epoch's changes.
+
+        Also ``num_replicas`` (the world the epoch began on), ``options`` (the planning options
+        it began with), ``events`` (changes part-way through it, oldest first: ``{"step": k,
+        "budget": b}``, ``{"step": k, "cost": {...}}`` or ``{"step": k, "num_replicas": w}``),
+        ``n_samples`` and ``sizes_digest`` (a fingerprint of the sizes).
 
         Args:
             step: steps the training loop completed in this epoch. Defaults to the batches the
                 latest iterator handed out; with a ``DataLoader`` that prefetches (workers),
                 pass the loop's own count, or use ``torchdata``'s ``StatefulDataLoader``.
 
+        Raises:
+            ValueError: ``step`` beyond the epoch's steps (or before the step where this
+                world began it).
+
         >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 8, num_replicas=1, rank=0)
         >>> state = sampler.state_dict(step=1)
-        >>> state["epoch"], state["step"], state["history"]
+        >>> state["epoch"], state["step"], state["events"]
         (0, 1, [])
         """
         return self._save_state(step)
@@ -213,9 +297,15 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where ``state`` was taken (see the module docstring).
 
+        The sampler must be built with the options the saved epoch began with
+        (``state["options"]``); the changes made during the epoch are replayed from
+        ``state["events"]``, after which the sampler has the options in force when the state was
+        saved (later epochs plan with them).
+
         Raises:
-            ValueError: a state of another kind, version, sample count or planning options,
-                or per-rank budgets resumed on another world size.
+            ValueError: a state of another kind or version, a value of the wrong type or range,
+                other samples (count or ``sizes_digest``), other planning options, a ``step``
+                or event outside the epoch, or per-rank budgets resumed on another world size.
 
         >>> sizes = [3, 1, 4, 1, 5, 9, 2, 6]
         >>> state = BudgetBatchSampler(sizes, 12, strategy="sorted", num_replicas=1, rank=0).state_dict(step=2)
@@ -224,34 +314,43 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         >>> list(resumed)
         [[4, 7], [5]]
         """
-        epoch, step = self._check_state(state)
-        saved_world = int(state[NUM_REPLICAS_KEY])
-        chain = [*state.get(HISTORY_KEY, []), [saved_world, step]]
-        if self._budgets is not None and any(int(w) != self.num_replicas for w, _ in chain):
-            raise ValueError("resuming per-rank budgets with a different world size is not supported")
-        self.set_epoch(epoch)
-        self._resumed, self._history, self._cache = None, [], None
-        after = continue_epoch(
-            chain,
-            self.num_replicas,
-            fresh=lambda world: self._arrange(epoch, world),
-            rest=lambda plan, world, purpose: arrange(
-                plan, self._sizes, self._opts.cost, world, seed=self._opts.seed, epoch=epoch,
-                policy=self.policy, purpose=purpose,
-            ),
-        )
-        self._history = after.history
-        if after.rearranged:
-            self._resumed = (epoch, after.steps)
-        self._seek(after.start, after.steps.n_steps)
-        if saved_world != self.num_replicas:
-            logger.info(
-                "resumed epoch %d at step %d of %d ranks: %d remaining samples re-arranged for %d ranks",
-                epoch, step, saved_world, after.steps.plan.n_samples, self.num_replicas,
+        self.STATE.check(state)
+        world0, saved = int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))
+        worlds = {world0, *(int(e[NUM_REPLICAS_KEY]) for e in saved if NUM_REPLICAS_KEY in e)}
+        if self._budgets is not None and worlds != {self.num_replicas}:
+            raise ValueError(
+                f"state was saved on {sorted(worlds)} ranks with per-rank budgets, this sampler has "
+                f"{self.num_replicas}; resuming per-rank budgets with a different world size is not supported"
             )
+        epoch, step = self._check_state(state, _options(self._opts, self._budgets))
+        planner, opts, budgets = Planner(self._sizes, self.policy, epoch), self._opts, self._budgets
+        timeline = planner.start(opts, budgets, world0)
+        for generation, event in enumerate(saved, 1):
+            timeline, opts, budgets = planner.apply(timeline, event, generation, opts, budgets, (self._opts.cost,))
+        check_step(STEP_KEY, step, timeline, epoch)
+        if timeline.world != self.num_replicas:
+            saved.append({STEP_KEY: step, NUM_REPLICAS_KEY: self.num_replicas})
+            timeline, _, _ = planner.apply(timeline, saved[-1], len(saved), opts, budgets)
+            logger.info(
+                "resumed epoch %d at step %d: the %d samples left re-arranged for %d ranks",
+                epoch, step, timeline.steps.plan.n_samples, self.num_replicas,
+            )
+        self.set_epoch(epoch)
+        self._begun, self._world0 = (self._opts, self._budgets), world0
+        self._opts, self._budgets, self._cache = opts, budgets, None
+        self._events, self._timeline = saved, timeline
+        self._seek(step)
 
     def __repr__(self) -> str:
         return (
             f"BudgetBatchSampler(n={len(self._sizes)}, budget={self.budget:g}, cost={self._opts.cost.name!r}, "
             f"strategy={self._opts.strategy.name!r}, rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
         )
+
+
+def _options(opts: PlanOptions, budgets: Budgets) -> dict[str, Any]:
+    """The options a state records and compares (with the per-rank budgets, if any)."""
+    out = opts.to_dict()
+    if budgets is not None:
+        out["budgets"] = list(budgets)
+    return out

@@ -147,7 +147,7 @@ def main() -> None:
         "rank": sampler.rank,
         "first": first,
         "steps": len(batches),
-        "n_steps": sampler.steps().n_steps,
+        "n_steps": len(step_samples),  # steps of the epoch, also those run before a resume
         "batches": batches,
         "gathered_seen": len(seen),
         "gathered_unique": len(set(seen)),

@@ -40,11 +40,15 @@ from fitbatch.distributed import world_info
 from fitbatch.plan import PlanOptions
 from fitbatch.resume import (
     CONFIG_KEY,
+    DIGEST,
     EPOCH_KEY,
     MICRO_KEY,
     N_SAMPLES_KEY,
     NUM_REPLICAS_KEY,
+    SIZES_DIGEST_KEY,
     StateSchema,
+    integer,
+    mapping,
 )
 from fitbatch.sampler import TorchBatchSampler
 from fitbatch.schedule._layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
@@ -140,8 +144,16 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
 
     STATE = StateSchema(
         "sampler",
-        version=1,
-        required=(EPOCH_KEY, MICRO_KEY, FIRST_STEP_KEY, NUM_REPLICAS_KEY, N_SAMPLES_KEY, CONFIG_KEY),
+        version=2,
+        required={
+            EPOCH_KEY: integer(),
+            MICRO_KEY: integer(),  # micro-batches of the epoch consumed
+            FIRST_STEP_KEY: integer(),  # the global step the epoch begins at
+            NUM_REPLICAS_KEY: integer(1),
+            N_SAMPLES_KEY: integer(),
+            SIZES_DIGEST_KEY: DIGEST,
+            CONFIG_KEY: mapping,
+        },
     )
     CURSOR_KEY = MICRO_KEY
     CONFIG_NAME = "schedule or options"
@@ -322,8 +334,10 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         """Continue exactly where ``state`` was taken: re-plans the epoch, no replay.
 
         Raises:
-            ValueError: a state of another kind, version, sample count, world size, schedule
-                or options.
+            ValueError: a state of another kind or version, a value of the wrong type or range,
+                other samples (count or ``sizes_digest``), world size, schedule or options, a
+                ``first_step`` that is not where this schedule begins the epoch, or a ``micro``
+                beyond the epoch's micro-batches.
 
         >>> sampler = ScheduledBatchSampler(8, 4, micro_batch_size=2, shuffle=False, num_replicas=1, rank=0)
         >>> sampler.load_state_dict(sampler.state_dict(micro=2))
@@ -336,10 +350,20 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
                 f"state was saved with {state[NUM_REPLICAS_KEY]} ranks, this sampler has {self.num_replicas}; "
                 "resuming a schedule with another world size is not supported"
             )
-        self._first = {0: 0, epoch: non_negative_int(FIRST_STEP_KEY, state[FIRST_STEP_KEY])}
-        self._cache = None
+        first = self.first_step(epoch)  # derived from the schedule: the saved one must agree
+        if state[FIRST_STEP_KEY] != first:
+            raise ValueError(
+                f"state's {FIRST_STEP_KEY} {state[FIRST_STEP_KEY]!r} is not where epoch {epoch} begins with this "
+                f"schedule and these samples (step {first}); pass what state_dict() returned, unchanged"
+            )
+        rows = self.layout(epoch).n_rows
+        if micro > rows:
+            raise ValueError(
+                f"state's {MICRO_KEY} {micro} is beyond epoch {epoch}, which has {rows} micro-batches per rank; "
+                f"pass the micro-batches of the epoch completed, 0..{rows}"
+            )
         self.set_epoch(epoch)
-        self._seek(micro, self.layout(epoch).n_rows)
+        self._seek(micro)
 
     def __repr__(self) -> str:
         unit = self.micro_batch_size if self._opts is None else f"{self._opts.budget:g}"

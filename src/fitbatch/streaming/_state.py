@@ -109,10 +109,7 @@ def check_counts(state: Mapping[str, Any], read: int, pending: NDArray[np.int64]
 STREAM_STATE = StateSchema(
     "stream",
     version=2,
-    required=(OPTIONS_KEY, "read", "pending", "batches", "emitted", "real", "padded", "skipped",
-              "skipped_positions", "oversized_batches", "integral", "done", "last_size"),
-    optional=("buckets",),  # bucket strategies only
-    fields={
+    required={
         OPTIONS_KEY: mapping,
         "read": non_negative_int,
         "pending": runs,
@@ -126,8 +123,8 @@ STREAM_STATE = StateSchema(
         "integral": flag,
         "done": flag,
         "last_size": size_or_none,
-        "buckets": buckets,
     },
+    optional={"buckets": buckets},  # bucket strategies only
 )
 
 # The summary counters of equal_steps, saved so that a restored run reports what an
@@ -137,9 +134,7 @@ EQUAL_STEPS_COUNTERS = ("dropped_batches", "dropped_items", "collectives")
 EQUAL_STEPS_STATE = StateSchema(
     "equal_steps",
     version=2,
-    required=(OPTIONS_KEY, STEP_KEY, "window", "window_step", "final", "resumable", "source", "exhausted",
-              *EQUAL_STEPS_COUNTERS),
-    fields={
+    required={
         OPTIONS_KEY: window_options,
         STEP_KEY: non_negative_int,
         "window": non_negative_int,
@@ -147,6 +142,7 @@ EQUAL_STEPS_STATE = StateSchema(
         "final": flag,
         "resumable": flag,
         "exhausted": flag,
+        "source": None,  # the batches' own state (they check it)
         **dict.fromkeys(EQUAL_STEPS_COUNTERS, non_negative_int),
     },
 )
