@@ -688,3 +688,10 @@ def test_sizeof_returning_a_bool_is_refused():
         list(batch_stream(["a", "b"], sizeof_batch=lambda xs: np.array([True, False]), budget=4))
     # sizes 0 and 1 that are numbers are fine
     assert list(batch_stream([0, 1, 1], sizeof=int, budget=2, cost="sum")) == [[0, 1, 1]]
+
+
+def test_stream_sizes_above_2_53_are_refused_naming_the_item() -> None:
+    sizes = [5, 2**53 + 2, 1]
+    with pytest.raises(ValueError, match=r"at most 2\*\*53.*stream item 1 \(size 9007199254740994"):
+        list(batch_stream(range(3), sizeof=lambda i: sizes[i], budget=2**54, cost="sum"))
+    assert list(batch_stream(range(3), sizeof=lambda i: [5, 2**53, 1][i], budget=2**54, cost="sum")) == [[0, 1, 2]]

@@ -11,6 +11,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import format_offenders
+from fitbatch.sizes._coerce import MAX_EXACT
+
 
 @dataclasses.dataclass(frozen=True)
 class PerChunk:
@@ -71,3 +77,25 @@ def _sizers(sizeof: Any, sizeof_batch: Any) -> tuple[Callable[[Any], float] | No
     if not callable(sizeof):
         raise TypeError(f"sizeof must be callable (item -> size) or per_chunk(fn), got {sizeof!r}")
     return sizeof, None
+
+
+def check_sizes(sizes: NDArray[np.float64], first: int) -> None:
+    """Refuse sizes of a chunk that are negative, not finite, or above 2**53 (float64 rounds those).
+
+    ``first`` is the stream position of ``sizes[0]``; the message names the items.
+
+    >>> check_sizes(np.array([3.0, 2.0**53 + 2]), 10)
+    Traceback (most recent call last):
+    ...
+    ValueError: sizes must be at most 2**53 = 9007199254740992 (float64 rounds larger integers); bad sizes at stream item 11 (size 9007199254740994.0)
+    """
+    # min and max propagate NaN: one pass each tells that every size is finite and >= 0
+    if sizes.size == 0 or (sizes.min() >= 0 and sizes.max() <= MAX_EXACT):
+        return
+    if np.isfinite(sizes).all() and (sizes >= 0).all():
+        where = np.flatnonzero(sizes > MAX_EXACT)
+        reason = f"sizes must be at most 2**53 = {MAX_EXACT} (float64 rounds larger integers)"
+    else:
+        where = np.flatnonzero(~(np.isfinite(sizes) & (sizes >= 0)))
+        reason = "sizes must be non-negative and finite"
+    raise ValueError(f"{reason}; bad sizes at stream " + format_offenders(where + first, sizes[where]).replace("index", "item"))

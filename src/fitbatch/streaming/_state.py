@@ -36,19 +36,9 @@ def units(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
 
 
-def size_or_none(name: str, value: Any) -> None:
-    if value is not None:
-        units(name, value)
-
-
 def mapping(name: str, value: Any) -> None:
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a dict (as state_dict() wrote it), got {type(value).__name__}")
-
-
-def mapping_or_none(name: str, value: Any) -> None:
-    if value is not None:
-        mapping(name, value)
 
 
 def runs(name: str, value: Any) -> None:
@@ -122,7 +112,7 @@ STREAM_STATE = StateSchema(
         "oversized_batches": non_negative_int,
         "integral": flag,
         "done": flag,
-        "last_size": size_or_none,
+        "last_size": lambda name, value: None if value is None else units(name, value),
     },
     optional={"buckets": buckets},  # bucket strategies only
 )

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _jit
 from fitbatch._rules import OVERSIZED, screen_oversized
-from fitbatch._validate import choice, format_offenders, parse_budget, positive_int
+from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.resume import OPTIONS_KEY
 from fitbatch.strategies import Buckets, Strategy
@@ -36,7 +36,7 @@ from fitbatch.streaming._plan import (
     whole_runs,
 )
 from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
-from fitbatch.streaming._sizeof import PerChunk, _sizers, per_chunk  # noqa: F401 - per_chunk for doctests
+from fitbatch.streaming._sizeof import PerChunk, _sizers, check_sizes, per_chunk  # noqa: F401 - per_chunk for doctests
 from fitbatch.streaming._state import SHOWN, STREAM_STATE, check_counts
 
 logger = logging.getLogger(__name__)
@@ -237,13 +237,7 @@ class BatchStream(Iterator[Any]):
                 pos = first + n - operator.length_hint(it) - 1
                 raise located(exc, f"sizeof failed on stream item {pos}") from exc
             refuse_bools(self._sizeof, items, sizes, first)
-        # min and max propagate NaN: one pass each tells that every size is finite and >= 0
-        if not (sizes.size == 0 or (sizes.min() >= 0 and sizes.max() < np.inf)):
-            where = np.flatnonzero(~(np.isfinite(sizes) & (sizes >= 0)))
-            raise ValueError(
-                "sizes must be non-negative and finite; bad sizes at stream "
-                + format_offenders(where + first, sizes[where]).replace("index", "item")
-            )
+        check_sizes(sizes, first)
         lower_budget(self._planner, sizes)
         return sizes
 
