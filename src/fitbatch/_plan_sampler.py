@@ -239,16 +239,19 @@ class PlanSampler:
     def _generate_world(self, world: int) -> Iterator[list[int]]:
         """Every rank's batches from the resume cursor on: step k yields rank 0's, rank 1's, ... batch k."""
         start, self._start = self._start, 0
-        self._layout(self.epoch)  # fill the subclass's caches, which the views below share
+        lay = self._layout(self.epoch)  # fill the subclass's caches, which the views below share
         plans = []
         for rank in range(world):
             view = copy.copy(self)  # the same sampler as rank `rank` runs it
             view.rank = rank
             plans.append(view._layout(self.epoch).plan)
-        for step in range(start, len(plans[0])):
-            self._position = step + 1
+        # rows count from the epoch's start; row `first` is row 0 of the plans (after a resume
+        # on another world size, the rows before it ran on the old world)
+        for row in range(max(start, lay.first), lay.end):
+            self._position = row + 1
+            k = row - lay.first
             for plan in plans:
-                lo, hi = plan.offsets[step : step + 2].tolist()
+                lo, hi = plan.offsets[k : k + 2].tolist()
                 yield plan.order[lo:hi].tolist()
 
     # ------------------------------------------------------------------ state envelope
