@@ -66,8 +66,10 @@ TorchBatchSampler = torch_class("BatchSampler")
 class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
     """Yield batches of indices whose cost fits a budget.
 
-    ``plan()`` is this rank's batches in step order (after a resume on another world size: the
-    rest of the epoch); :meth:`steps` is the arrangement of all ranks.
+    ``plan()`` is this rank's batches in step order (after a resume on another world size: from
+    the step the new ranks took over); :meth:`steps` is the arrangement of all ranks (after a
+    change part-way through the epoch: that of its rest). :meth:`set_budget` and
+    :meth:`set_cost` apply from the next batch; the state records them (see ``state_dict``).
 
     Args:
         sizes: one size per sample (array-like, mapping, or a callable with ``n``).
