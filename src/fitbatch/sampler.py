@@ -181,7 +181,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
         Raises:
             ValueError: a budget that is not positive and finite, or (``oversized="error"``) one
-                that a sample of the rest of the epoch exceeds alone.
+                that a sample exceeds alone (any sample: later epochs plan them all); a refused
+                change changes nothing.
 
         >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted", num_replicas=1, rank=0)
         >>> it = iter(sampler)
