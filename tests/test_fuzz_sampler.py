@@ -20,15 +20,12 @@ import json
 import math
 
 import numpy as np
-import pytest
 from hypothesis import assume, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fitbatch import BudgetBatchSampler
 from fitbatch.distributed import TooFewSamples
-
-pytest.importorskip("torch")
 
 BUDGET = 120.0
 

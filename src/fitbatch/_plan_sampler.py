@@ -172,6 +172,10 @@ class PlanSampler:
     def plan(self, epoch: int | None = None) -> BatchPlan:
         """This rank's batches of the epoch (default: the current one), in the order it runs them.
 
+        For the current epoch, the epoch as it runs now: after a change part-way through it (a
+        new budget), the batches already run, then those of the re-planned rest; after a resume
+        on another world size, the batches this rank runs from the step it took over.
+
         >>> from fitbatch import BudgetBatchSampler
         >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).plan().to_lists()
         [[3, 1], [0], [2]]
@@ -180,6 +184,12 @@ class PlanSampler:
 
     def step_totals(self, epoch: int | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """Per step of the epoch: samples and real size units summed over all ranks.
+
+        Indexed by the step of the epoch, from 0 (the ``step`` of the state counts the same
+        steps). For the current epoch, the epoch as it runs now: every step already run keeps
+        its totals, also those run on another world size before a resume, and the steps after
+        a change part-way (a new budget) are those of the re-planned rest, so the arrays change
+        with such a change and a loop that normalises by them reads them again.
 
         >>> from fitbatch import BudgetBatchSampler
         >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0)
@@ -195,6 +205,13 @@ class PlanSampler:
     # ------------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
+        """The batches the next iteration yields: the epoch's rows as it runs now, less the resume cursor.
+
+        After a change part-way through the epoch (a new budget), the count follows the
+        re-planned rest; after a resume, it counts the rows from the saved cursor (on another
+        world size: from the step the new ranks took over). Once an iteration has begun, the
+        next one runs the epoch again from its start (or from that step).
+        """
         lay = self._layout(self.epoch)
         return max(0, lay.end - max(self._start, lay.first)) * outer_world(self, sys._getframe(1))
 

@@ -68,8 +68,10 @@ TorchBatchSampler = torch_class("BatchSampler")
 class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
     """Yield batches of indices whose cost fits a budget.
 
-    ``plan()`` is this rank's batches in step order (after a resume on another world size: the
-    rest of the epoch); :meth:`steps` is the arrangement of all ranks.
+    ``plan()`` is this rank's batches in step order (after a resume on another world size: from
+    the step the new ranks took over); :meth:`steps` is the arrangement of all ranks (after a
+    change part-way through the epoch: that of its rest). :meth:`set_budget` and
+    :meth:`set_cost` apply from the next batch; the state records them (see ``state_dict``).
 
     Args:
         sizes: one size per sample (array-like, mapping, or a callable with ``n``).
@@ -173,7 +175,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
         Raises:
             ValueError: a budget that is not positive and finite, or (``oversized="error"``) one
-                that a sample of the rest of the epoch exceeds alone.
+                that a sample exceeds alone (any sample: later epochs plan them all); a refused
+                change changes nothing.
 
         >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted", num_replicas=1, rank=0)
         >>> it = iter(sampler)
