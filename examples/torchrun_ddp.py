@@ -126,6 +126,7 @@ def main() -> None:
         print(f"rank 0 plan: {sampler.plan().stats().summary()}")
         print(f"replica weights identical: {agree}")
     if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another is still in a collective
         dist.destroy_process_group()
     if not agree:
         raise SystemExit(1)

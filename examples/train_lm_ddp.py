@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         for mode, res, loss in rows:
             print(f"| {mode} | {res.steps} | {res.real_tokens / res.seconds:.0f} | {res.padded_fraction:.3f} | {loss:.3f} |")
     if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another is still in a collective
         dist.destroy_process_group()
 
 

@@ -97,6 +97,7 @@ def main() -> None:
     if rank == 0:
         print(f"done: {acc.steps} optimizer steps over {args.epochs} epochs")
     if dist.is_initialized():
+        dist.barrier()  # no rank tears the group down while another is still in a collective
         dist.destroy_process_group()
 
 
