@@ -121,7 +121,8 @@ def _parquet_sizes(source: str, column: str | None, storage_options: dict[str, A
     names = pq.ParquetFile(data).schema_arrow.names
     name = _pick_column(names, column, source)
     data.seek(0)
-    values = pq.read_table(data, columns=[name]).column(name)
+    # one thread: a size column is small, and pyarrow's pool threads could abort the process at exit
+    values = pq.read_table(data, columns=[name], use_threads=False).column(name)
     try:
         return from_array(values, name=name)
     except ValueError as exc:
