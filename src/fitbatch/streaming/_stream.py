@@ -36,7 +36,7 @@ from fitbatch.streaming._plan import (
     whole_runs,
 )
 from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
-from fitbatch.streaming._sizeof import PerChunk, _sizers, check_sizes, per_chunk  # noqa: F401 - per_chunk for doctests
+from fitbatch.streaming._sizeof import PerChunk, _sizers, check_sizes
 from fitbatch.streaming._state import SHOWN, STREAM_STATE, check_counts
 
 logger = logging.getLogger(__name__)
@@ -470,6 +470,7 @@ def batch_stream(
     >>> lengths = {"a": 3, "bb": 5, "c": 2, "ddd": 4}
     >>> list(batch_stream(lengths, sizeof=lengths.get, budget=10, cost="padded"))
     [['a', 'bb'], ['c', 'ddd']]
+    >>> from fitbatch import per_chunk
     >>> list(batch_stream(["ab", "c", "def"], sizeof=per_chunk(lambda xs: [len(x) for x in xs]), budget=4, cost="sum"))
     [['ab', 'c'], ['def']]
     """
