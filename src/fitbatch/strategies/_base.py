@@ -1,0 +1,172 @@
+"""What every strategy shares: the epoch :class:`Context`, the :class:`Result`, the
+:class:`Strategy` base, and the helpers that lay samples out and run the planning kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _kernels as K
+from fitbatch import _rng
+from fitbatch import _sorting as SK
+from fitbatch.costs import CostModel
+from fitbatch.sizes import Sizes
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+
+@dataclasses.dataclass
+class Context:
+    """Everything a strategy needs for one epoch; sort keys are computed once, on demand."""
+
+    sizes: Sizes
+    budget: float
+    cost: CostModel
+    cap: int | None
+    multiple: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    _keys: tuple[NDArray[np.uint16], FloatArray] | None = None
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        return _rng.generator(self.seed, self.epoch, purpose)
+
+    def keys(self) -> tuple[NDArray[np.uint16], FloatArray]:
+        """16-bit size keys (by sample cost for D-dimensional sizes) and each key's upper edge."""
+        if self._keys is None:
+            v = self.sizes.values
+            if v.ndim == 1:
+                self._keys = self.sizes.cached(
+                    "size_keys", lambda: SK.size_keys(v, self.sizes.integral)
+                )
+            else:
+                self._keys = SK.size_keys(self.cost.sample_cost(v), False)
+        return self._keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A strategy's output: sample positions in batch order, batch starts, and tail batches."""
+
+    order: IntArray
+    starts: IntArray
+    tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
+    identity: bool = False  # order is 0..n-1
+
+
+class Strategy(ABC):
+    """Base class: :meth:`plan` lays out one epoch's batches, :meth:`batch_order` may reorder them.
+
+    >>> import fitbatch
+    >>> {s.plan_name: fitbatch.plan_batches([5, 1, 4, 2, 3, 3], 6, strategy=s).to_lists()
+    ...  for s in (fitbatch.Sequential(), fitbatch.Sorted())}
+    {'sequential': [[0], [1], [2], [3, 4], [5]], 'sorted': [[1, 3], [5, 4], [2], [0]]}
+    """
+
+    name: ClassVar[str]
+    default_shuffle: ClassVar[bool] = True
+
+    @abstractmethod
+    def plan(self, ctx: Context) -> Result:
+        """Plan one epoch of batches over ``ctx.sizes``."""
+
+    @property
+    def plan_name(self) -> str:
+        """How plans made by this strategy name it (``BatchPlan.strategy_name``)."""
+        return self.name
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        """A permutation of the planned batches, or None to keep them as planned."""
+        if ctx.shuffle and n_batches > 1:
+            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64)
+        return None
+
+
+def _tails(starts: IntArray, seg_starts: IntArray, n: int) -> NDArray[np.bool_]:
+    """Batches holding the last position of a segment (closed because the segment ran out)."""
+    tails = np.zeros(starts.size, dtype=bool)
+    if starts.size:
+        last = np.append(seg_starts[1:], n) - 1
+        tails[np.searchsorted(starts, last, side="right") - 1] = True
+    return tails
+
+
+Levels = tuple[NDArray[Any], FloatArray]  # (level per position, upper edge per level)
+
+
+def _greedy(
+    ctx: Context,
+    order: IntArray,
+    seg_starts: IntArray,
+    levels: Levels | None,
+    identity: bool = False,
+) -> Result:
+    """Run the right kernel over samples laid out in ``order`` with the given segments.
+
+    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment;
+    ``identity`` that ``order`` is 0..n-1 (no gather needed).
+    """
+    if levels is not None and ctx.sizes.ndim == 1:
+        level, edges = levels
+        values = (
+            ctx.sizes.values[order]
+            if ctx.cost.max_count(edges[:1], ctx.budget) is None
+            else ctx.sizes.values[:0]
+        )
+        starts = K.descending_starts(
+            level,
+            edges,
+            values,
+            seg_starts,
+            ctx.budget,
+            ctx.cost,
+            cap=ctx.cap,
+            multiple=ctx.multiple,
+        )
+    else:
+        force = None
+        if seg_starts.size > 1:
+            force = np.zeros(order.size, dtype=bool)
+            force[seg_starts] = True
+        starts, _ = K.greedy_starts(
+            ctx.sizes.values if identity else ctx.sizes.values[order],
+            ctx.budget,
+            ctx.cost,
+            cap=ctx.cap,
+            multiple=ctx.multiple,
+            force=force,
+        )
+    return Result(order, starts, _tails(starts, seg_starts, order.size), identity)
+
+
+def _gather_into(values: IntArray, index: IntArray) -> IntArray:
+    """``values[index]`` written over ``index`` (one array of n int64 fewer at the peak).
+
+    Each output element depends only on the index at the same position, and ``mode="clip"``
+    does not buffer, so overwriting the index array in place is safe.
+    """
+    return np.take(values, index, out=index, mode="clip")
+
+
+def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
+    """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
+    if n <= 1 << 16:
+        return rng.permutation(n).astype(np.int64)
+    return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+
+
+def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
+    """Shuffle (if asked), cut into pools, sort each pool by descending size key."""
+    n = len(ctx.sizes)
+    keys, edges = ctx.keys()
+    base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
+    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
+    seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
+    return order, seg_starts, (keys[order], edges)

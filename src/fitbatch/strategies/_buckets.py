@@ -1,0 +1,180 @@
+"""Size buckets fitted to the data (or given), equal-count batches per bucket."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _sorting as SK
+from fitbatch._validate import fraction, positive_int
+from fitbatch.costs import CostModel
+from fitbatch.strategies._base import (
+    Context,
+    FloatArray,
+    Result,
+    Strategy,
+    _gather_into,
+    _greedy,
+    _random_positions,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets(Strategy):
+    """Size buckets fitted to the data, or given as ``boundaries`` (upper edges, ascending).
+
+    Fitted buckets are as narrow as ``spread`` (relative width, which bounds padding) while each
+    holds at least ``min_batches`` full batches (which bounds how often the same samples meet);
+    on small datasets the minimum shrinks to 1/64 of the epoch's batches (at least 2) so that
+    buckets stay narrow.
+    Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's
+    largest sample; every bucket's leftover is planned together, sorted, at the end.
+
+    >>> import fitbatch
+    >>> sizes = [1, 9, 2, 7, 3, 8, 2, 6]
+    >>> [[sizes[i] for i in b] for b in fitbatch.plan_batches(sizes, 16, strategy=fitbatch.Buckets(boundaries=(4, 8)))]
+    [[2, 2, 1], [8, 6], [9], [7, 3]]
+    """
+
+    boundaries: tuple[float, ...] | None = None
+    spread: float = 0.02
+    min_batches: int = 16
+    name: ClassVar[str] = "buckets"
+
+    def __post_init__(self) -> None:
+        fraction("spread", self.spread, low=0.0, high=math.inf)
+        positive_int("min_batches", self.min_batches)
+        if self.boundaries is not None:
+            b = np.asarray(self.boundaries, dtype=np.float64)
+            if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)) or np.any(np.diff(b) <= 0):
+                raise ValueError(
+                    f"boundaries must be a non-empty strictly increasing sequence, got {self.boundaries!r}"
+                )
+            object.__setattr__(self, "boundaries", tuple(float(x) for x in b))
+
+    def bucket_ids(self, ctx: Context) -> tuple[NDArray[Any], FloatArray]:
+        """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
+        if self.boundaries is not None:
+            values = (
+                ctx.sizes.values if ctx.sizes.ndim == 1 else ctx.cost.sample_cost(ctx.sizes.values)
+            )
+            ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
+            top = np.zeros(len(self.boundaries) + 1)
+            np.maximum.at(top, ids, values)
+            return ids, top
+        keys, edges = ctx.keys()
+        lut, top = fit_buckets(
+            keys,
+            edges,
+            ctx.budget,
+            ctx.cost,
+            ctx.cap,
+            self.spread,
+            self.min_batches,
+            ctx.sizes.ndim,
+        )
+        return lut[keys], top
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        if n == 0:
+            return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+        ids, top = self.bucket_ids(ctx)
+        base = (
+            _random_positions(n, ctx.rng("buckets"))
+            if ctx.shuffle
+            else np.arange(n, dtype=np.int64)
+        )
+        n_buckets = top.size
+        # descending bucket id, as 16-bit keys where possible (an O(n) radix sort)
+        down = (n_buckets - 1) - ids[base]
+        idx = np.argsort(down.astype(np.uint16) if n_buckets <= 1 << 16 else down, kind="stable")
+        order = _gather_into(base, idx.astype(np.int64, copy=False))
+        del base, down, idx  # n int64 fewer while the batches are planned
+        counts = np.bincount(ids, minlength=n_buckets)[::-1]
+        seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
+        if ctx.sizes.ndim > 1:
+            return _greedy(ctx, order, seg_starts, None)
+        first = _greedy(ctx, order, seg_starts, (ids[order], top))
+        return self._replan_leftovers(ctx, first)
+
+    def _replan_leftovers(self, ctx: Context, first: Result) -> Result:
+        """Plan the short last batch of every bucket together, sorted, for fewer batches."""
+        n = first.order.size
+        lengths = np.diff(np.append(first.starts, n))
+        loose = first.tails
+        if np.count_nonzero(loose) <= 1:
+            return first
+        in_loose = np.repeat(loose, lengths)
+        rest = first.order[in_loose]
+        keys, edges = ctx.keys()
+        sub_order = rest[np.argsort(np.uint16(SK.KEY_LEVELS - 1) - keys[rest], kind="stable")]
+        again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
+        # compact the kept positions to the front of the order buffer, the re-plan after them
+        order = first.order
+        n_kept = n - again.order.size
+        order[:n_kept] = order[~in_loose]
+        order[n_kept:] = again.order
+        kept_starts = (
+            np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]])
+            if (~loose).any()
+            else np.zeros(0)
+        )
+        starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
+        tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
+        return Result(order, starts, tails)
+
+
+def fit_buckets(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    spread: float,
+    min_batches: int,
+    ndim: int = 1,
+) -> tuple[NDArray[Any], FloatArray]:
+    """Bucket boundaries over the key histogram, from the largest sizes down.
+
+    Returns a lookup table key -> bucket id (0 = smallest) and each bucket's upper edge.
+    """
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
+    present = np.flatnonzero(hist)[::-1]
+    lows = np.concatenate([[0.0], edges[:-1]])  # every value with key k is > edges[k-1]
+    if ndim == 1:
+        per_batch = cost.max_count(edges[present], budget)
+        if per_batch is None:
+            per_batch = budget / np.maximum(cost.sample_cost(edges[present]), 1e-300)
+    else:
+        per_batch = budget / np.maximum(edges[present], 1e-300)
+    per_batch = np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
+    epoch_batches = float(np.sum(hist[present] / per_batch))
+    min_batches = int(np.clip(epoch_batches / 64, 2, max(min_batches, 2)))
+    bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
+    tops: list[float] = []
+    pop = 0
+    top = 0.0
+    need = 0.0
+    # Invariant: keys already visited are assigned to buckets; the open bucket has upper edge
+    # `top`, `pop` samples, and needs `need` samples to hold min_batches full batches.
+    for j, k in enumerate(present.tolist()):
+        if pop and pop >= need and lows[k] * (1.0 + spread) < top:
+            pop = 0
+        if pop == 0:
+            tops.append(float(edges[k]))
+            top = float(edges[k])
+            need = min_batches * float(per_batch[j])
+        bucket_of[k] = len(tops) - 1
+        pop += int(hist[k])
+    if len(tops) > 1 and pop < need:
+        # the smallest sizes ran out before filling min_batches batches: join the bucket above
+        bucket_of[present] = np.minimum(bucket_of[present], len(tops) - 2)
+        tops.pop()
+    n_buckets = len(tops)
+    lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
+    return lut, np.asarray(tops[::-1], dtype=np.float64)

@@ -1,0 +1,131 @@
+"""Strategies that order the samples, then run the greedy kernel: sequential, sorted, pooled,
+and packed (bin packing within pools)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import numpy as np
+
+from fitbatch import _kernels as K
+from fitbatch._packing import two_ended_starts
+from fitbatch._validate import positive_int
+from fitbatch.strategies._base import (
+    Context,
+    IntArray,
+    Result,
+    Strategy,
+    _gather_into,
+    _greedy,
+    _pooled_layout,
+    _tails,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequential(Strategy):
+    """Greedy in the given order (shuffled first when ``shuffle=True``).
+
+    >>> import fitbatch
+    >>> fitbatch.plan_batches([4, 1, 3, 2, 5], 6, cost="sum", strategy=fitbatch.Sequential()).to_lists()
+    [[0, 1], [2, 3], [4]]
+    """
+
+    name: ClassVar[str] = "sequential"
+    default_shuffle: ClassVar[bool] = False
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        if ctx.shuffle:
+            order = ctx.rng("order").permutation(n).astype(np.int64)
+            return _greedy(ctx, order, np.zeros(min(n, 1), np.int64), None)
+        return _greedy(
+            ctx, np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), None, identity=True
+        )
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sorted(Strategy):
+    """Greedy over samples sorted by size: ascending (default) or descending batches.
+
+    Batches are planned from the longest samples down; ``descending=False`` then reverses them.
+    With ``shuffle=True`` equal sizes are tied at random instead of by index.
+
+    >>> import fitbatch
+    >>> [fitbatch.plan_batches([5, 1, 4, 2, 3, 3], 6, strategy=fitbatch.Sorted(descending=d)).to_lists() for d in (False, True)]
+    [[[1, 3], [5, 4], [2], [0]], [[0], [2], [4, 5], [3, 1]]]
+    """
+
+    descending: bool = False
+    name: ClassVar[str] = "sorted"
+    default_shuffle: ClassVar[bool] = False
+
+    def plan(self, ctx: Context) -> Result:
+        n = len(ctx.sizes)
+        order, _, levels = _pooled_layout(ctx, max(n, 1))
+        result = _greedy(ctx, order, np.zeros(min(n, 1), np.int64), levels)
+        if self.descending or result.starts.size == 0:
+            return result
+        # Reversing the whole order reverses the batches and the samples inside each batch.
+        ends = np.append(result.starts[1:], n)
+        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy())
+
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pools(Strategy):
+    """Base of the strategies that shuffle, cut into pools of ``pool_size`` and sort each pool."""
+
+    pool_size: int = 65536
+
+    def __post_init__(self) -> None:
+        positive_int("pool_size", self.pool_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled(_Pools):
+    """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
+
+    Larger pools pad less; smaller pools are more random (samples meet other partners each
+    epoch). The default (65536) reaches padding efficiency >= 0.98 with a co-batch repeat rate
+    <= 0.15 from about a million samples on; on smaller datasets, ``pool_size`` near n / 16
+    trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
+
+    >>> import fitbatch
+    >>> [len(fitbatch.plan_batches([9, 2, 8, 3, 7, 1, 6, 2], 18, strategy=fitbatch.Pooled(pool_size=p))) for p in (2, 8)]
+    [4, 3]
+    """
+
+    name: ClassVar[str] = "pooled"
+
+    def plan(self, ctx: Context) -> Result:
+        return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed(_Pools):
+    """Bin packing within pools (see the module docstring).
+
+    >>> import fitbatch
+    >>> fitbatch.plan_batches([9, 8, 7, 3, 2, 1], 10, cost="sum", strategy=fitbatch.Packed()).to_lists()
+    [[0, 5], [1, 4], [2, 3]]
+    """
+
+    name: ClassVar[str] = "packed"
+
+    def plan(self, ctx: Context) -> Result:
+        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
+        if not (K.plain_sum(ctx.cost) and ctx.sizes.ndim == 1 and ctx.multiple == 1):
+            return _greedy(ctx, order, seg_starts, levels)
+        values = ctx.sizes.values[order]
+        inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        del values
+        order = _gather_into(order, inner)
+        # Packing keeps each segment's samples together, so segment borders stay where they were.
+        return Result(order, starts, _tails(starts, seg_starts, order.size))
