@@ -16,7 +16,6 @@ batches the uninterrupted stream still had to emit.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -408,26 +407,3 @@ def resolve_stream_strategy(strategy: str | Strategy) -> Strategy:
         raise ValueError(f"a stream supports the strategies {STREAM_STRATEGIES}, got {strategy!r}")
     name = choice("strategy", strategy, STREAM_STRATEGIES)
     return Sequential() if name == "sequential" else Buckets()
-
-
-def located(exc: Exception, where: str) -> Exception:
-    """The same exception type with the stream position in its message."""
-    msg = f"{where}: {type(exc).__name__}: {exc}"
-    try:
-        return type(exc)(msg)
-    except Exception:  # exception types with other constructors
-        return RuntimeError(msg)
-
-
-def refuse_bools(sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int) -> None:
-    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
-
-    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
-    """
-    for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
-        value = sizeof(items[i])
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError(
-                f"sizeof returned the bool {value!r} for stream item {first + i}; sizes must be numbers "
-                "(return the item's length or cost, e.g. an int)"
-            )

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +59,9 @@ def per_chunk(fn: Callable[[list[Any]], Any]) -> PerChunk:
     return PerChunk(fn)
 
 
-def _sizers(sizeof: Any, sizeof_batch: Any) -> tuple[Callable[[Any], float] | None, Callable[[list[Any]], Any] | None]:
+def _sizers(
+    sizeof: Any, sizeof_batch: Any
+) -> tuple[Callable[[Any], float] | None, Callable[[list[Any]], Any] | None]:
     """(per item, per chunk) from ``sizeof`` and the deprecated ``sizeof_batch``: exactly one is set."""
     if sizeof_batch is not None:
         warnings.warn(
@@ -68,10 +71,14 @@ def _sizers(sizeof: Any, sizeof_batch: Any) -> tuple[Callable[[Any], float] | No
             stacklevel=3,
         )
         if sizeof is not None:
-            raise TypeError("pass exactly one of sizeof and sizeof_batch (deprecated: sizeof=per_chunk(fn))")
+            raise TypeError(
+                "pass exactly one of sizeof and sizeof_batch (deprecated: sizeof=per_chunk(fn))"
+            )
         sizeof = per_chunk(sizeof_batch)
     if sizeof is None:
-        raise TypeError("pass exactly one of sizeof (item -> size) and sizeof=per_chunk(fn) (items -> sizes)")
+        raise TypeError(
+            "pass exactly one of sizeof (item -> size) and sizeof=per_chunk(fn) (items -> sizes)"
+        )
     if isinstance(sizeof, PerChunk):
         return None, sizeof.fn
     if not callable(sizeof):
@@ -98,4 +105,77 @@ def check_sizes(sizes: NDArray[np.float64], first: int) -> None:
     else:
         where = np.flatnonzero(~(np.isfinite(sizes) & (sizes >= 0)))
         reason = "sizes must be non-negative and finite"
-    raise ValueError(f"{reason}; bad sizes at stream " + format_offenders(where + first, sizes[where]).replace("index", "item"))
+    raise ValueError(
+        f"{reason}; bad sizes at stream "
+        + format_offenders(where + first, sizes[where]).replace("index", "item")
+    )
+
+
+def measure(
+    items: list[Any],
+    first: int,
+    sizeof: Callable[[Any], float] | None,
+    sizeof_batch: Callable[[list[Any]], Any] | None,
+) -> NDArray[np.float64]:
+    """The sizes of a chunk of stream items (``first`` is the position of ``items[0]``), checked.
+
+    A failing ``sizeof`` is re-raised with the stream position of the item (or chunk) it failed on.
+
+    >>> measure(["ab", "c"], 0, len, None).tolist()
+    [2.0, 1.0]
+    """
+    n = len(items)
+    if sizeof_batch is not None:
+        try:
+            raw = np.asarray(sizeof_batch(items))
+            if raw.dtype == bool:
+                raise TypeError(
+                    f"sizeof_batch returned booleans ({raw.ravel()[:3].tolist()}...); return numbers"
+                )
+            sizes = raw.astype(np.float64, copy=False)
+        except Exception as exc:
+            raise located(
+                exc, f"sizeof_batch failed on the chunk of stream items {first}..{first + n - 1}"
+            ) from exc
+        if sizes.shape != (n,):
+            raise ValueError(
+                f"sizeof_batch returned shape {sizes.shape} for a chunk of {n} items "
+                f"(stream items {first}..{first + n - 1}); it must return one number per item"
+            )
+    else:
+        assert sizeof is not None  # batch_stream checks that exactly one is given
+        it = iter(items)
+        try:
+            sizes = np.fromiter(map(sizeof, it), dtype=np.float64, count=n)
+        except Exception as exc:
+            # `it` stopped just past the failing item
+            pos = first + n - operator.length_hint(it) - 1
+            raise located(exc, f"sizeof failed on stream item {pos}") from exc
+        refuse_bools(sizeof, items, sizes, first)
+    check_sizes(sizes, first)
+    return sizes
+
+
+def located(exc: Exception, where: str) -> Exception:
+    """The same exception type with the stream position in its message."""
+    msg = f"{where}: {type(exc).__name__}: {exc}"
+    try:
+        return type(exc)(msg)
+    except Exception:  # exception types with other constructors
+        return RuntimeError(msg)
+
+
+def refuse_bools(
+    sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int
+) -> None:
+    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
+
+    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
+    """
+    for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
+        value = sizeof(items[i])
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(
+                f"sizeof returned the bool {value!r} for stream item {first + i}; sizes must be numbers "
+                "(return the item's length or cost, e.g. an int)"
+            )

@@ -27,16 +27,14 @@ from fitbatch.streaming._plan import (
     Segment,
     SequentialPlanner,
     from_runs,
-    located,
     lower_budget,
     mark_fractional,
-    refuse_bools,
     resolve_stream_strategy,
     to_runs,
     whole_runs,
 )
 from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
-from fitbatch.streaming._sizeof import PerChunk, _sizers, check_sizes
+from fitbatch.streaming._sizeof import PerChunk, _sizers, measure
 from fitbatch.streaming._state import SHOWN, STREAM_STATE, check_counts
 
 logger = logging.getLogger(__name__)
@@ -213,31 +211,7 @@ class BatchStream(Iterator[Any]):
     # ------------------------------------------------------------------ sizes
 
     def _measure(self, items: list[Any], first: int) -> NDArray[np.float64]:
-        n = len(items)
-        if self._sizeof_batch is not None:
-            try:
-                raw = np.asarray(self._sizeof_batch(items))
-                if raw.dtype == bool:
-                    raise TypeError(f"sizeof_batch returned booleans ({raw.ravel()[:3].tolist()}...); return numbers")
-                sizes = raw.astype(np.float64, copy=False)
-            except Exception as exc:
-                raise located(exc, f"sizeof_batch failed on the chunk of stream items {first}..{first + n - 1}") from exc
-            if sizes.shape != (n,):
-                raise ValueError(
-                    f"sizeof_batch returned shape {sizes.shape} for a chunk of {n} items "
-                    f"(stream items {first}..{first + n - 1}); it must return one number per item"
-                )
-        else:
-            assert self._sizeof is not None  # batch_stream checks that exactly one is given
-            it = iter(items)
-            try:
-                sizes = np.fromiter(map(self._sizeof, it), dtype=np.float64, count=n)
-            except Exception as exc:
-                # `it` stopped just past the failing item
-                pos = first + n - operator.length_hint(it) - 1
-                raise located(exc, f"sizeof failed on stream item {pos}") from exc
-            refuse_bools(self._sizeof, items, sizes, first)
-        check_sizes(sizes, first)
+        sizes = measure(items, first, self._sizeof, self._sizeof_batch)
         lower_budget(self._planner, sizes)
         return sizes
 
