@@ -2,7 +2,7 @@
 
 A :class:`hypothesis.stateful.RuleBasedStateMachine` drives a ``BatchStream`` (alone, or inside
 ``equal_steps`` in a world of one, with ``sync_every`` or ``steps``) over a replayable source: it
-reads a few batches, saves the state through JSON, restores it into a fresh object over the same
+(seeded or not) reads a few batches, saves the state through JSON, restores it into a fresh object over the same
 source, corrupts a copy of it or offers it to a stream over another source, and reads on. At
 every step: the batches so far are a prefix of the uninterrupted run's (so each item runs once and
 resume equals the uninterrupted run), every batch fits the budget (or is a lone oversized item),
@@ -60,6 +60,8 @@ configs = st.fixed_dictionaries({
     "wrap": st.sampled_from(["stream", "sync_every", "steps"]),
     "every": st.integers(1, 5),
     "steps_fraction": st.floats(0, 1),
+    "shuffle": st.sampled_from([False, False, 3, 11]),  # a seeded stream: shuffle buffer + emission order
+    "shuffle_buffer": st.sampled_from([None, 2, 8]),
 })
 
 
@@ -83,7 +85,8 @@ class StreamResume(RuleBasedStateMachine):
         return batch_stream(
             Replayable(len(sizes)), sizeof=sizes.__getitem__, budget=c["budget"], cost=c["cost"],
             strategy=strategy, buffer_size=c["buffer_size"], max_batch_size=c["max_batch_size"],
-            oversized=c["oversized"],
+            oversized=c["oversized"], seed=c["shuffle"],
+            shuffle_buffer=None if c["shuffle"] is False else c["shuffle_buffer"],
         )
 
     def make(self, sizes: list[float] | None = None, **change: Any) -> Any:

@@ -110,6 +110,8 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
             ``shard.index``; it must be re-iterable for more than one epoch), or a callable
             ``source(shard: StreamShard) -> iterable`` returning the shard's items itself.
         seed: int or ``SeedSequence``; shard seeds derive from it, the epoch, rank and worker.
+        shuffle: shuffle each shard's stream with its shard seed (``batch_stream(seed=...)``):
+            other batches every epoch, the same ones for the same (seed, epoch, rank, worker).
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         **stream_options: passed to :func:`fitbatch.streaming.batch_stream` (``sizeof``,
             ``budget``, ``cost``, ``strategy``, ...).
@@ -126,6 +128,7 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         seed: SeedLike = 0,
         num_replicas: int | None = None,
         rank: int | None = None,
+        shuffle: bool = False,
         **stream_options: Any,
     ) -> None:
         from fitbatch.distributed import world_info
@@ -136,6 +139,9 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self.epoch = 0
         self._options = stream_options
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
+        self.shuffle = shuffle
         batch_stream([], **stream_options)  # validate the options now, not in a worker
 
     def set_epoch(self, epoch: int) -> None:
@@ -154,6 +160,8 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
             items: Iterable[Any] = self._source(shard)
         else:
             items = itertools.islice(self._source, shard.index, None, shard.count)
+        if self.shuffle:
+            return batch_stream(items, seed=shard.seed, epoch=shard.epoch, **self._options)
         return batch_stream(items, **self._options)
 
 

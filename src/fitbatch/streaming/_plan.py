@@ -29,6 +29,7 @@ from fitbatch._validate import choice
 from fitbatch.costs import CostModel
 from fitbatch.plan import plan_batches
 from fitbatch.strategies import Buckets, Sequential, Strategy, fit_buckets
+from fitbatch.streaming._shuffle import emission_key
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -201,8 +202,11 @@ class BucketPlanner:
     the fullest bucket emits what it holds.
     """
 
-    def __init__(self, budget: float, cost: CostModel, cap: int | None, buffer_size: int, strategy: Buckets) -> None:
+    def __init__(
+        self, budget: float, cost: CostModel, cap: int | None, buffer_size: int, strategy: Buckets, salt: int | None = None
+    ) -> None:
         self.budget, self.cost, self.cap = budget, cost, cap
+        self.salt = salt  # a seeded stream emits a round's batches by a keyed hash of their first position
         self.integral = True
         self.buffer_size = buffer_size
         self.strategy = strategy
@@ -319,7 +323,11 @@ class BucketPlanner:
                 self._lens[b] += bounds[b + 1] - bounds[b]
                 self._held += bounds[b + 1] - bounds[b]
                 out.extend(self._full(b))
-        out.sort(key=lambda s: int(s.positions[0]))
+        if self.salt is None:
+            out.sort(key=lambda s: int(s.positions[0]))
+        else:
+            salt = self.salt
+            out.sort(key=lambda s: emission_key(int(s.positions[0]), salt))
         while self._held > self.buffer_size - self.room and self._held:
             out.append(self._evict())
         return whole_runs(out)

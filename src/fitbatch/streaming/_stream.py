@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit
+from fitbatch import _jit, _rng
+from fitbatch._rng import SeedLike
 from fitbatch._rules import OVERSIZED, screen_oversized
 from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
@@ -34,6 +35,7 @@ from fitbatch.streaming._plan import (
     whole_runs,
 )
 from fitbatch.streaming._rounds import StreamSummary, Totals, _Round
+from fitbatch.streaming._shuffle import emission_salt, shuffle_options, shuffled
 from fitbatch.streaming._sizeof import PerChunk, _sizers, measure
 from fitbatch.streaming._state import SHOWN, STREAM_STATE, check_counts
 
@@ -71,15 +73,20 @@ class BatchStream(Iterator[Any]):
         max_batch_size: int | None,
         oversized: str,
         collate_fn: Callable[[list[Any]], Any] | None,
+        seed: int | None = None,
+        epoch: int = 0,
+        shuffle_buffer: int = 0,
     ) -> None:
         self._source = source
+        self.seed, self.epoch, self.shuffle_buffer = seed, epoch, shuffle_buffer
         self._sizeof, self._sizeof_batch = sizeof, sizeof_batch
         self.budget, self.cost, self.strategy = budget, cost, strategy
         self.buffer_size, self.max_batch_size, self.oversized = buffer_size, max_batch_size, oversized
         self._collate = collate_fn
         self._planner: SequentialPlanner | BucketPlanner
         if isinstance(strategy, Buckets):
-            self._planner = BucketPlanner(budget, cost, max_batch_size, buffer_size, strategy)
+            salt = None if seed is None else emission_salt(seed, epoch)
+            self._planner = BucketPlanner(budget, cost, max_batch_size, buffer_size, strategy, salt)
         else:
             self._planner = SequentialPlanner(budget, cost, max_batch_size, buffer_size)
         self._it: Iterator[Any] | None = None
@@ -108,7 +115,7 @@ class BatchStream(Iterator[Any]):
     def _rounds(self) -> Iterator[Iterator[Any]]:
         try:
             if self._it is None:
-                self._it = iter(self._source)
+                self._it = self._open()
             while True:
                 if operator.length_hint(self._round.heads):
                     batches = self._round.batches
@@ -120,6 +127,12 @@ class BatchStream(Iterator[Any]):
         except BaseException:
             self._batches = None  # an error ends this chain; the next call continues in a new one
             raise
+
+    def _open(self) -> Iterator[Any]:
+        """The source's items in stream order: as given, or through the seeded shuffle buffer."""
+        if self.seed is None:
+            return iter(self._source)
+        return shuffled(self._source, self.shuffle_buffer, _rng.generator(self.seed, self.epoch, "stream-shuffle"))
 
     def _next_round(self) -> None:
         assert self._it is not None  # set by _rounds (an internal invariant, not user input)
@@ -260,7 +273,7 @@ class BatchStream(Iterator[Any]):
         strategy: dict[str, Any] = {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)}  # type: ignore[call-overload]
         if strategy.get("boundaries") is not None:
             strategy["boundaries"] = list(strategy["boundaries"])
-        return {
+        options = {
             "budget": self.budget,
             "cost": self.cost.to_dict(),
             "strategy": strategy,
@@ -268,6 +281,9 @@ class BatchStream(Iterator[Any]):
             "max_batch_size": self.max_batch_size,
             "oversized": self.oversized,
         }
+        if self.seed is not None:  # unseeded streams keep the options (and states) they always had
+            options.update(seed=self.seed, epoch=self.epoch, shuffle_buffer=self.shuffle_buffer)
+        return options
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able state after the batches yielded so far (see the module docstring).
@@ -331,7 +347,7 @@ class BatchStream(Iterator[Any]):
         read = int(state["read"])
         pending = from_runs(state["pending"])
         check_counts(state, read, pending, isinstance(self._planner, BucketPlanner))
-        self._it = iter(self._source)
+        self._it = self._open()
         if not state["integral"]:
             mark_fractional(self._planner)
         reservoir = self._restore_planner(state.get("buckets"))
@@ -411,6 +427,9 @@ def batch_stream(
     oversized: str = "error",
     collate_fn: Callable[[list[Any]], Any] | None = None,
     sizeof_batch: Callable[[list[Any]], Any] | None = None,
+    seed: SeedLike | bool = False,
+    epoch: int = 0,
+    shuffle_buffer: int | None = None,
 ) -> BatchStream:
     """Batches of a stream whose cost fits ``budget`` (see the module docstring).
 
@@ -431,6 +450,14 @@ def batch_stream(
         collate_fn: applied to each batch (a list of items) before it is yielded.
         sizeof_batch: deprecated since 0.2.0 (removed in 0.3.0): pass
             ``sizeof=per_chunk(fn)``.
+        seed: ``False`` (default) keeps the source order; an int (or ``None``: fresh entropy,
+            kept in ``stream.seed`` and the state) shuffles the stream through a bounded shuffle
+            buffer and emits each round's bucket batches in a random order, both drawn from
+            (``seed``, ``epoch``): the same seed, epoch and source give the same batches, a new
+            epoch new ones. Stream positions (summary, state) count items in the shuffled order.
+        epoch: the epoch of a seeded stream (``0``, ``1``, ...).
+        shuffle_buffer: items a seeded stream holds for shuffling (default ``buffer_size``,
+            at least 2); they add to the planner's ``buffer_size`` items.
 
     Returns:
         A :class:`BatchStream` (an iterator of batches with ``summary`` and state).
@@ -464,6 +491,6 @@ def batch_stream(
         max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
         oversized=choice("oversized", oversized, OVERSIZED),
         collate_fn=collate_fn,
+        **shuffle_options(seed, epoch, shuffle_buffer, buffer_size),
     )
-
 
