@@ -143,6 +143,40 @@ def two_ended_batches(
     return out
 
 
+
+def packed_batches(
+    sizes: Sequence[float], order: Sequence[int], seg_starts: Sequence[int], budget: float, loose: float, cap: int | None = None
+) -> list[list[int]]:
+    """The ``packed`` plan of samples laid out in ``order`` (each segment descending): two-ended
+    packing per segment, then the batches of each segment after its last one filled to at least
+    ``loose`` x budget (and each segment's last batch) packed again together, descending by size
+    (ties by their order in those batches), after the kept batches."""
+    laid = [sizes[i] for i in order]
+    batches = [[order[p] for p in b] for b in two_ended_batches(laid, seg_starts, budget, cap)]
+    if len(seg_starts) <= 1:
+        return batches
+    ends = list(seg_starts[1:]) + [len(order)]
+    seg_of = []
+    pos = 0
+    for b in batches:
+        seg_of.append(next(k for k, e in enumerate(ends) if pos < e))
+        pos += len(b)
+    loose_ids = set()
+    for k in range(len(ends)):
+        mine = [j for j, s in enumerate(seg_of) if s == k]
+        tight = [j for j in mine if sum(sizes[i] for i in batches[j]) >= loose * budget]
+        last_tight = max(tight, default=-1)
+        loose_ids.update(j for j in mine if j > last_tight)
+        if mine:
+            loose_ids.add(mine[-1])
+    if len(loose_ids) <= 1:
+        return batches
+    rest = [i for j in sorted(loose_ids) for i in batches[j]]
+    rest = sorted(rest, key=lambda i: -sizes[i])  # stable: ties keep their order
+    again = [[rest[p] for p in b] for b in two_ended_batches([sizes[i] for i in rest], [0], budget, cap)]
+    return [b for j, b in enumerate(batches) if j not in loose_ids] + again
+
+
 def batches_from_starts(order: Sequence[int], starts: Sequence[int]) -> list[list[int]]:
     bounds = list(starts) + [len(order)]
     return [list(order[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

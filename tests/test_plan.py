@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import fitbatch
 from fitbatch import _kernels as K
 from fitbatch.plan import lower_bound
+from fitbatch.strategies._ordered import LOOSE
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 KINDS = ("int", "float", "dyadic", "2d")
@@ -165,14 +166,14 @@ def test_pooled_without_shuffle_is_greedy_within_sorted_pools(cost):
     assert plan.to_lists() == [[order[p] for p in b] for b in batches]
 
 
-def test_packed_sum_without_shuffle_is_two_ended_within_pools():
+def test_packed_sum_without_shuffle_is_two_ended_within_pools_then_loose_ends_together():
     sizes = make_sizes("int", 500, 14)
     plan = fitbatch.plan_batches(sizes, 300, cost="sum", strategy=fitbatch.Packed(pool_size=100), shuffle=False)
     order = []
     for a in range(0, sizes.size, 100):
         order += sorted(range(a, a + 100), key=lambda i: (-sizes[i], i))
-    batches = R.two_ended_batches([float(sizes[i]) for i in order], list(range(0, 500, 100)), 300.0)
-    assert plan.to_lists() == [[order[p] for p in b] for b in batches]
+    batches = R.packed_batches(sizes.tolist(), order, list(range(0, 500, 100)), 300.0, LOOSE)
+    assert plan.to_lists() == batches
 
 
 def test_packed_reaches_the_lower_bound_on_functions(functions):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -170,3 +171,27 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
     order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     return order, seg_starts, (keys[order], edges)
+
+
+def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArray], Result]) -> Result:
+    """Plan the samples of the ``loose`` batches of ``first`` again, together, after the others.
+
+    ``plan_rest(positions)`` plans the loose batches' samples (their positions, in batch order)
+    and returns a :class:`Result` over them. Kept batches keep their order and are no longer
+    tails; the re-plan's batches follow them. Nothing happens with fewer than two loose batches.
+    """
+    if np.count_nonzero(loose) <= 1:
+        return first
+    n = first.order.size
+    lengths = np.diff(np.append(first.starts, n))
+    in_loose = np.repeat(loose, lengths)
+    again = plan_rest(first.order[in_loose])
+    # compact the kept positions to the front of the order buffer, the re-plan after them
+    order = first.order
+    n_kept = n - again.order.size
+    order[:n_kept] = order[~in_loose]
+    order[n_kept:] = again.order
+    kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
+    starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
+    tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
+    return Result(order, starts, tails)

@@ -15,11 +15,13 @@ from fitbatch.costs import CostModel
 from fitbatch.strategies._base import (
     Context,
     FloatArray,
+    IntArray,
     Result,
     Strategy,
     _gather_into,
     _greedy,
     _random_positions,
+    replan,
 )
 
 
@@ -104,29 +106,13 @@ class Buckets(Strategy):
 
     def _replan_leftovers(self, ctx: Context, first: Result) -> Result:
         """Plan the short last batch of every bucket together, sorted, for fewer batches."""
-        n = first.order.size
-        lengths = np.diff(np.append(first.starts, n))
-        loose = first.tails
-        if np.count_nonzero(loose) <= 1:
-            return first
-        in_loose = np.repeat(loose, lengths)
-        rest = first.order[in_loose]
         keys, edges = ctx.keys()
-        sub_order = rest[np.argsort(np.uint16(SK.KEY_LEVELS - 1) - keys[rest], kind="stable")]
-        again = _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
-        # compact the kept positions to the front of the order buffer, the re-plan after them
-        order = first.order
-        n_kept = n - again.order.size
-        order[:n_kept] = order[~in_loose]
-        order[n_kept:] = again.order
-        kept_starts = (
-            np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]])
-            if (~loose).any()
-            else np.zeros(0)
-        )
-        starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
-        tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
-        return Result(order, starts, tails)
+
+        def sorted_plan(rest: IntArray) -> Result:
+            sub_order = rest[np.argsort(np.uint16(SK.KEY_LEVELS - 1) - keys[rest], kind="stable")]
+            return _greedy(ctx, sub_order, np.zeros(1, np.int64), (keys[sub_order], edges))
+
+        return replan(first, first.tails, sorted_plan)
 
 
 def fit_buckets(

@@ -7,6 +7,7 @@ import dataclasses
 from typing import ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch._packing import two_ended_starts
@@ -20,7 +21,11 @@ from fitbatch.strategies._base import (
     _greedy,
     _pooled_layout,
     _tails,
+    replan,
 )
+
+# Packed batches filled below this share of the budget are packed again with every pool's.
+LOOSE = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +130,35 @@ class Packed(_Pools):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        loads = np.add.reduceat(values[inner], starts) if starts.size else np.zeros(0)
         del values
         order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
-        return Result(order, starts, _tails(starts, seg_starts, order.size))
+        first = Result(order, starts, _tails(starts, seg_starts, order.size))
+        if seg_starts.size <= 1:
+            return first
+        # A pool ends with loosely filled batches (its small samples ran out): pack those of all
+        # pools again, together, so that the epoch has one loose end instead of one per pool.
+        values = ctx.sizes.values
+
+        def pack(rest: IntArray) -> Result:
+            rest = rest[np.argsort(-values[rest], kind="stable")]
+            inner, starts = two_ended_starts(values[rest], np.zeros(1, np.int64), ctx.budget, ctx.cap)
+            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size))
+
+        return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
+
+
+def _loose_ends(loose: NDArray[np.bool_], starts: IntArray, seg_starts: IntArray) -> NDArray[np.bool_]:
+    """The batches of each segment after its last tight one (and every segment's last batch).
+
+    >>> _loose_ends(np.array([False, True, False, True, True]), np.array([0, 2, 4, 6, 8]), np.array([0, 5]))
+    array([False, False,  True,  True,  True])
+    """
+    seg = np.searchsorted(seg_starts, starts, side="right") - 1
+    last_tight = np.full(seg_starts.size, -1, dtype=np.int64)
+    tight = np.flatnonzero(~loose)
+    np.maximum.at(last_tight, seg[tight], tight)
+    ends = np.arange(starts.size) > last_tight[seg]
+    ends[np.append(np.flatnonzero(np.diff(seg)), starts.size - 1)] = True
+    return ends
