@@ -98,8 +98,8 @@ def make_varlen_collate(
     >>> out["cu_seq_lens_q"].tolist(), out["max_length_q"], out["seq_idx"].tolist()
     ([0, 3, 5], 3, [[0, 0, 0, 1, 1]])
     """
+    _check_options(return_tensors, keep_fields, causal_mask, {"pad_token_id": pad_token_id, "label_pad": label_pad})
     keep = tuple(keep_fields)
-    _check_options(return_tensors, keep, causal_mask, {"pad_token_id": pad_token_id, "label_pad": label_pad})
     table = None if shapes is None else as_shapes(shapes)
     if dtype is not None and not causal_mask:
         raise ValueError("dtype is the attention mask's dtype: pass it with causal_mask=True")
