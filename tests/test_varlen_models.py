@@ -21,8 +21,13 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
@@ -70,13 +75,16 @@ def test_without_the_mask_samples_see_each_other():
     ids, pos = packed["input_ids"], packed["position_ids"]
     leaks = {
         "position_ids only": model(input_ids=ids, position_ids=pos).logits[0],
-        "position_ids and a 2-D mask of ones": model(input_ids=ids, position_ids=pos,
-                                                     attention_mask=torch.ones_like(ids)).logits[0],
+        "position_ids and a 2-D mask of ones": model(
+            input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)
+        ).logits[0],
     }
     for how, logits in leaks.items():
         first = int(LENGTHS[0])  # the first sample sees nothing before it: the same either way
         torch.testing.assert_close(logits[:first], ref[:first], atol=1e-5, rtol=0)
-        assert (logits[first:] - ref[first:]).abs().max() > 1e-2, f"{how}: expected later samples to leak"
+        assert (logits[first:] - ref[first:]).abs().max() > 1e-2, (
+            f"{how}: expected later samples to leak"
+        )
     inferred = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
     torch.testing.assert_close(inferred, ref, atol=1e-5, rtol=0)
     torch.testing.assert_close(model(**packed).logits[0], ref, atol=1e-5, rtol=0)
@@ -104,8 +112,11 @@ def test_padded_and_padding_free_training_give_equal_gradients():
         grads_padded = _step(padded_model, padded, tokens)
         grads_packed = _step(packed_model, packed_collate(batch), tokens)
         for name, grad in grads_padded.items():
-            torch.testing.assert_close(grads_packed[name], grad, atol=1e-5, rtol=0, msg=f"step {step}: {name}")
-        assert max(g.abs().max() for g in grads_padded.values()) > 1e-3  # the gradients are not trivially 0
+            torch.testing.assert_close(
+                grads_packed[name], grad, atol=1e-5, rtol=0, msg=f"step {step}: {name}"
+            )
+        # the gradients are not trivially 0
+        assert max(g.abs().max() for g in grads_padded.values()) > 1e-3
         opt_padded.step()
         opt_packed.step()
     for a, b in zip(padded_model.parameters(), packed_model.parameters()):

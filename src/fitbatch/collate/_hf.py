@@ -20,7 +20,11 @@ RETURN_TENSORS = ("pt", "np")
 
 
 def _int(name: str, value: Any, low: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or (low is not None and value < low)
+    ):
         bound = f" >= {low}" if low is not None else ""
         raise TypeError(f"{name} must be an int{bound}, got {value!r}")
     return int(value)
@@ -70,9 +74,15 @@ def make_hf_collate(
     ([[5, 6, 7], [8, 0, 0]], [[1, 1, 1], [1, 0, 0]], [[5, 6, 7], [8, -100, -100]])
     """
     if pad_token_id is None:
-        raise TypeError("pad_token_id must be an int: pass tokenizer.pad_token_id (or eos_token_id if it has none)")
+        raise TypeError(
+            "pad_token_id must be an int: pass tokenizer.pad_token_id (or eos_token_id if it has none)"
+        )
     values = {k: v for k, v in (pad_values or {}).items()}
-    values.update(input_ids=_int("pad_token_id", pad_token_id), labels=_int("label_pad", label_pad), attention_mask=0)
+    values.update(
+        input_ids=_int("pad_token_id", pad_token_id),
+        labels=_int("label_pad", label_pad),
+        attention_mask=0,
+    )
     multiple = _int("pad_to_multiple_of", pad_to_multiple_of, low=1)
     if return_tensors not in RETURN_TENSORS:
         raise ValueError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}")
@@ -82,7 +92,9 @@ def make_hf_collate(
         """Pad ``batch`` field by field (see :func:`make_hf_collate`)."""
         out = _collate(batch, values, multiple, table)
         if position_ids:
-            out["position_ids"] = np.broadcast_to(np.arange(out["input_ids"].shape[1]), out["input_ids"].shape).copy()
+            out["position_ids"] = np.broadcast_to(
+                np.arange(out["input_ids"].shape[1]), out["input_ids"].shape
+            ).copy()
         if return_tensors == "pt":
             import torch
 
@@ -98,7 +110,9 @@ def _columns(batch: Sequence[Mapping[str, Any]]) -> dict[str, list[np.ndarray]]:
     for i, sample in enumerate(batch):
         if not isinstance(sample, Mapping) or "input_ids" not in sample:
             found = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
-            raise ValueError(f"sample {i} has no 'input_ids' (got {found}): make_hf_collate takes dict samples")
+            raise ValueError(
+                f"sample {i} has no 'input_ids' (got {found}): make_hf_collate takes dict samples"
+            )
     bad = [i for i, s in enumerate(batch) if np.ndim(s["input_ids"]) != 1]
     if bad:
         raise ValueError(f"sample {bad[0]}: 'input_ids' must be a 1-D sequence of token ids")
@@ -110,11 +124,17 @@ def _columns(batch: Sequence[Mapping[str, Any]]) -> dict[str, list[np.ndarray]]:
 
 
 def _collate(
-    batch: Sequence[Mapping[str, Any]], values: Mapping[str, float], multiple: int, table: np.ndarray | None
+    batch: Sequence[Mapping[str, Any]],
+    values: Mapping[str, float],
+    multiple: int,
+    table: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
     columns = _columns(batch)
     sequences = {k: v for k, v in columns.items() if v[0].ndim >= 1}
-    lens = {k: np.fromiter((x.shape[0] for x in v), dtype=np.int64, count=len(v)) for k, v in sequences.items()}
+    lens = {
+        k: np.fromiter((x.shape[0] for x in v), dtype=np.int64, count=len(v))
+        for k, v in sequences.items()
+    }
     longest = max(int(n.max()) for n in lens.values())
     rows, length = len(batch), -(-longest // multiple) * multiple
     if table is not None:
@@ -124,15 +144,22 @@ def _collate(
         fill = values.get(key, 0)
         if key not in sequences:
             stacked = np.asarray(items)
-            out[key] = np.concatenate([stacked, np.full((rows - len(items), *stacked.shape[1:]), fill, stacked.dtype)])
+            out[key] = np.concatenate(
+                [stacked, np.full((rows - len(items), *stacked.shape[1:]), fill, stacked.dtype)]
+            )
             continue
         tails = {x.shape[1:] for x in items}
         if len(tails) > 1:
-            raise ValueError(f"field {key!r}: samples differ beyond their first (length) axis: {sorted(tails)}")
+            raise ValueError(
+                f"field {key!r}: samples differ beyond their first (length) axis: {sorted(tails)}"
+            )
         dtype = np.result_type(*items) if key != "attention_mask" else np.int64
         padded = np.full((rows, length, *tails.pop()), fill, dtype=dtype)
         # every real position (row i, t < lens[i]) receives the concatenated tokens, in order
-        real = np.arange(length)[None, :] < np.append(lens[key], np.zeros(rows - len(items), np.int64))[:, None]
+        real = (
+            np.arange(length)[None, :]
+            < np.append(lens[key], np.zeros(rows - len(items), np.int64))[:, None]
+        )
         padded[real] = np.concatenate(items)
         out[key] = padded
     if "attention_mask" not in out:

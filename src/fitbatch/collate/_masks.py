@@ -55,7 +55,9 @@ def block_causal_mask(seq_idx: Any, *, dtype: Any = None) -> Any:
 
     dtype = torch.float32 if dtype is None else dtype
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch dtype such as torch.float32, got {dtype!r}")
+        raise ValueError(
+            f"dtype must be a floating torch dtype such as torch.float32, got {dtype!r}"
+        )
     ids = _seq_idx_tensor(seq_idx)
     pos = torch.arange(ids.shape[0], device=ids.device)
     allowed = (ids[:, None] == ids[None, :]) & (pos[None, :] <= pos[:, None])
@@ -63,7 +65,9 @@ def block_causal_mask(seq_idx: Any, *, dtype: Any = None) -> Any:
     return mask.masked_fill_(allowed, 0.0)[None, None]
 
 
-def document_block_mask(seq_idx: Any, *, causal: bool = True, block_size: int = 128, device: Any = None) -> Any:
+def document_block_mask(
+    seq_idx: Any, *, causal: bool = True, block_size: int = 128, device: Any = None
+) -> Any:
     """A flex-attention ``BlockMask``: each token sees its own sample only (and, if causal, the past).
 
     Args:
@@ -99,4 +103,6 @@ def document_block_mask(seq_idx: Any, *, causal: bool = True, block_size: int = 
         same = ids[q_idx] == ids[kv_idx]
         return same & (kv_idx <= q_idx) if causal else same
 
-    return create_block_mask(document, B=1, H=1, Q_LEN=n, KV_LEN=n, device=str(ids.device), BLOCK_SIZE=block_size)
+    return create_block_mask(
+        document, B=1, H=1, Q_LEN=n, KV_LEN=n, device=str(ids.device), BLOCK_SIZE=block_size
+    )

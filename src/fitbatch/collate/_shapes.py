@@ -23,7 +23,9 @@ def as_shapes(shapes: Any) -> np.ndarray:
     """
     arr = np.asarray(shapes)
     if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0:
-        raise ValueError(f"shapes must be a non-empty (k, 2) array of (rows, length), got shape {arr.shape}")
+        raise ValueError(
+            f"shapes must be a non-empty (k, 2) array of (rows, length), got shape {arr.shape}"
+        )
     if not np.issubdtype(arr.dtype, np.integer) or (arr < 1).any():
         raise ValueError(f"shapes must hold ints >= 1 (rows, length), got {arr.tolist()[:5]}")
     unique = np.unique(arr.astype(np.int64), axis=0)

@@ -33,11 +33,15 @@ _RESERVED = ("input_ids", "labels", "position_ids", "seq_idx", "attention_mask")
 def _tokens(sample: Any, key: str, index: int) -> np.ndarray:
     arr = np.asarray(sample[key])
     if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(f"sample {index}: {key!r} must be a 1-D sequence of ints, got shape {arr.shape} {arr.dtype}")
+        raise ValueError(
+            f"sample {index}: {key!r} must be a 1-D sequence of ints, got shape {arr.shape} {arr.dtype}"
+        )
     return arr
 
 
-def _check_options(return_tensors: str, keep_fields: Sequence[str], causal_mask: bool, ints: dict[str, Any]) -> None:
+def _check_options(
+    return_tensors: str, keep_fields: Sequence[str], causal_mask: bool, ints: dict[str, Any]
+) -> None:
     if return_tensors not in RETURN_TENSORS:
         raise ValueError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}")
     if causal_mask and return_tensors != "pt":
@@ -45,8 +49,12 @@ def _check_options(return_tensors: str, keep_fields: Sequence[str], causal_mask:
     for name, value in ints.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {value!r}")
-    if isinstance(keep_fields, str) or any(not isinstance(k, str) or k in _RESERVED for k in keep_fields):
-        raise ValueError(f"keep_fields must be a sequence of field names other than {_RESERVED}, got {keep_fields!r}")
+    if isinstance(keep_fields, str) or any(
+        not isinstance(k, str) or k in _RESERVED for k in keep_fields
+    ):
+        raise ValueError(
+            f"keep_fields must be a sequence of field names other than {_RESERVED}, got {keep_fields!r}"
+        )
 
 
 def make_varlen_collate(
@@ -98,7 +106,12 @@ def make_varlen_collate(
     >>> out["cu_seq_lens_q"].tolist(), out["max_length_q"], out["seq_idx"].tolist()
     ([0, 3, 5], 3, [[0, 0, 0, 1, 1]])
     """
-    _check_options(return_tensors, keep_fields, causal_mask, {"pad_token_id": pad_token_id, "label_pad": label_pad})
+    _check_options(
+        return_tensors,
+        keep_fields,
+        causal_mask,
+        {"pad_token_id": pad_token_id, "label_pad": label_pad},
+    )
     keep = tuple(keep_fields)
     table = None if shapes is None else as_shapes(shapes)
     if dtype is not None and not causal_mask:
@@ -112,16 +125,21 @@ def make_varlen_collate(
     return collate
 
 
-def _fields(batch: Sequence[Mapping[str, Any]], keep: tuple[str, ...]) -> tuple[list[np.ndarray], dict[str, list]]:
+def _fields(
+    batch: Sequence[Mapping[str, Any]], keep: tuple[str, ...]
+) -> tuple[list[np.ndarray], dict[str, list]]:
     """Each sample's ``input_ids`` and its other per-token fields, validated."""
     if len(batch) == 0:
         raise ValueError("cannot collate an empty batch")
-    ids, others = [], {k: [] for k in ("labels", *keep)}
+    ids: list[np.ndarray] = []
+    others: dict[str, list[np.ndarray]] = {k: [] for k in ("labels", *keep)}
     has_labels = isinstance(batch[0], Mapping) and "labels" in batch[0]
     for i, sample in enumerate(batch):
         if not isinstance(sample, Mapping) or "input_ids" not in sample:
             found = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
-            raise ValueError(f"sample {i} has no 'input_ids' (got {found}): varlen samples are dicts of token ids")
+            raise ValueError(
+                f"sample {i} has no 'input_ids' (got {found}): varlen samples are dicts of token ids"
+            )
         tokens = _tokens(sample, "input_ids", i)
         if tokens.size == 0:
             raise ValueError(f"sample {i} has no tokens: drop empty samples before collating")
@@ -130,7 +148,9 @@ def _fields(batch: Sequence[Mapping[str, Any]], keep: tuple[str, ...]) -> tuple[
             if key == "labels" and not has_labels:
                 continue
             if key not in sample:
-                raise ValueError(f"sample {i} has no {key!r}, which sample 0 has (or keep_fields names)")
+                raise ValueError(
+                    f"sample {i} has no {key!r}, which sample 0 has (or keep_fields names)"
+                )
             values = np.asarray(sample[key])
             if values.shape[:1] != tokens.shape:
                 raise ValueError(
@@ -171,18 +191,24 @@ def _concatenate(
     out["seq_idx"] = np.repeat(np.arange(seg.size, dtype=np.int32), seg)
     for key in keep:
         parts = others[key]
-        out[key] = np.concatenate([*parts, np.zeros((pad, *parts[0].shape[1:]), dtype=parts[0].dtype)])
+        out[key] = np.concatenate(
+            [*parts, np.zeros((pad, *parts[0].shape[1:]), dtype=parts[0].dtype)]
+        )
     out["cu_seq_lens"] = cu.astype(np.int32)
     out["max_length"] = int(seg.max())
     return out
 
 
-def _convert(arrays: dict[str, Any], return_tensors: str, causal_mask: bool, dtype: Any) -> dict[str, Any]:
+def _convert(
+    arrays: dict[str, Any], return_tensors: str, causal_mask: bool, dtype: Any
+) -> dict[str, Any]:
     cu, longest = arrays.pop("cu_seq_lens"), arrays.pop("max_length")
     if return_tensors == "pt":
         import torch
 
-        out: dict[str, Any] = {k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in arrays.items()}
+        out: dict[str, Any] = {
+            k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in arrays.items()
+        }
         cu = torch.from_numpy(cu)
     else:
         out = {k: v[None] for k, v in arrays.items()}
