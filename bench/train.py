@@ -164,8 +164,12 @@ def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
         targets = torch.full_like(out["labels"], -100)
         targets[:, :-1] = out["labels"][:, 1:]
         return lm.LMBatch(
-            out["input_ids"], out["position_ids"], targets, cu_seqlens=out["cu_seq_lens_q"].long(),
-            max_seqlen=out["max_length_q"], real_tokens=int(out["input_ids"].shape[1]),
+            out["input_ids"],
+            out["position_ids"],
+            targets,
+            cu_seqlens=out["cu_seq_lens_q"].long(),
+            max_seqlen=out["max_length_q"],
+            real_tokens=int(out["input_ids"].shape[1]),
         )
 
     loader = DataLoader(data.TokenDataset(train), batch_sampler=sampler, collate_fn=collate)
