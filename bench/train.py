@@ -21,6 +21,9 @@ mode trains the same model from the same initialisation on the same number of re
 * ``packed``: ``BudgetBatchSampler(cost="sum", strategy="packed")``, one row per batch with
   block-diagonal causal attention (varlen: nested tensors / FlashAttention on CUDA,
   length-grouped SDPA on CPU);
+* ``padding-free``: the ``packed`` sampler, collated by ``fitbatch.make_varlen_collate``
+  (``input_ids``/``position_ids``/``cu_seq_lens_q`` of one ``(1, T)`` row) into the same
+  model's varlen attention: the library's collate instead of the example's ``collate_packed``;
 * ``lhotse``: lhotse's ``DynamicBucketingSampler`` over dummy cuts whose duration is the
   token length, ``max_duration=budget`` (lhotse budgets the *sum*), padded batches;
 * ``speechbrain``: SpeechBrain's ``DynamicBatchSampler(max_batch_length=budget)``, padded
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -57,7 +61,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import _lm_data as data  # noqa: E402
 
-MODES = ("fixed", "padded", "packed", "lhotse", "speechbrain")
+MODES = ("fixed", "padded", "packed", "padding-free", "lhotse", "speechbrain")
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -134,9 +138,46 @@ def make_sampler(mode: str, lengths: np.ndarray, budget: int, seed: int) -> Any:
         size = largest_safe_batch_size(lengths, budget)
         if size != data.fixed_batch_size(lengths, budget):  # the examples' rule is the same
             raise RuntimeError("fixed batch size rules disagree")
+    if mode == "padding-free":
+        mode = "packed"  # the same plan as ``packed``; only the collate differs
     if mode in data.MODES:
         return data.make_sampler(mode, lengths, budget, seed=seed)
     return {"lhotse": lhotse_sampler, "speechbrain": speechbrain_sampler}[mode](lengths, budget, seed)
+
+
+def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
+    """``padding-free``: ``make_varlen_collate``'s row as the model's packed ``LMBatch``, endless.
+
+    Yields ``(batch, step real tokens, step predicted tokens)`` like ``data.iterate_batches``.
+    """
+    import _lm_model as lm
+    import torch
+    from torch.utils.data import DataLoader
+
+    from fitbatch import make_varlen_collate
+
+    varlen = make_varlen_collate()
+
+    def collate(seqs: list[np.ndarray]) -> Any:
+        out = varlen([{"input_ids": s} for s in seqs])
+        # the model predicts targets[t] at position t: the next label (-100 at each sample's last token)
+        targets = torch.full_like(out["labels"], -100)
+        targets[:, :-1] = out["labels"][:, 1:]
+        return lm.LMBatch(
+            out["input_ids"],
+            out["position_ids"],
+            targets,
+            cu_seqlens=out["cu_seq_lens_q"].long(),
+            max_seqlen=out["max_length_q"],
+            real_tokens=int(out["input_ids"].shape[1]),
+        )
+
+    loader = DataLoader(data.TokenDataset(train), batch_sampler=sampler, collate_fn=collate)
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        samples, units = sampler.step_totals()
+        for k, batch in enumerate(loader):
+            yield batch, int(units[k]), int(units[k] - samples[k])
 
 
 # ----------------------------------------------------------------------------- one mode
@@ -173,7 +214,7 @@ def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_
         return {"mode": mode, "error": f"not importable: {err}"}
     plan_s = time.perf_counter() - t0
     n_batches = len(sampler)
-    layout = "packed" if mode == "packed" else "padded"
+    layout = "packed" if mode in ("packed", "padding-free") else "padded"
     attention = lm.resolve_attention(args["attention"], device)
     pad_to = args["budget"] if (layout == "packed" and attention == "flex") else None
     lr = lm.mode_lr(args["lr"], float(lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"])
@@ -184,8 +225,12 @@ def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_
     worst = _worst_fill(sampler, lengths, args["budget"], layout)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if mode == "padding-free":
+        batches = varlen_batches(sampler, train)
+    else:
+        batches = data.iterate_batches(layout, sampler, train, pad_to=pad_to)
     res = lm.train_until(
-        model, data.iterate_batches(layout, sampler, train, pad_to=pad_to),
+        model, batches,
         tokens=args["tokens"], lr=lr, device=device, dtype=dtype, attention=args["attention"],
     )
     if device.type == "cuda":

@@ -56,10 +56,12 @@ def test_tuple_samples():
 
 
 def test_dict_samples():
-    batch = pad_collate([
-        {"ids": np.array([1, 2, 3]), "label": 1.0, "pos": [0, 1, 2]},
-        {"ids": np.array([4]), "label": 0.0, "pos": [0]},
-    ])
+    batch = pad_collate(
+        [
+            {"ids": np.array([1, 2, 3]), "label": 1.0, "pos": [0, 1, 2]},
+            {"ids": np.array([4]), "label": 0.0, "pos": [0]},
+        ]
+    )
     assert set(batch) == {"ids", "label", "pos"}
     assert batch["ids"].values.tolist() == [[1, 2, 3], [4, 0, 0]]
     assert batch["label"].tolist() == [1.0, 0.0]
@@ -74,3 +76,117 @@ def test_scalars_and_strings():
 def test_empty_batch_is_an_error():
     with pytest.raises(ValueError, match="empty"):
         pad_collate([])
+
+
+# ----------------------------------------------------------------------------- make_hf_collate
+
+
+def test_hf_collate_pads_each_field_with_its_own_value():
+    from fitbatch import make_hf_collate
+
+    collate = make_hf_collate(pad_token_id=2, pad_values={"token_type_ids": 7})
+    out = collate(
+        [
+            {
+                "input_ids": [5, 6, 7],
+                "labels": [5, 6, 7],
+                "token_type_ids": [0, 0, 1],
+                "label_id": 3,
+            },
+            {"input_ids": torch.tensor([8]), "labels": [8], "token_type_ids": [1], "label_id": 4},
+        ]
+    )
+    assert sorted(out) == ["attention_mask", "input_ids", "label_id", "labels", "token_type_ids"]
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 2, 2]]
+    assert out["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
+    assert out["token_type_ids"].tolist() == [[0, 0, 1], [1, 7, 7]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["attention_mask"].dtype == out["input_ids"].dtype == torch.int64
+    assert out["label_id"].tolist() == [3, 4]
+
+
+def test_hf_collate_given_mask_multiple_and_position_ids():
+    from fitbatch import make_hf_collate
+
+    collate = make_hf_collate(
+        pad_token_id=0, pad_to_multiple_of=4, position_ids=True, return_tensors="np"
+    )
+    out = collate(
+        [
+            {"input_ids": [1, 2, 3, 4, 5], "attention_mask": [1, 1, 1, 0, 1]},
+            {"input_ids": [6], "attention_mask": [1]},
+        ]
+    )
+    assert out["input_ids"].tolist() == [[1, 2, 3, 4, 5, 0, 0, 0], [6, 0, 0, 0, 0, 0, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]]
+    assert out["position_ids"].tolist() == [list(range(8))] * 2
+    assert "labels" not in out
+
+
+def test_hf_collate_pads_to_an_allowed_shape_with_padding_rows():
+    from fitbatch import make_hf_collate
+
+    collate = make_hf_collate(pad_token_id=9, shapes=[[4, 4], [2, 8], [4, 4]], return_tensors="np")
+    out = collate(
+        [
+            {"input_ids": [1, 2, 3], "labels": [1, 2, 3], "cls": 1},
+            {"input_ids": [4], "labels": [4], "cls": 0},
+        ]
+    )
+    assert out["input_ids"].tolist() == [[1, 2, 3, 9], [4, 9, 9, 9], [9] * 4, [9] * 4]
+    assert out["labels"].tolist() == [
+        [1, 2, 3, -100],
+        [4, -100, -100, -100],
+        [-100] * 4,
+        [-100] * 4,
+    ]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [0] * 4, [0] * 4]
+    assert out["cls"].tolist() == [1, 0, 0, 0]
+    assert collate([{"input_ids": [1] * 6, "labels": [1] * 6, "cls": 1}])["input_ids"].shape == (
+        2,
+        8,
+    )
+    with pytest.raises(
+        ValueError, match="no allowed shape fits a batch of 1 rows with its longest sample 9 long"
+    ):
+        collate([{"input_ids": [1] * 9, "labels": [1] * 9, "cls": 1}])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "batch", "error", "match"),
+    [
+        ({"pad_token_id": None}, None, TypeError, "tokenizer.pad_token_id"),
+        (
+            {"pad_token_id": 0, "pad_to_multiple_of": 0},
+            None,
+            TypeError,
+            "pad_to_multiple_of must be an int >= 1",
+        ),
+        (
+            {"pad_token_id": 0, "return_tensors": "tf"},
+            None,
+            ValueError,
+            "return_tensors must be one of",
+        ),
+        ({"pad_token_id": 0}, [], ValueError, "empty batch"),
+        ({"pad_token_id": 0}, [{"ids": [1]}], ValueError, "sample 0 has no 'input_ids'"),
+        ({"pad_token_id": 0}, [{"input_ids": 3}], ValueError, "1-D sequence of token ids"),
+        (
+            {"pad_token_id": 0},
+            [{"input_ids": [1], "labels": [1]}, {"input_ids": [2]}],
+            ValueError,
+            "sample 1 has no 'labels'",
+        ),
+        (
+            {"pad_token_id": 0},
+            [{"input_ids": [1], "x": [[1, 2]]}, {"input_ids": [2], "x": [[1]]}],
+            ValueError,
+            "field 'x'",
+        ),
+    ],
+)
+def test_hf_collate_errors(kwargs, batch, error, match):
+    from fitbatch import make_hf_collate
+
+    with pytest.raises(error, match=match):
+        make_hf_collate(**kwargs)(batch)

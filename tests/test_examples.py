@@ -88,7 +88,7 @@ def test_train_hf_datasets() -> None:
 def test_bench_train(tmp_path: Path) -> None:
     result = tmp_path / "rows.json"
     out = run(
-        [sys.executable, "bench/train.py", *TINY, "--threads", "1", "--modes", "fixed,packed,lhotse",
+        [sys.executable, "bench/train.py", *TINY, "--threads", "1", "--modes", "fixed,packed,padding-free,lhotse",
          "--out", str(result)],
         timeout=90,
     )
@@ -96,4 +96,6 @@ def test_bench_train(tmp_path: Path) -> None:
     rows = {r["mode"]: r for r in json.loads(result.read_text())["rows"]}
     assert rows["fixed"]["real_tokens"] >= 1500 and rows["packed"]["padded_fraction"] == 0.0
     assert rows["packed"]["max_fill"] <= 1.0 and rows["fixed"]["max_fill"] <= 1.0
+    # make_varlen_collate gives the model the example's packed batches: the same training run
+    assert rows["padding-free"]["heldout_loss"] == pytest.approx(rows["packed"]["heldout_loss"], abs=1e-6)
     assert "tokens_per_s" in rows["lhotse"] or "lhotse" in rows["lhotse"]["error"]

@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch._validate import parse_budget
 from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
-from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
+from fitbatch.collate import (
+    PaddedBatch,
+    block_causal_mask,
+    document_block_mask,
+    make_hf_collate,
+    make_pad_collate,
+    make_varlen_collate,
+    pad_collate,
+    pick_shape,
+    varlen_collate,
+)
 from fitbatch.costs import (
     CostModel,
     FunctionCost,
@@ -145,8 +155,10 @@ __all__ = [
     "__version__",
     "as_sizes",
     "batch_stream",
+    "block_causal_mask",
     "calibrate",
     "collect_peak_memory",
+    "document_block_mask",
     "equal_steps",
     "fixed_size_plan",
     "from_array",
@@ -156,14 +168,18 @@ __all__ = [
     "from_tokenizer",
     "largest_safe_batch_size",
     "list_files",
+    "make_hf_collate",
     "make_pad_collate",
+    "make_varlen_collate",
     "measure_peak",
     "pad_collate",
     "parse_budget",
     "per_chunk",
+    "pick_shape",
     "plan_batches",
     "position_size_correlation",
     "repeat_rate",
     "resolve_cost",
     "resolve_strategy",
+    "varlen_collate",
 ]

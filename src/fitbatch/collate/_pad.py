@@ -85,7 +85,9 @@ def _pad(items: Sequence[Any], value: float, multiple: int) -> PaddedBatch:
     lens_np = np.asarray(lengths, dtype=np.int64)
     mask_np = np.arange(longest)[None, :] < lens_np[:, None]
     if torch is not None:
-        return PaddedBatch(torch.from_numpy(out_np), torch.from_numpy(lens_np), torch.from_numpy(mask_np))
+        return PaddedBatch(
+            torch.from_numpy(out_np), torch.from_numpy(lens_np), torch.from_numpy(mask_np)
+        )
     return PaddedBatch(out_np, lens_np, mask_np)
 
 
@@ -98,7 +100,9 @@ def _stack(items: Sequence[Any]) -> Any:
     return np.asarray(items)
 
 
-def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -> Callable[[Sequence[Any]], Any]:
+def make_pad_collate(
+    padding_value: float = 0, *, pad_to_multiple_of: int = 1
+) -> Callable[[Sequence[Any]], Any]:
     """A collate function padding with ``padding_value`` to a multiple of ``pad_to_multiple_of``.
 
     The function it returns collates like :func:`pad_collate`: a field of sequences becomes a
@@ -123,7 +127,11 @@ def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -
     >>> batch[0].values.tolist(), batch[0].lengths.tolist(), batch[1].tolist()
     ([[5, 6, 7, -1], [8, -1, -1, -1]], [3, 1], [0, 1])
     """
-    if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, numbers.Integral) or pad_to_multiple_of < 1:
+    if (
+        isinstance(pad_to_multiple_of, bool)
+        or not isinstance(pad_to_multiple_of, numbers.Integral)
+        or pad_to_multiple_of < 1
+    ):
         raise ValueError(f"pad_to_multiple_of must be an int >= 1, got {pad_to_multiple_of!r}")
 
     def collate(batch: Sequence[Any]) -> Any:
@@ -134,8 +142,10 @@ def make_pad_collate(padding_value: float = 0, *, pad_to_multiple_of: int = 1) -
         if isinstance(first, Mapping):
             return {k: collate([b[k] for b in batch]) for k in first}
         if isinstance(first, tuple):
-            return type(first)(*(collate([b[i] for b in batch]) for i in range(len(first)))) if hasattr(first, "_fields") else tuple(
-                collate([b[i] for b in batch]) for i in range(len(first))
+            return (
+                type(first)(*(collate([b[i] for b in batch]) for i in range(len(first))))
+                if hasattr(first, "_fields")
+                else tuple(collate([b[i] for b in batch]) for i in range(len(first)))
             )
         if isinstance(first, list) or _is_sequence(first):
             items = [np.asarray(b) if isinstance(b, list) else b for b in batch]
