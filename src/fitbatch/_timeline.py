@@ -25,8 +25,15 @@ from numpy.typing import NDArray
 from fitbatch import _rng
 from fitbatch._rules import screen_oversized
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
-from fitbatch.distributed import Steps, TooFewSamples, arrange, arrange_budgets, straggler_ratio
-from fitbatch.plan import BatchPlan, PlanOptions, lower_bound, plan_with
+from fitbatch.distributed import (
+    Steps,
+    TooFewSamples,
+    arrange,
+    arrange_budgets,
+    plan_for_world,
+    straggler_ratio,
+)
+from fitbatch.plan import BatchPlan, PlanOptions, lower_bound
 from fitbatch.resume import BUDGET_KEY, COST_KEY, NUM_REPLICAS_KEY, STEP_KEY
 from fitbatch.sizes import Sizes
 
@@ -206,7 +213,7 @@ class Planner:
         """The epoch's fresh arrangement (per-rank budgets: one per rank, ``world`` ignored)."""
         if budgets is not None:
             return arrange_budgets(self.sizes, opts, budgets, self.epoch)
-        plan = plan_with(self.sizes, opts, self.epoch)
+        plan = plan_for_world(self.sizes, opts, self.epoch, world, self.policy)
         return arrange(plan, self.sizes, opts.cost, world, seed=opts.seed, epoch=self.epoch, policy=self.policy)
 
     def start(self, opts: PlanOptions, budgets: Budgets, world: int) -> Timeline:
@@ -283,7 +290,7 @@ class Planner:
             steps = arrange_budgets(sub, local, budgets, self.epoch)
             return dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
         return arrange(
-            _renamed(plan_with(sub, local, self.epoch), samples), self.sizes, opts.cost, world, seed=opts.seed,
+            _renamed(plan_for_world(sub, local, self.epoch, world, self.policy), samples), self.sizes, opts.cost, world, seed=opts.seed,
             epoch=self.epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
         )
 

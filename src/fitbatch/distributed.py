@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 POLICIES = ("split", "drop")
+# Below this many steps per epoch a ragged step matters (>= 1/64 of the epoch's balance):
+# :func:`plan_for_world` re-plans to a batch count the world size divides.
+FEW_STEPS = 64
 
 
 def world_info(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
@@ -180,6 +183,51 @@ def arrange(
     grid = grid[rng.permutation(n_steps)]
     grid = np.take_along_axis(grid, np.argsort(rng.random(grid.shape), axis=1), axis=1)
     return _steps(plan, grid.astype(np.int64), plan.costs[grid])
+
+
+
+def plan_for_world(sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str = "split") -> BatchPlan:
+    """The epoch's plan for ``world`` ranks: with few steps, a batch count that divides evenly.
+
+    With fewer than :data:`FEW_STEPS` steps per epoch, a batch count that ``world`` does not
+    divide and no ``drop_last``, splitting the leftover (``policy="split"``) would leave a step of half-size batches
+    next to full ones. Instead the plan is made again at the lowest budget (found by bisection,
+    never below the costliest sample that fits alone) whose plan still has no more than the next
+    multiple of ``world`` batches: the same samples spread over evenly full batches. Whatever
+    that leaves over is split by :func:`arrange` as before. The plan keeps the options' budget
+    and lower bound, so fills are still against the budget asked for. Every rank computes the
+    same plan from (sizes, options, epoch): no communication.
+
+    >>> import fitbatch
+    >>> from fitbatch.options import PlanOptions
+    >>> sizes = fitbatch.as_sizes([100] * 10)
+    >>> opts = PlanOptions.build(300, cost="sum", strategy="sequential")
+    >>> [len(b) for b in plan_for_world(sizes, opts, 0, 1)], [len(b) for b in plan_for_world(sizes, opts, 0, 3)]
+    ([3, 3, 3, 1], [2, 2, 2, 2, 2])
+    """
+    plan = plan_with(sizes, opts, epoch)
+    n = len(plan)
+    if world == 1 or policy != "split" or opts.drop_last or n % world == 0 or n >= FEW_STEPS * world:
+        return plan  # (drop_last keeps its full batches and its drops as planned)
+    target = -(-n // world) * world
+    alone = opts.cost.sample_cost(sizes.values)
+    fits = alone[alone <= opts.budget]
+    lo, hi = (float(fits.max()) if fits.size else opts.budget), opts.budget
+    best = plan
+    # Invariant: the plan at `hi` (best) has at most `target` batches; below `lo` nothing is tried.
+    for _ in range(40):
+        if len(best) == target or hi - lo <= 1e-4 * opts.budget:
+            break
+        mid = (lo + hi) / 2
+        trial = plan_with(sizes, dataclasses.replace(opts, budget=mid), epoch)
+        if len(trial) <= target:
+            hi, best = mid, trial
+        else:
+            lo = mid
+    if best is not plan:
+        logger.debug("epoch %d: %d batches re-planned as %d for %d ranks (budget %g -> %g)", epoch, n, len(best), world, opts.budget, hi)
+        best.budget, best.lower_bound = plan.budget, plan.lower_bound
+    return best
 
 
 def _steps(plan: BatchPlan, grid: IntArray, step_costs: FloatArray, budgets: tuple[float, ...] | None = None) -> Steps:
