@@ -223,7 +223,7 @@ def iterate_batches(
         totals = sampler.step_totals() if hasattr(sampler, "step_totals") else None
         for k, batch in enumerate(loader):
             if totals is not None:
-                samples, units = totals
+                samples, units = totals.samples, totals.units
                 yield batch, int(units[k]), int(units[k] - samples[k])
                 continue
             counts = torch.tensor([batch.real_tokens, int((batch.targets != -100).sum())])

@@ -87,7 +87,7 @@ def main() -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         sampler.load_state_dict(ckpt["sampler"])  # any world size: the rest is re-planned
     first = sampler.state_dict()["step"]  # where this run starts in the epoch's steps
-    samples, units = sampler.step_totals()
+    samples, units, _ = sampler.step_totals()
     targets = units - samples  # next-token targets per step, all ranks together
 
     t0, total, done = time.perf_counter(), 0.0, first

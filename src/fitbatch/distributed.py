@@ -85,6 +85,11 @@ class Steps:
     def n_steps(self) -> int:
         return int(self.grid.shape[0])
 
+    @property
+    def step_loss_units(self) -> FloatArray:
+        """Tokens that carry loss in each step, all ranks (``step_units`` when the plan has no ``loss_sizes``)."""
+        return self.plan.loss_units[self.grid].sum(axis=1) if self.n_steps else np.zeros(0)
+
     def rank_plan(self, rank: int) -> BatchPlan:
         """The batches of one rank, in step order (its stats carry the straggler ratio)."""
         out = self.plan.select(self.grid[:, rank], straggler_ratio=self.straggler_ratio)
