@@ -20,7 +20,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import BatchSizeSchedule, BudgetBatchSampler, GradientAccumulator, ScheduledBatchSampler, StepTotals
+from fitbatch import (
+    BatchSizeSchedule,
+    BudgetBatchSampler,
+    GradientAccumulator,
+    ScheduledBatchSampler,
+    StepTotals,
+)
 from fitbatch.distributed import TooFewSamples
 
 DATA = Path(__file__).parent / "data"
