@@ -135,6 +135,7 @@ def test_rank_split_equal_counts_disjoint_and_complete(case_policy):
     units = np.array([[sizes[g[k]].sum() for g in got] for k in range(n_steps)], dtype=float).reshape(n_steps, world)
     assert np.array_equal(step_samples, lens.sum(axis=1))
     assert np.array_equal(step_units, units.sum(axis=1))
+    assert np.array_equal(step_loss, step_units)  # no loss_sizes: loss units are the real units
     if n_steps and world > 1:
         # balance: each step holds `world` batches adjacent in cost order (no two steps interleave)
         lo, hi = costs.min(axis=1), costs.max(axis=1)
