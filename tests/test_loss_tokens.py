@@ -333,3 +333,15 @@ def test_two_gloo_ranks_accumulate_the_mean_over_all_loss_tokens_of_each_step(tm
         # the ranks' loss tokens differ at some step: a per-rank mean would be wrong there
         per_rank = [[sum(W.loss_sizes()[i] for i in rec["samples"]) for rec in lg] for lg in logs]
         assert per_rank[0] != per_rank[1]
+
+
+def test_the_training_docs_loss_tokens_example_runs(capsys):
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    block = text.split("<!-- loss-tokens-example -->\n```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/training.md", "exec"), {})
+    totals, steps = capsys.readouterr().out.strip().rsplit(" ", 1)
+    lengths = [7, 3, 9, 4, 6, 8, 5, 2]
+    loss = [n - n // 2 for n in lengths]
+    sampler = ScheduledBatchSampler(lengths, 4, micro_batch_size=2, loss_sizes=loss, seed=0)
+    expect = [float(sum(loss[i] for b, info in sampler.with_info() if info.step == k for i in b)) for k in range(2)]
+    assert totals == str(expect) and steps == "2" and sum(expect) == sum(loss)
