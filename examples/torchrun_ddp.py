@@ -121,7 +121,7 @@ def main() -> None:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         agree = bool(ok)
     if rank == 0:
-        print(f"world {world}: steps {first}..{done} of {len(samples)} per rank, "
+        print(f"world {world}: steps {first}..{done} of {len(targets)} per rank, "
               f"{time.perf_counter() - t0:.1f} s, mean token loss {float(stats[0] / stats[1]):.3f}")
         print(f"rank 0 plan: {sampler.plan().stats().summary()}")
         print(f"replica weights identical: {agree}")
