@@ -44,7 +44,10 @@ def real_sizes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ranks(sizes, budget, world, loss, **kw):
-    return [BudgetBatchSampler(sizes, budget, num_replicas=world, rank=r, loss_sizes=loss, **kw) for r in range(world)]
+    return [
+        BudgetBatchSampler(sizes, budget, num_replicas=world, rank=r, loss_sizes=loss, **kw)
+        for r in range(world)
+    ]
 
 
 def check_totals(samplers, loss):
@@ -54,7 +57,8 @@ def check_totals(samplers, loss):
     plans = [s.plan() for s in samplers]
     first = len(totals.loss_units) - len(plans[0])
     for s, plan in zip(samplers, plans):
-        assert s.step_totals().loss_units.tolist() == totals.loss_units.tolist()  # the same on every rank
+        # the same on every rank
+        assert s.step_totals().loss_units.tolist() == totals.loss_units.tolist()
         assert plan.loss_units.tolist() == [float(loss[b].sum()) for b in plan]
     per_step = np.sum([p.loss_units for p in plans], axis=0) if len(plans[0]) else np.zeros(0)
     np.testing.assert_allclose(totals.loss_units[first:], per_step, rtol=0, atol=1e-9)
@@ -81,7 +85,14 @@ def test_plan_batches_carries_loss_units_per_batch_and_in_stats():
 
 def test_left_out_samples_carry_no_loss_units():
     sizes = [5, 30, 4, 3, 6, 2]
-    plan = fitbatch.plan_batches(sizes, 10, cost="sum", strategy="sequential", oversized="skip", loss_sizes=[1, 9, 2, 3, 4, 5])
+    plan = fitbatch.plan_batches(
+        sizes,
+        10,
+        cost="sum",
+        strategy="sequential",
+        oversized="skip",
+        loss_sizes=[1, 9, 2, 3, 4, 5],
+    )
     assert plan.to_lists() == [[0, 2], [3, 4], [5]] and plan.skipped.tolist() == [1]
     assert plan.loss_units.tolist() == [3.0, 7.0, 5.0] and plan.stats().loss_units == 15.0
 
@@ -92,7 +103,11 @@ def test_left_out_samples_carry_no_loss_units():
         ([1, 2], ValueError, r"one entry per sample: 3 .* got shape \(2,\)"),
         ([1, -2, 3], ValueError, r"1 bad row: index 1 \(size -2.0\)"),
         ([1, 2, float("nan")], ValueError, r"index 2 \(size nan\)"),
-        ([1, float("inf"), -1], ValueError, r"2 bad rows: index 1 \(size inf\), index 2 \(size -1.0\)"),
+        (
+            [1, float("inf"), -1],
+            ValueError,
+            r"2 bad rows: index 1 \(size inf\), index 2 \(size -1.0\)",
+        ),
         ([True, False, True], TypeError, "dtype bool"),
         ("123", TypeError, "one number per sample"),
         ([[1], [2], [3]], ValueError, r"got shape \(3, 1\)"),
@@ -116,7 +131,9 @@ def test_step_totals_is_a_named_tuple_and_loss_units_default_to_units():
     samples, units, loss_units = sampler.step_totals()
     assert samples.tolist() == [1, 2, 1, 1] and units.tolist() == [1.0, 4.0, 4.0, 5.0]
     assert loss_units.tolist() == units.tolist()
-    with_loss = BudgetBatchSampler([3, 1, 4, 1, 5], 6, strategy="sorted", num_replicas=1, rank=0, loss_sizes=[2, 0, 4, 1, 3])
+    with_loss = BudgetBatchSampler(
+        [3, 1, 4, 1, 5], 6, strategy="sorted", num_replicas=1, rank=0, loss_sizes=[2, 0, 4, 1, 3]
+    )
     assert with_loss.step_totals()._fields == ("samples", "units", "loss_units")
     assert with_loss.step_totals().loss_units.tolist() == [1.0, 2.0, 4.0, 3.0]
     assert list(with_loss) == list(sampler)
@@ -138,11 +155,14 @@ def test_loss_totals_survive_budget_change_resume_and_world_change(
 ):
     sizes, loss = real_sizes(n, seed)
     budget = 9000
-    samplers = ranks(sizes, budget, world, loss, strategy=strategy, seed=seed, cost="sum", oversized="single")
+    samplers = ranks(
+        sizes, budget, world, loss, strategy=strategy, seed=seed, cost="sum", oversized="single"
+    )
     if n < 2 * world:
         return
     totals = check_totals(samplers, loss)
-    assert totals.loss_units.sum() == pytest.approx(float(loss.sum()), abs=1e-6)  # every sample once
+    # every sample once
+    assert totals.loss_units.sum() == pytest.approx(float(loss.sum()), abs=1e-6)
     # a budget change part-way through the epoch (all ranks alike)
     iters = [iter(s) for s in samplers]
     change = int(change_at * len(samplers[0]))
@@ -153,43 +173,54 @@ def test_loss_totals_survive_budget_change_resume_and_world_change(
         for s in samplers:
             s.set_budget(new_budget)
     changed = check_totals(samplers, loss)
-    assert changed.loss_units[:change].tolist() == totals.loss_units[:change].tolist()  # steps already run keep theirs
+    # the steps already run keep theirs
+    assert changed.loss_units[:change].tolist() == totals.loss_units[:change].tolist()
     assert changed.loss_units.sum() == pytest.approx(float(loss.sum()), abs=1e-6)
     # a resume at a later step, on another world size
     stop = change + int(stop_at * (len(changed.loss_units) - change))
     state = json.loads(json.dumps(samplers[0].state_dict(step=stop)))
     began = state["options"]["budget"]  # a change before the first step begins the epoch
-    resumed = ranks(sizes, began, new_world, loss, strategy=strategy, seed=seed, cost="sum", oversized="single")
+    resumed = ranks(
+        sizes, began, new_world, loss, strategy=strategy, seed=seed, cost="sum", oversized="single"
+    )
     try:
         for s in resumed:
             s.load_state_dict(state)
-    except TooFewSamples:  # the steps left cannot give every new rank a batch: refused, as it must be
+    except TooFewSamples:
+        # the steps left cannot give every new rank a batch: refused, as it must be
         assume(False)
     after = check_totals(resumed, loss)
     assert after.loss_units[:stop].tolist() == changed.loss_units[:stop].tolist()
     assert after.loss_units.sum() == pytest.approx(float(loss.sum()), abs=1e-6)
     # the samples the new ranks run carry exactly the loss units of the steps from `stop` on
     run = np.concatenate([np.zeros(0, np.int64), *(b for s in resumed for b in s.plan())])
-    assert float(loss[run].sum()) == pytest.approx(float(after.loss_units[len(after.loss_units) - len(resumed[0].plan()) :].sum()))
+    assert float(loss[run].sum()) == pytest.approx(
+        float(after.loss_units[len(after.loss_units) - len(resumed[0].plan()) :].sum())
+    )
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**16), world=st.integers(2, 3), policy=st.sampled_from(["split", "drop"]))
+@given(
+    seed=st.integers(0, 2**16), world=st.integers(2, 3), policy=st.sampled_from(["split", "drop"])
+)
 def test_loss_totals_with_per_rank_budgets_and_equal_step_policies(seed, world, policy):
     sizes, loss = real_sizes(90, seed)
     budgets = [8000 * (r + 1) for r in range(world)]
-    samplers = ranks(sizes, budgets, world, loss, seed=seed, cost="sum", oversized="single", policy=policy)
+    samplers = ranks(
+        sizes, budgets, world, loss, seed=seed, cost="sum", oversized="single", policy=policy
+    )
     totals = check_totals(samplers, loss)
     ran = np.concatenate([b for s in samplers for b in s.plan()])
     assert totals.loss_units.sum() == pytest.approx(float(loss[ran].sum()))
-    next(iter(samplers[0])), next(iter(samplers[1]))
     for s in samplers:
         it = iter(s)
         next(it)
         s.set_budget(6000)
     changed = check_totals(samplers, loss)
     assert changed.loss_units[:1].tolist() == totals.loss_units[:1].tolist()
-    plain = ranks(sizes, 9000, world, None, seed=seed, cost="sum", oversized="single", policy=policy)
+    plain = ranks(
+        sizes, 9000, world, None, seed=seed, cost="sum", oversized="single", policy=policy
+    )
     assert plain[0].step_totals().loss_units.tolist() == plain[0].step_totals().units.tolist()
 
 
@@ -210,17 +241,25 @@ def test_a_state_saved_with_other_loss_sizes_is_refused():
     other = loss.copy()
     other[7] += 1
     for loss_sizes in (other, None):
-        with pytest.raises(ValueError, match="saved over other sizes or loss_sizes .*same loss_sizes"):
-            BudgetBatchSampler(sizes, 12000, num_replicas=1, rank=0, loss_sizes=loss_sizes).load_state_dict(state)
+        with pytest.raises(
+            ValueError, match="saved over other sizes or loss_sizes .*same loss_sizes"
+        ):
+            BudgetBatchSampler(
+                sizes, 12000, num_replicas=1, rank=0, loss_sizes=loss_sizes
+            ).load_state_dict(state)
     again = BudgetBatchSampler(sizes, 12000, num_replicas=1, rank=0, loss_sizes=loss)
     again.load_state_dict(state)
     assert list(again) == list(sampler)[2:]
     # without loss sizes the digest is that of the sizes alone (states saved before them still load)
     plain = BudgetBatchSampler(sizes, 12000, num_replicas=1, rank=0).state_dict()
     assert plain["sizes_digest"] == fitbatch.resume.sizes_digest(np.asarray(sizes))
-    schedule = ScheduledBatchSampler(sizes, 8, micro_batch_size=2, loss_sizes=loss).state_dict(micro=2)
+    schedule = ScheduledBatchSampler(sizes, 8, micro_batch_size=2, loss_sizes=loss).state_dict(
+        micro=2
+    )
     with pytest.raises(ValueError, match="loss_sizes"):
-        ScheduledBatchSampler(sizes, 8, micro_batch_size=2, loss_sizes=other).load_state_dict(schedule)
+        ScheduledBatchSampler(sizes, 8, micro_batch_size=2, loss_sizes=other).load_state_dict(
+            schedule
+        )
 
 
 # ---------------------------------------------------------------- ScheduledBatchSampler
@@ -236,9 +275,20 @@ def test_a_state_saved_with_other_loss_sizes_is_refused():
 def test_micro_batch_infos_carry_the_steps_loss_units_over_all_ranks(seed, world, micro, stop_at):
     sizes, loss = real_sizes(70, seed)
     kw = {"rounding": "uneven"} if isinstance(micro, int) else {}
-    schedule = BatchSizeSchedule.from_list([12, 7, 20] if isinstance(micro, int) else [20000, 30000], on_exhausted="cycle")
+    schedule = BatchSizeSchedule.from_list(
+        [12, 7, 20] if isinstance(micro, int) else [20000, 30000], on_exhausted="cycle"
+    )
     samplers = [
-        ScheduledBatchSampler(sizes, schedule, micro_batch_size=micro, num_replicas=world, rank=r, seed=seed, loss_sizes=loss, **kw)
+        ScheduledBatchSampler(
+            sizes,
+            schedule,
+            micro_batch_size=micro,
+            num_replicas=world,
+            rank=r,
+            seed=seed,
+            loss_sizes=loss,
+            **kw,
+        )
         for r in range(world)
     ]
     per_rank = [list(s.with_info()) for s in samplers]
@@ -257,14 +307,26 @@ def test_micro_batch_infos_carry_the_steps_loss_units_over_all_ranks(seed, world
     # resumed mid-epoch: the same infos from the cursor on
     micro_done = int(stop_at * len(per_rank[0]))
     state = samplers[0].state_dict(micro=micro_done)
-    again = ScheduledBatchSampler(sizes, schedule, micro_batch_size=micro, num_replicas=world, rank=0, seed=seed, loss_sizes=loss, **kw)
+    again = ScheduledBatchSampler(
+        sizes,
+        schedule,
+        micro_batch_size=micro,
+        num_replicas=world,
+        rank=0,
+        seed=seed,
+        loss_sizes=loss,
+        **kw,
+    )
     again.load_state_dict(state)
     assert again.infos() == [info for _, info in per_rank[0][micro_done:]]
 
 
 def test_without_loss_sizes_infos_loss_units_are_units():
     sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
-    assert [(i.loss_units, i.step_loss_units) for i in sampler.infos()] == [(8.0, 16.0), (8.0, 16.0)]
+    assert [(i.loss_units, i.step_loss_units) for i in sampler.infos()] == [
+        (8.0, 16.0),
+        (8.0, 16.0),
+    ]
 
 
 # ---------------------------------------------------------------- GradientAccumulator
@@ -280,18 +342,33 @@ def reference_grads(samples: list[int]) -> list[torch.Tensor]:
 
 def test_accumulated_gradient_is_the_mean_over_the_steps_loss_tokens():
     model = W.make_model()
-    acc = GradientAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), lr_rule="none", normalize="loss_tokens")
-    sampler = ScheduledBatchSampler(W.sizes(), W.schedule(), micro_batch_size=W.MICRO, seed=5, rounding="uneven", loss_sizes=W.loss_sizes())
+    acc = GradientAccumulator(
+        model, torch.optim.SGD(model.parameters(), lr=0.0), lr_rule="none", normalize="loss_tokens"
+    )
+    sampler = ScheduledBatchSampler(
+        W.sizes(),
+        W.schedule(),
+        micro_batch_size=W.MICRO,
+        seed=5,
+        rounding="uneven",
+        loss_sizes=W.loss_sizes(),
+    )
     mine: list[int] = []
     checked = 0
     for batch, info in sampler.with_info():
         mine += batch
         assert info.step_loss_units != info.step_units
         if acc.backward(W.loss_sum(model, batch), info):
-            units = [float(sum(W.loss_sizes()[i] for i in b)) for b, i in sampler.with_info() if i.step == info.step]
+            units = [
+                float(sum(W.loss_sizes()[i] for i in b))
+                for b, i in sampler.with_info()
+                if i.step == info.step
+            ]
             assert len(set(units)) > 1 or info.n_micro == 1  # uneven loss tokens per micro-batch
             assert info.step_loss_units == sum(units)
-            for got, want in zip([p.grad for p in model.parameters()], reference_grads(mine), strict=True):
+            for got, want in zip(
+                [p.grad for p in model.parameters()], reference_grads(mine), strict=True
+            ):
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
             mine, checked = [], checked + 1
     assert checked == len(sampler.step_totals().loss_units) >= 3
@@ -301,22 +378,40 @@ def test_loss_tokens_normalisation_refuses_an_info_without_them():
     from fitbatch import MicroBatchInfo
 
     net = torch.nn.Linear(1, 1)
-    acc = GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="none", normalize="loss_tokens")
-    info = MicroBatchInfo(epoch=0, step=0, micro=0, n_micro=1, samples=2, units=5.0, step_samples=2, step_units=5.0, scheduled=2, world=1)
+    acc = GradientAccumulator(
+        net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="none", normalize="loss_tokens"
+    )
+    info = MicroBatchInfo(
+        epoch=0,
+        step=0,
+        micro=0,
+        n_micro=1,
+        samples=2,
+        units=5.0,
+        step_samples=2,
+        step_units=5.0,
+        scheduled=2,
+        world=1,
+    )
     with pytest.raises(ValueError, match="normalize='loss_tokens' needs the step's loss units"):
         acc.backward(net(torch.ones(1, 1)).sum(), info)
     none = ScheduledBatchSampler([3, 4], 2, micro_batch_size=1, loss_sizes=[0, 0]).infos()[0]
     with pytest.raises(ValueError, match="no loss tokens to normalise by"):
         acc.backward(net(torch.ones(1, 1)).sum(), none)
     with pytest.raises(ValueError, match="'loss_tokens'"):
-        GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="none", normalize="loss")
+        GradientAccumulator(
+            net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="none", normalize="loss"
+        )
 
 
 def test_two_gloo_ranks_accumulate_the_mean_over_all_loss_tokens_of_each_step(tmp_path):
     world = 2
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     run_processes(
-        [[sys.executable, str(WORKER), str(r), str(world), str(tmp_path / "init"), str(outs[r])] for r in range(world)],
+        [
+            [sys.executable, str(WORKER), str(r), str(world), str(tmp_path / "init"), str(outs[r])]
+            for r in range(world)
+        ],
         timeout=150,
     )
     results = [torch.load(o) for o in outs]
@@ -325,7 +420,11 @@ def test_two_gloo_ranks_accumulate_the_mean_over_all_loss_tokens_of_each_step(tm
         assert len({len(lg) for lg in logs}) == 1 and len(logs[0]) >= 3
         for k, rec in enumerate(logs[0]):
             samples = rec["samples"] + logs[1][k]["samples"]
-            assert rec["loss_units"] == logs[1][k]["loss_units"] == sum(W.loss_sizes()[i] for i in samples)
+            assert (
+                rec["loss_units"]
+                == logs[1][k]["loss_units"]
+                == sum(W.loss_sizes()[i] for i in samples)
+            )
             want = reference_grads(samples)
             for lg in logs:
                 for got, ref in zip(lg[k]["grads"], want, strict=True):
@@ -343,5 +442,8 @@ def test_the_training_docs_loss_tokens_example_runs(capsys):
     lengths = [7, 3, 9, 4, 6, 8, 5, 2]
     loss = [n - n // 2 for n in lengths]
     sampler = ScheduledBatchSampler(lengths, 4, micro_batch_size=2, loss_sizes=loss, seed=0)
-    expect = [float(sum(loss[i] for b, info in sampler.with_info() if info.step == k for i in b)) for k in range(2)]
+    expect = [
+        float(sum(loss[i] for b, info in sampler.with_info() if info.step == k for i in b))
+        for k in range(2)
+    ]
     assert totals == str(expect) and steps == "2" and sum(expect) == sum(loss)

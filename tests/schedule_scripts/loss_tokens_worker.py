@@ -55,7 +55,9 @@ def schedule():
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, DIM), torch.nn.Tanh(), torch.nn.Linear(DIM, VOCAB))
+    return torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, DIM), torch.nn.Tanh(), torch.nn.Linear(DIM, VOCAB)
+    )
 
 
 def loss_sum(model: torch.nn.Module, batch: list[int]) -> torch.Tensor:
@@ -63,7 +65,9 @@ def loss_sum(model: torch.nn.Module, batch: list[int]) -> torch.Tensor:
     items, labels = make_data()
     total = torch.zeros(())
     for i in batch:
-        total = total + torch.nn.functional.cross_entropy(model(items[i]), labels[i], ignore_index=-100, reduction="sum")
+        total = total + torch.nn.functional.cross_entropy(
+            model(items[i]), labels[i], ignore_index=-100, reduction="sum"
+        )
     return total
 
 
@@ -75,7 +79,13 @@ def run(world: int, rank: int, ddp: bool) -> list[dict]:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     acc = GradientAccumulator(model, opt, lr_rule="none", normalize="loss_tokens")
     sampler = ScheduledBatchSampler(
-        sizes(), schedule(), micro_batch_size=MICRO, num_replicas=world, rank=rank, seed=5, rounding="uneven",
+        sizes(),
+        schedule(),
+        micro_batch_size=MICRO,
+        num_replicas=world,
+        rank=rank,
+        seed=5,
+        rounding="uneven",
         loss_sizes=loss_sizes(),
     )
     steps: list[dict] = []
@@ -84,7 +94,14 @@ def run(world: int, rank: int, ddp: bool) -> list[dict]:
         mine += batch
         if acc.backward(loss_sum(model, batch), info):
             grads = [p.grad.clone() for p in net.parameters()]
-            steps.append({"step": info.step, "samples": mine, "loss_units": info.step_loss_units, "grads": grads})
+            steps.append(
+                {
+                    "step": info.step,
+                    "samples": mine,
+                    "loss_units": info.step_loss_units,
+                    "grads": grads,
+                }
+            )
             mine = []
     return steps
 
@@ -94,7 +111,11 @@ def main(rank: int, world: int, init_file: str, out_file: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
     )
     try:
         torch.save({"ddp": run(world, rank, True), "plain": run(world, rank, False)}, out_file)
