@@ -33,6 +33,7 @@ import numpy as np
 from _common import load, resample
 
 import fitbatch
+from fitbatch._validate import loss_sizes as check_loss_sizes
 
 logging.disable(logging.WARNING)  # the skipped-samples warning
 
@@ -115,6 +116,18 @@ def main() -> None:
                 f"| {world} | {name} | {r['build'] * 1e3:.0f} ms | {r['again'] * 1e6:.1f} µs | "
                 f"{r['change'] * 1e3:.0f} ms | {r['stats'] * 1e3:.1f} ms | {r['loss']:,.0f} |"
             )
+    # the work loss_sizes adds, alone: the check of the array and the sum per batch of one plan
+    plan = fitbatch.plan_batches(sizes, 16384, strategy="pooled", seed=0, oversized="skip")
+    t_check, _ = best(lambda: check_loss_sizes(loss, sizes.size), args.repeat)
+
+    def per_batch() -> Any:
+        plan.loss_sizes = loss.copy()  # a new array: summed again
+        return plan.loss_units
+
+    t_sum, _ = best(per_batch, args.repeat)
+    print(
+        f"\nalone: check of loss_sizes {t_check * 1e3:.1f} ms, loss units of the {len(plan):,} batches {t_sum * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":
