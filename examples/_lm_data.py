@@ -178,7 +178,8 @@ def make_sampler(
 
     cost, strategy = ("padded", "pooled") if mode == "padded" else ("sum", "packed")
     return fitbatch.BudgetBatchSampler(
-        lengths, budget, cost=cost, strategy=strategy, seed=seed, num_replicas=num_replicas, rank=rank
+        lengths, budget, cost=cost, strategy=strategy, seed=seed, num_replicas=num_replicas, rank=rank,
+        loss_sizes=np.maximum(np.asarray(lengths) - 1, 0),  # next-token targets: the tokens that carry loss
     )
 
 
@@ -223,8 +224,7 @@ def iterate_batches(
         totals = sampler.step_totals() if hasattr(sampler, "step_totals") else None
         for k, batch in enumerate(loader):
             if totals is not None:
-                samples, units = totals
-                yield batch, int(units[k]), int(units[k] - samples[k])
+                yield batch, int(totals.units[k]), int(totals.loss_units[k])
                 continue
             counts = torch.tensor([batch.real_tokens, int((batch.targets != -100).sum())])
             if world > 1:

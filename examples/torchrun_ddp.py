@@ -72,7 +72,8 @@ def main() -> None:
 
     lengths = np.load(args.lengths)
     # No num_replicas/rank: read from torch.distributed. Same seed on every rank.
-    sampler = fitbatch.BudgetBatchSampler(lengths, args.budget, cost="padded", seed=0)
+    # loss_sizes: the tokens of each sequence that carry loss (its next-token targets, L - 1)
+    sampler = fitbatch.BudgetBatchSampler(lengths, args.budget, cost="padded", seed=0, loss_sizes=np.maximum(lengths - 1, 0))
     loader = DataLoader(
         Sequences(lengths, args.vocab), batch_sampler=sampler, collate_fn=fitbatch.pad_collate,
         num_workers=args.workers,
@@ -87,8 +88,7 @@ def main() -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         sampler.load_state_dict(ckpt["sampler"])  # any world size: the rest is re-planned
     first = sampler.state_dict()["step"]  # where this run starts in the epoch's steps
-    samples, units = sampler.step_totals()
-    targets = units - samples  # next-token targets per step, all ranks together
+    targets = sampler.step_totals().loss_units  # next-token targets per step, all ranks together
 
     t0, total, done = time.perf_counter(), 0.0, first
     for k, batch in enumerate(loader, start=first):
@@ -121,7 +121,7 @@ def main() -> None:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         agree = bool(ok)
     if rank == 0:
-        print(f"world {world}: steps {first}..{done} of {len(samples)} per rank, "
+        print(f"world {world}: steps {first}..{done} of {len(targets)} per rank, "
               f"{time.perf_counter() - t0:.1f} s, mean token loss {float(stats[0] / stats[1]):.3f}")
         print(f"rank 0 plan: {sampler.plan().stats().summary()}")
         print(f"replica weights identical: {agree}")

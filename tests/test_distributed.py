@@ -132,11 +132,12 @@ def test_rank_split_equal_counts_disjoint_and_complete(case_policy):
     multi = np.array([[len(g[k]) > 1 for g in got] for k in range(n_steps)], dtype=bool).reshape(n_steps, world)
     assert np.all(costs[multi] <= budget)
     # per-step totals over all ranks, and the straggler ratio, recomputed from the batches
-    step_samples, step_units = samplers[world - 1].step_totals()
+    step_samples, step_units, step_loss = samplers[world - 1].step_totals()
     lens = np.array([[len(g[k]) for g in got] for k in range(n_steps)], dtype=np.int64).reshape(n_steps, world)
     units = np.array([[sizes[g[k]].sum() for g in got] for k in range(n_steps)], dtype=float).reshape(n_steps, world)
     assert np.array_equal(step_samples, lens.sum(axis=1))
     assert np.array_equal(step_units, units.sum(axis=1))
+    assert np.array_equal(step_loss, step_units)  # no loss_sizes: loss units are the real units
     if n_steps and world > 1:
         # balance: each step holds `world` batches adjacent in cost order (no two steps interleave)
         lo, hi = costs.min(axis=1), costs.max(axis=1)
@@ -168,7 +169,7 @@ def test_per_rank_budgets_equal_counts_each_within_its_own_budget(seed, world, n
     assert_exactly_once([flat(g) for g in got], n)
     for g, cap in zip(got, budgets):
         assert np.all(batch_costs(g, sizes, "padded") <= cap)
-    step_samples, _ = samplers[0].step_totals()
+    step_samples = samplers[0].step_totals().samples
     assert np.array_equal(step_samples, [sum(len(g[k]) for g in got) for k in range(len(got[0]))])
 
 
@@ -264,7 +265,7 @@ def test_step_units_normalise_the_loss_exactly(functions):
     """sum over ranks of (rank token-sum loss / step units) has the gradient of the step's mean loss."""
     sizes = functions[:600]
     samplers = all_ranks(sizes, 2048, 2, seed=4)
-    _, step_units = samplers[0].step_totals()
+    step_units = samplers[0].step_totals().units
     vocab = 16
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(vocab, 4), torch.nn.Linear(4, vocab)).double()

@@ -250,7 +250,7 @@ def test_set_budget_part_way_loses_and_repeats_no_sample(functions):
     sampler = BudgetBatchSampler(sizes, 4096, seed=0)
     it = iter(sampler)
     head = [next(it) for _ in range(3)]
-    steps_before, (samples_before, _) = len(sampler), sampler.step_totals()
+    steps_before, samples_before = len(sampler), sampler.step_totals().samples
     sampler.set_budget(3686.4)
     head += [next(it) for _ in range(7)]
     state = json.loads(json.dumps(sampler.state_dict(step=10)))
@@ -259,7 +259,7 @@ def test_set_budget_part_way_loses_and_repeats_no_sample(functions):
     assert sorted(flat(head + live_rest)) == list(range(3000)), "every sample once in the live run"
     assert all(padded(b, sizes) <= 3686.4 for b in head[3:] + live_rest)
     # len() and step_totals(): the epoch as it now runs; the steps already run keep their totals
-    samples_after, _ = sampler.step_totals()
+    samples_after = sampler.step_totals().samples
     assert len(sampler) == samples_after.size == 3 + len(head[3:] + live_rest) != steps_before
     assert samples_after[:3].tolist() == samples_before[:3].tolist()
     assert int(samples_after.sum()) == 3000

@@ -43,7 +43,7 @@ def test_timeline_changes_keep_every_sample_once(changes):
         assert _ran(timeline, 0, step) == _ran(before, 0, step), "the steps before a change stay"
         assert sorted(_ran(timeline, step, timeline.total)) == sorted(before.rest_samples(step).tolist())
     assert sorted(_ran(timeline, 0, timeline.total)) == list(range(len(sizes)))
-    samples, _ = timeline.step_totals()
+    samples = timeline.step_totals().samples
     assert samples.size == timeline.total and int(samples.sum()) == len(sizes)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from fitbatch._plan_sampler import StepTotals
 from fitbatch._validate import parse_budget
 from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.collate import (
@@ -147,6 +148,7 @@ __all__ = [
     "SizeMemoryModel",
     "Sizes",
     "Sorted",
+    "StepTotals",
     "Strategy",
     "StreamDataset",
     "StreamShard",

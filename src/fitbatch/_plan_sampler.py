@@ -15,7 +15,7 @@ import importlib
 import json
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,6 +52,30 @@ def torch_class(name: str) -> type:
     return base
 
 
+class StepTotals(NamedTuple):
+    """Per step of an epoch, over all ranks and micro-batches: what a loop normalises its loss by.
+
+    Known from the shared plan on every rank, with no all-reduce. ``loss_units`` counts the
+    tokens that carry loss (labels != -100) given as the sampler's ``loss_sizes=``; without
+    them it equals ``units``.
+
+    >>> from fitbatch import BudgetBatchSampler
+    >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", loss_sizes=[2, 1, 3, 0], num_replicas=1, rank=0)
+    >>> totals = sampler.step_totals()
+    >>> totals.samples.tolist(), totals.units.tolist(), totals.loss_units.tolist()
+    ([2, 1, 1], [2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+
+    Attributes:
+        samples: samples in each step (int64).
+        units: real (unpadded) size units in each step.
+        loss_units: tokens that carry loss in each step (``units`` without ``loss_sizes``).
+    """
+
+    samples: NDArray[np.int64]
+    units: NDArray[np.float64]
+    loss_units: NDArray[np.float64]
+
+
 @dataclasses.dataclass(frozen=True)
 class RankLayout:
     """One epoch as this rank runs it: its batches in order, and the steps' totals over all ranks.
@@ -70,12 +94,15 @@ class RankLayout:
         step_samples, step_units: samples and real size units of each step of the epoch (from
             step 0, also those before ``first``), all ranks together.
         first: the row of the epoch that row 0 of ``plan`` runs at.
+        step_loss_units: tokens that carry loss in each step, like ``step_units`` (``None``:
+            the same as ``step_units``, no ``loss_sizes``).
     """
 
     plan: BatchPlan
     step_samples: NDArray[np.int64]
     step_units: NDArray[np.float64]
     first: int = 0
+    step_loss_units: NDArray[np.float64] | None = None
 
     @property
     def end(self) -> int:
@@ -85,7 +112,7 @@ class RankLayout:
     @classmethod
     def alone(cls, plan: BatchPlan) -> RankLayout:
         """The layout of a plan that one rank runs alone: each batch is a step (see the class)."""
-        return cls(plan, plan.counts, plan.real_units)
+        return cls(plan, plan.counts, plan.real_units, step_loss_units=plan.loss_units)
 
 
 class PlanSampler:
@@ -121,7 +148,7 @@ class PlanSampler:
     ...     def _layout(self, epoch):
     ...         return RankLayout.alone(plan_batches([3, 1, 2, 2], 4, cost="sum", strategy="sequential"))
     >>> sampler = Fixed()
-    >>> list(sampler), len(sampler), sampler.step_totals()[0].tolist()
+    >>> list(sampler), len(sampler), sampler.step_totals().samples.tolist()
     ([[0, 1], [2, 3]], 2, [2, 2])
     """
 
@@ -129,7 +156,8 @@ class PlanSampler:
     _start = 0  # first row the next iteration yields (set by a resume)
     _position = 0  # rows of this epoch handed out by the latest iterator
     _revision = 0  # incremented when the current epoch's layout changes
-    _digest: str | None = None  # sizes_digest of _sizes, computed on first use
+    _digest: str | None = None  # sizes_digest of _sizes (and _loss), computed on first use
+    _loss: NDArray[np.float64] | None = None  # loss_sizes, one per sample, when given
     CONFIG_HINT: ClassVar[str] = ""  # appended to the message of a refused configuration
 
     STATE: ClassVar[StateSchema]
@@ -182,22 +210,25 @@ class PlanSampler:
         """
         return self._layout(self._epoch(epoch)).plan
 
-    def step_totals(self, epoch: int | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """Per step of the epoch: samples and real size units summed over all ranks.
+    def step_totals(self, epoch: int | None = None) -> StepTotals:
+        """Per step of the epoch: samples, real size units and loss units summed over all ranks.
 
         Indexed by the step of the epoch, from 0 (the ``step`` of the state counts the same
         steps). For the current epoch, the epoch as it runs now: every step already run keeps
         its totals, also those run on another world size before a resume, and the steps after
         a change part-way (a new budget) are those of the re-planned rest, so the arrays change
-        with such a change and a loop that normalises by them reads them again.
+        with such a change and a loop that normalises by them reads them again. A
+        :class:`StepTotals` ``(samples, units, loss_units)``; ``loss_units`` are the tokens that
+        carry loss (``loss_sizes=``), or ``units`` when the sampler has none.
 
         >>> from fitbatch import BudgetBatchSampler
         >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0)
         >>> [totals.tolist() for totals in sampler.step_totals()]
-        [[2, 1, 1], [2.0, 3.0, 4.0]]
+        [[2, 1, 1], [2.0, 3.0, 4.0], [2.0, 3.0, 4.0]]
         """
         lay = self._layout(self._epoch(epoch))
-        return lay.step_samples, lay.step_units
+        loss = lay.step_units if lay.step_loss_units is None else lay.step_loss_units
+        return StepTotals(lay.step_samples, lay.step_units, loss)
 
     def _epoch(self, epoch: int | None) -> int:
         return self.epoch if epoch is None else non_negative_int("epoch", epoch)
@@ -289,7 +320,7 @@ class PlanSampler:
 
     def _sizes_digest(self) -> str:
         if self._digest is None:
-            self._digest = sizes_digest(self._sizes.values)
+            self._digest = sizes_digest(self._sizes.values, self._loss)
         return self._digest
 
     def _check_state(self, state: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[int, int]:
@@ -305,8 +336,9 @@ class PlanSampler:
             )
         if state[SIZES_DIGEST_KEY] != self._sizes_digest():
             raise ValueError(
-                f"state was saved over other sizes (sizes_digest {state[SIZES_DIGEST_KEY]}, this sampler's "
-                f"{self._sizes_digest()}); resume over the same samples, in the same order"
+                f"state was saved over other sizes or loss_sizes (sizes_digest {state[SIZES_DIGEST_KEY]}, this "
+                f"sampler's {self._sizes_digest()}); resume over the same samples, in the same order, with the "
+                "same loss_sizes"
             )
         saved, mine = _as_json(state[self.CONFIG_KEY]), _as_json(self._config() if config is None else config)
         if saved != mine:

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
+from fitbatch._plan_sampler import StepTotals
 from fitbatch._rules import screen_oversized
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
 from fitbatch.distributed import (
@@ -81,7 +82,7 @@ class Timeline:
     (3, 8)
     >>> rest = arrange(epoch.rest_plan(1, sizes), sizes, opts.cost, 4, seed=0, epoch=0, purpose="resume-steps-1")
     >>> after = epoch.then(1, rest, opts.cost, opts.budget, world_change=True)
-    >>> after.total, after.base, after.world, after.step_totals()[0].tolist()
+    >>> after.total, after.base, after.world, after.step_totals().samples.tolist()
     (2, 1, 4, [4, 8])
     """
 
@@ -136,12 +137,16 @@ class Timeline:
         bound = sum(_bound(seg, lo, hi, sizes) for seg, lo, hi in pieces)
         return _join(parts, self.steps.plan, lower_bound=bound, straggler=None)
 
-    def step_totals(self) -> tuple[IntArray, FloatArray]:
-        """Per step of the epoch: samples and real units over all ranks."""
+    def step_totals(self) -> StepTotals:
+        """Per step of the epoch: samples, real units and loss units over all ranks."""
         pieces = self.pieces()
         samples = [seg.steps.step_samples[lo:hi] for seg, lo, hi in pieces]
         units = [seg.steps.step_units[lo:hi] for seg, lo, hi in pieces]
-        return np.concatenate([np.zeros(0, np.int64), *samples]), np.concatenate([np.zeros(0), *units])
+        loss = [seg.steps.step_loss_units[lo:hi] for seg, lo, hi in pieces]
+        return StepTotals(
+            np.concatenate([np.zeros(0, np.int64), *samples]), np.concatenate([np.zeros(0), *units]),
+            np.concatenate([np.zeros(0), *loss]),
+        )
 
     def rank_plan(self, rank: int, sizes: Sizes) -> BatchPlan:
         """The batches rank ``rank`` runs at steps ``base ..``, in step order."""
@@ -185,7 +190,7 @@ def _join(parts: Sequence[BatchPlan], like: BatchPlan, *, lower_bound: int, stra
         costs=arrays[0], real_units=arrays[1], padded_units=arrays[2],
         budget=like.budget, cost_name=like.cost_name, strategy_name=like.strategy_name, lower_bound=lower_bound,
         skipped=like.skipped, dropped=like.dropped, dropped_batches=like.dropped_batches,
-        plan_seconds=like.plan_seconds, straggler_ratio=straggler,
+        plan_seconds=like.plan_seconds, straggler_ratio=straggler, loss_sizes=like.loss_sizes,
     )
     return out
 
@@ -193,6 +198,9 @@ def _join(parts: Sequence[BatchPlan], like: BatchPlan, *, lower_bound: int, stra
 @dataclasses.dataclass(frozen=True)
 class Planner:
     """How a sampler plans one epoch and re-plans its rest: the samples, the rank policy, the epoch.
+
+    ``loss`` (the sampler's ``loss_sizes``, or ``None``) is attached to every plan it makes, so
+    every arrangement's ``step_loss_units`` counts them.
 
     >>> from fitbatch.sizes import as_sizes
     >>> planner = Planner(as_sizes([4, 4, 4, 4, 4, 4]), "split", epoch=0)
@@ -208,13 +216,18 @@ class Planner:
     sizes: Sizes
     policy: str
     epoch: int
+    loss: FloatArray | None = None
 
     def arrange(self, opts: PlanOptions, budgets: Budgets, world: int) -> Steps:
         """The epoch's fresh arrangement (per-rank budgets: one per rank, ``world`` ignored)."""
         if budgets is not None:
-            return arrange_budgets(self.sizes, opts, budgets, self.epoch)
-        plan = plan_for_world(self.sizes, opts, self.epoch, world, self.policy)
+            return self._with_loss(arrange_budgets(self.sizes, opts, budgets, self.epoch))
+        plan = plan_for_world(self.sizes, opts, self.epoch, world, self.policy, loss_sizes=self.loss)
         return arrange(plan, self.sizes, opts.cost, world, seed=opts.seed, epoch=self.epoch, policy=self.policy)
+
+    def _with_loss(self, steps: Steps) -> Steps:
+        steps.plan.loss_sizes = self.loss  # the plan of a whole arrangement, indexed like the dataset
+        return steps
 
     def start(self, opts: PlanOptions, budgets: Budgets, world: int) -> Timeline:
         """The epoch as first arranged."""
@@ -288,9 +301,11 @@ class Planner:
         local = dataclasses.replace(opts, seed=seed)
         if budgets is not None:
             steps = arrange_budgets(sub, local, budgets, self.epoch)
-            return dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
+            return self._with_loss(dataclasses.replace(steps, plan=_renamed(steps.plan, samples)))
+        rest = _renamed(plan_for_world(sub, local, self.epoch, world, self.policy), samples)
+        rest.loss_sizes = self.loss
         return arrange(
-            _renamed(plan_for_world(sub, local, self.epoch, world, self.policy), samples), self.sizes, opts.cost, world, seed=opts.seed,
+            rest, self.sizes, opts.cost, world, seed=opts.seed,
             epoch=self.epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
         )
 

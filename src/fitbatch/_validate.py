@@ -8,6 +8,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -94,3 +97,36 @@ def format_offenders(indices: Any, values: Any, limit: int = 5) -> str:
     shown = ", ".join(f"index {int(i)} (size {v})" for i, v in zip(indices[:limit], values[:limit]))
     more = len(indices) - limit
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def loss_sizes(values: Any, n: int) -> NDArray[np.float64] | None:
+    """``loss_sizes`` checked and coerced: ``None``, or one finite number >= 0 per sample (float64).
+
+    The tokens of each sample that carry loss (labels != -100), beside the ``n`` sizes.
+
+    >>> loss_sizes([3, 0, 2], 3).tolist()
+    [3.0, 0.0, 2.0]
+    >>> loss_sizes([3, -1, 2], 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: loss_sizes must be finite and >= 0; 1 bad row: index 1 (size -1.0). Pass the tokens of each sample that carry loss (labels != -100)
+    """
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or isinstance(values, numbers.Number):
+        raise TypeError(f"loss_sizes must be one number per sample (a sequence or array), got {values!r}")
+    array = np.asarray(values)
+    if array.dtype == bool or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise TypeError(f"loss_sizes must hold ints or floats (one per sample), got dtype {array.dtype}")
+    if array.ndim != 1 or array.size != n:
+        raise ValueError(
+            f"loss_sizes must have one entry per sample: {n} (the length of sizes), got shape {array.shape}"
+        )
+    out = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(out) & (out >= 0)))
+    if bad.size:
+        raise ValueError(
+            f"loss_sizes must be finite and >= 0; {bad.size} bad row{'s' if bad.size > 1 else ''}: "
+            f"{format_offenders(bad, out[bad])}. Pass the tokens of each sample that carry loss (labels != -100)"
+        )
+    return out

@@ -88,6 +88,11 @@ class Steps:
     def n_steps(self) -> int:
         return int(self.grid.shape[0])
 
+    @property
+    def step_loss_units(self) -> FloatArray:
+        """Tokens that carry loss in each step, all ranks (``step_units`` when the plan has no ``loss_sizes``)."""
+        return self.plan.loss_units[self.grid].sum(axis=1) if self.n_steps else np.zeros(0)
+
     def rank_plan(self, rank: int) -> BatchPlan:
         """The batches of one rank, in step order (its stats carry the straggler ratio)."""
         out = self.plan.select(self.grid[:, rank], straggler_ratio=self.straggler_ratio)
@@ -186,7 +191,9 @@ def arrange(
 
 
 
-def plan_for_world(sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str = "split") -> BatchPlan:
+def plan_for_world(
+    sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str = "split", *, loss_sizes: FloatArray | None = None
+) -> BatchPlan:
     """The epoch's plan for ``world`` ranks: with few steps, a batch count that divides evenly.
 
     With fewer than :data:`FEW_STEPS` steps per epoch, a batch count that ``world`` does not
@@ -205,7 +212,7 @@ def plan_for_world(sizes: Sizes, opts: PlanOptions, epoch: int, world: int, poli
     >>> [len(b) for b in plan_for_world(sizes, opts, 0, 1)], [len(b) for b in plan_for_world(sizes, opts, 0, 3)]
     ([3, 3, 3, 1], [2, 2, 2, 2, 2])
     """
-    plan = plan_with(sizes, opts, epoch)
+    plan = plan_with(sizes, opts, epoch, loss_sizes=loss_sizes)
     n = len(plan)
     if world == 1 or policy != "split" or opts.drop_last or n % world == 0 or n >= FEW_STEPS * world:
         return plan  # (drop_last keeps its full batches and its drops as planned)
@@ -219,7 +226,7 @@ def plan_for_world(sizes: Sizes, opts: PlanOptions, epoch: int, world: int, poli
         if len(best) == target or hi - lo <= 1e-4 * opts.budget:
             break
         mid = (lo + hi) / 2
-        trial = plan_with(sizes, dataclasses.replace(opts, budget=mid), epoch)
+        trial = plan_with(sizes, dataclasses.replace(opts, budget=mid), epoch, loss_sizes=loss_sizes)
         if len(trial) <= target:
             hi, best = mid, trial
         else:

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.options import PlanKeywords, PlanOptions
@@ -57,6 +58,8 @@ class BatchPlan(Sequence[IntArray]):
         counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
             padded units (count x padded length), for padding statistics and loss normalisation.
         skipped, dropped: indices of samples left out (oversized, ``drop_last``).
+        loss_sizes, loss_units: the tokens of each sample that carry loss, when given
+            (``loss_sizes=``), and their sum per batch; without them ``loss_units`` is ``real_units``.
 
     Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
 
@@ -79,7 +82,7 @@ class BatchPlan(Sequence[IntArray]):
         budget: float, cost_name: str, strategy_name: str, lower_bound: int = 0,
         skipped: IntArray | None = None, dropped: IntArray | None = None, dropped_batches: int = 0,
         plan_seconds: float = 0.0, straggler_ratio: float | None = None,
-        batch_ids: IntArray | None = None, ids_permute_all: bool = False,
+        batch_ids: IntArray | None = None, ids_permute_all: bool = False, loss_sizes: FloatArray | None = None,
     ) -> None:
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
         # here describe (order, offsets) and are selected on first use (a shuffled epoch of
@@ -107,6 +110,22 @@ class BatchPlan(Sequence[IntArray]):
         self.plan_seconds = plan_seconds
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
+        self.loss_sizes = loss_sizes  # per sample of the dataset; None: loss units are real units
+
+    @property
+    def loss_units(self) -> FloatArray:
+        """Tokens that carry loss in each batch: the sum of its ``loss_sizes`` (``real_units`` without them)."""
+        return self._pick(self._loss_name())
+
+    def _loss_name(self) -> str:
+        if self.loss_sizes is not None and self._base.get("loss_of") is not self.loss_sizes:
+            counts, heads = self._base["counts"], self._base_offsets[:-1]
+            out, full = np.zeros(counts.size), counts > 0  # an empty batch carries no loss
+            loss = self.loss_sizes[self._base_order[: int(self._base_offsets[-1])]]
+            out[full] = np.add.reduceat(loss, heads[full]) if loss.size else 0.0
+            self._base.update(loss_units=out, loss_of=self.loss_sizes)
+            self._picked.pop("loss_units", None)
+        return "real_units" if self.loss_sizes is None else "loss_units"
 
     @classmethod
     def from_batches(
@@ -255,7 +274,9 @@ class BatchPlan(Sequence[IntArray]):
         """
         if index_map is None:
             return self._derived(order, offsets, per_batch)
-        return self._derived(order, offsets, per_batch, skipped=index_map[self.skipped], dropped=index_map[self.dropped])
+        # loss sizes of a plan of a subset are not the dataset's: the caller attaches those
+        skipped, dropped = index_map[self.skipped], index_map[self.dropped]
+        return self._derived(order, offsets, per_batch, skipped=skipped, dropped=dropped, loss_sizes=None)
 
     def _derived(
         self, order: IntArray, offsets: IntArray, per_batch: tuple[FloatArray, FloatArray, FloatArray], **changes: Any
@@ -266,7 +287,7 @@ class BatchPlan(Sequence[IntArray]):
             "budget": self.budget, "cost_name": self.cost_name, "strategy_name": self.strategy_name,
             "lower_bound": self.lower_bound, "skipped": self.skipped, "dropped": self.dropped,
             "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
-            "straggler_ratio": self.straggler_ratio,
+            "straggler_ratio": self.straggler_ratio, "loss_sizes": self.loss_sizes,
         }
         return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
 
@@ -290,6 +311,7 @@ class BatchPlan(Sequence[IntArray]):
             strategy=self.strategy_name,
             plan_seconds=self.plan_seconds,
             straggler_ratio=self.straggler_ratio,
+            loss_units=float(self._totals(self._loss_name()).sum()),
         )
 
     def report(self) -> str:
@@ -322,6 +344,7 @@ def plan_batches(
     strategy: str | Strategy = "pooled",
     epoch: int = 0,
     n: int | None = None,
+    loss_sizes: Any = None,
     **options: Unpack[PlanKeywords],
 ) -> BatchPlan:
     """Plan one epoch of batches whose cost fits ``budget``.
@@ -333,6 +356,9 @@ def plan_batches(
         strategy: how samples are grouped.
         epoch: the epoch; with ``seed`` it determines every random choice.
         n: the number of samples when ``sizes`` is a callable.
+        loss_sizes: optional, one number per sample: its tokens that carry loss (labels !=
+            -100). Batches are planned on ``sizes`` alone; the plan carries these as
+            ``plan.loss_units`` (per batch) and ``plan.stats().loss_units`` (in all).
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
             ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
             the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.options.PlanKeywords`).
@@ -345,16 +371,17 @@ def plan_batches(
             ``oversized="error"`` (the message lists them).
         TypeError: arguments of the wrong type.
 
-    >>> plan = plan_batches([5, 1, 4, 2, 3, 3], 6, strategy="sorted")
-    >>> plan.to_lists()
-    [[1, 3], [5, 4], [2], [0]]
+    >>> plan = plan_batches([5, 1, 4, 2, 3, 3], 6, strategy="sorted", loss_sizes=[4, 0, 3, 2, 2, 1])
+    >>> plan.to_lists(), plan.loss_units.tolist(), plan.stats().loss_units
+    ([[1, 3], [5, 4], [2], [0]], [2.0, 3.0, 3.0, 4.0], 12.0)
     """
     opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
-    return plan_with(as_sizes(sizes, n), opts, epoch)
+    values = as_sizes(sizes, n)
+    return plan_with(values, opts, epoch, loss_sizes=check_loss_sizes(loss_sizes, len(values)))
 
 
-def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
-    """Plan with already validated sizes and options (the samplers' entry point)."""
+def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: FloatArray | None = None) -> BatchPlan:
+    """Plan with already validated sizes and options (the samplers' entry point; ``loss_sizes`` checked too)."""
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
     values = sizes.values
@@ -405,6 +432,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         dropped_batches=int(dropped_ids.size),
         batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
         ids_permute_all=not dropped_ids.size,
+        loss_sizes=loss_sizes,
     )
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:

@@ -156,19 +156,26 @@ def _good_event(event: Any) -> bool:
     return _is_int(step) and step >= 0 and len(changes) == 1 and _CHANGES[changes[0]](event[changes[0]])
 
 
-def sizes_digest(values: NDArray[Any]) -> str:
+def sizes_digest(values: NDArray[Any], loss_sizes: NDArray[Any] | None = None) -> str:
     """A stable fingerprint of sizes: blake2b (128 bits) of the shape and the float64 values.
 
     A state carries it so that a state saved over other samples with the same count is refused.
+    With ``loss_sizes`` (tokens that carry loss, per sample) they are part of the fingerprint;
+    without, it is the fingerprint of the sizes alone, as states saved before them hold.
 
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3.0, 1.0, 4.0]))
     True
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3, 1, 5]))
     False
+    >>> sizes_digest(np.array([3, 1, 4]), np.array([2, 1, 4])) == sizes_digest(np.array([3, 1, 4]))
+    False
     """
     values = np.ascontiguousarray(values, dtype=np.float64)
     h = hashlib.blake2b(repr(values.shape).encode(), digest_size=16)
     h.update(values.tobytes())
+    if loss_sizes is not None:
+        h.update(b"loss_sizes")
+        h.update(np.ascontiguousarray(loss_sizes, dtype=np.float64).tobytes())
     return h.hexdigest()
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step, screen
 from fitbatch._validate import choice, parse_budget
+from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.distributed import POLICIES, Steps, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
@@ -82,6 +83,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
+        loss_sizes: optional, per sample, the tokens that carry loss (labels != -100): they do
+            not change the batches; ``step_totals().loss_units`` sums them per step over all
+            ranks, and they are part of the state's ``sizes_digest``.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
             ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
             the :class:`fitbatch.PlanOptions` attributes (typed:
@@ -128,9 +132,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         rank: int | None = None,
         policy: str = "split",
         n: int | None = None,
+        loss_sizes: Any = None,
         **options: Unpack[PlanKeywords],
     ) -> None:
         self._sizes = as_sizes(sizes, n)
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._budgets: tuple[float, ...] | None = None
         if isinstance(budget, Sequence) and not isinstance(budget, str):
@@ -205,7 +211,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         event = {STEP_KEY: self._position, **change}
         opts, budgets = changed(self._opts, self._budgets, event, () if model is None else (model,))
         screen(self._sizes, opts)  # fail here, not when the next epoch is planned
-        planner = Planner(self._sizes, self.policy, self.epoch)
+        planner = Planner(self._sizes, self.policy, self.epoch, self._loss)
         if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
             self._timeline, self._begun = planner.start(opts, budgets, self._world0), (opts, budgets)
             logger.info("epoch %d planned with %s", self.epoch, change)
@@ -244,13 +250,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if epoch == self.epoch:
             return self._current().steps
         if self._cache is None or self._cache[0] != epoch:
-            self._cache = (epoch, Planner(self._sizes, self.policy, epoch).arrange(self._opts, self._budgets, self.num_replicas))
+            self._cache = (epoch, Planner(self._sizes, self.policy, epoch, self._loss).arrange(self._opts, self._budgets, self.num_replicas))
         return self._cache[1]
 
     def _current(self) -> Timeline:
         """The current epoch's steps as they run (planned on first use)."""
         if self._timeline is None:
-            self._timeline = Planner(self._sizes, self.policy, self.epoch).start(*self._begun, self._world0)
+            self._timeline = Planner(self._sizes, self.policy, self.epoch, self._loss).start(*self._begun, self._world0)
             if self.rank == 0:
                 logger.info("epoch %d: %s", self.epoch, self._timeline.steps.rank_plan(0).stats().summary())
         return self._timeline
@@ -258,10 +264,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def _layout(self, epoch: int) -> RankLayout:
         if epoch != self.epoch:
             steps = self.steps(epoch)
-            return RankLayout(steps.rank_plan(self.rank), steps.step_samples, steps.step_units)
+            return RankLayout(steps.rank_plan(self.rank), steps.step_samples, steps.step_units, 0, steps.step_loss_units)
         if self._rank_layout is None or self._rank_layout[:2] != (epoch, self._revision):
             timeline = self._current()
-            layout = RankLayout(timeline.rank_plan(self.rank, self._sizes), *timeline.step_totals(), first=timeline.base)
+            samples, units, loss = timeline.step_totals()
+            layout = RankLayout(timeline.rank_plan(self.rank, self._sizes), samples, units, timeline.base, loss)
             self._rank_layout = (epoch, self._revision, layout)
         return self._rank_layout[2]
 
@@ -326,7 +333,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 f"{self.num_replicas}; resuming per-rank budgets with a different world size is not supported"
             )
         epoch, step = self._check_state(state, _options(self._opts, self._budgets))
-        planner, opts, budgets = Planner(self._sizes, self.policy, epoch), self._opts, self._budgets
+        planner, opts, budgets = Planner(self._sizes, self.policy, epoch, self._loss), self._opts, self._budgets
         timeline = planner.start(opts, budgets, world0)
         for generation, event in enumerate(saved, 1):
             timeline, opts, budgets = planner.apply(timeline, event, generation, opts, budgets, (self._opts.cost,))

@@ -24,6 +24,8 @@ class PlanStats:
         straggler_ratio: for data-parallel plans, the mean over steps of max rank cost / mean
             rank cost (1.0 is perfect balance); ``None`` for a single process.
         plan_seconds: time spent planning.
+        loss_units: the tokens that carry loss in all batches (the sum of ``loss_sizes``, see
+            :func:`fitbatch.plan_batches`); the real size units when no loss sizes were given.
 
     Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
 
@@ -53,6 +55,7 @@ class PlanStats:
     strategy: str
     plan_seconds: float
     straggler_ratio: float | None = None
+    loss_units: float = 0.0
 
     @property
     def batches_vs_lower_bound(self) -> float:

@@ -119,7 +119,7 @@ def main() -> None:
         opt.load_state_dict(ckpt["optimizer"])
         sampler.load_state_dict(ckpt["sampler"])
     first = sampler.state_dict()["step"]
-    step_samples, step_units = sampler.step_totals()
+    step_samples, step_units, _ = sampler.step_totals()
     batches: list[list[int]] = []
     mismatches = 0
     for k, sample in enumerate(loader, start=first):

@@ -84,7 +84,7 @@ def main() -> None:
         log = []
         for epoch in range(loader.epoch, EPOCHS):
             loader.set_epoch(epoch)
-            samples, units = loader.step_totals()
+            samples, units, _ = loader.step_totals()
             targets = units - samples  # next-token targets of each step, all ranks
             for batch in loader:
                 k = loader.step - 1

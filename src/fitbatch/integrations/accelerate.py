@@ -174,7 +174,7 @@ class ResumableLoader:
             self.loader.set_epoch(epoch)
 
     def step_totals(self) -> Any:
-        """The sampler's per-step samples and real units of the epoch, all ranks together."""
+        """The sampler's :class:`~fitbatch.StepTotals` of the epoch: per step, samples, real units and loss units, all ranks."""
         return self.sampler.step_totals()
 
     def __len__(self) -> int:

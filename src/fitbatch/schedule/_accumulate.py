@@ -4,8 +4,8 @@ For each micro-batch the training loop passes the SUM of its per-unit losses (pe
 or per sample) and the :class:`~fitbatch.MicroBatchInfo` from the sampler. The accumulator
 
 * zeroes the gradients when a step opens and checks that no micro-batch was skipped;
-* scales the loss by ``1 / step total`` (the step's real units, or samples, over all ranks and
-  micro-batches), so the accumulated gradient is that of one big batch whose loss is the mean
+* scales the loss by ``1 / step total`` (the step's real units, its tokens that carry loss
+  with ``normalize="loss_tokens"``, or samples, over all ranks and micro-batches), so the accumulated gradient is that of one big batch whose loss is the mean
   per unit, however unequal the micro-batches are; under ``DistributedDataParallel`` (any model
   with ``no_sync``) it also multiplies by the world size to undo DDP's mean all-reduce, and runs
   every micro-batch but the step's last inside ``no_sync()``; a plain model in an initialised
@@ -45,7 +45,7 @@ from fitbatch.schedule._sampler import MicroBatchInfo
 logger = logging.getLogger(__name__)
 
 LR_RULES = ("linear", "sqrt", "none")
-NORMALIZE = ("tokens", "samples")
+NORMALIZE = ("tokens", "samples", "loss_tokens")
 STATE = StateSchema("accumulator", version=1, required=(STEPS_KEY, CONFIG_KEY, "scaler"))
 
 
@@ -59,8 +59,10 @@ class GradientAccumulator:
         lr_rule: ``"linear"``, ``"sqrt"`` or ``"none"``.
         reference: the step size at which the optimizer's own LR applies (same unit as
             ``normalize``); required unless ``lr_rule="none"``.
-        normalize: divide by the step's real units (``"tokens"``, the sampler's sizes) or its
-            ``"samples"``.
+        normalize: divide by the step's real units (``"tokens"``, the sampler's sizes), its
+            tokens that carry loss (``"loss_tokens"``: the sampler's ``loss_sizes``, e.g.
+            labels != -100, summed over all ranks and micro-batches; the loss passed is then the
+            SUM of per-token losses over those tokens) or its ``"samples"``.
         scaler: a ``torch.amp.GradScaler`` (optional).
         clip_grad_norm: clip the step's gradient to this norm before stepping (optional).
 
@@ -104,7 +106,24 @@ class GradientAccumulator:
     # ------------------------------------------------------------------ rules
 
     def step_size(self, info: MicroBatchInfo) -> float:
-        """The step's total in the ``normalize`` unit (all ranks, all micro-batches)."""
+        """The step's total in the ``normalize`` unit (all ranks, all micro-batches).
+
+        >>> from fitbatch import ScheduledBatchSampler
+        >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, loss_sizes=[2, 4, 0, 5])
+        >>> info = sampler.infos()[0]
+        >>> import torch
+        >>> net = torch.nn.Linear(1, 1)
+        >>> acc = GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="none", normalize="loss_tokens")
+        >>> acc.step_size(info), info.step_units
+        (11.0, 16.0)
+        """
+        if self.normalize == "loss_tokens":
+            if info.step_loss_units is None:
+                raise ValueError(
+                    f"normalize='loss_tokens' needs the step's loss units; step {info.step}'s info has none: "
+                    "take the infos from ScheduledBatchSampler (pass loss_sizes= to it)"
+                )
+            return float(info.step_loss_units)
         return float(info.step_units if self.normalize == "tokens" else info.step_samples)
 
     def lr_factor(self, info: MicroBatchInfo) -> float:
@@ -129,7 +148,10 @@ class GradientAccumulator:
         self._check_order(info)
         total = self.step_size(info)
         if not total > 0:
-            raise ValueError(f"step {info.step} has no real units to normalise by; use normalize='samples'")
+            raise ValueError(
+                f"step {info.step} has no {'loss tokens' if self.normalize == 'loss_tokens' else 'real units'} "
+                "to normalise by (its total is 0); use normalize='samples', or skip steps without loss tokens"
+            )
         averaging, reducing = self._world_mode(info.world)
         loss = loss_sum * ((info.world if averaging else 1) / total)
         if self.scaler is not None:

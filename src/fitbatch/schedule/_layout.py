@@ -57,6 +57,7 @@ class Layout:
     step_units: FloatArray
     scheduled: IntArray  # the schedule's (rounded) size of each step
     dropped: int  # samples of the epoch no step consumes
+    step_loss_units: FloatArray  # tokens that carry loss per step (step_units without loss_sizes)
 
     @property
     def n_steps(self) -> int:
@@ -116,9 +117,9 @@ def _step_values(sched: BatchSizeSchedule, start: int, count: int) -> IntArray:
 
 def sample_layout(
     sched: BatchSizeSchedule, sizes: Sizes, *, micro: int, world: int, rounding: str,
-    seed: int, epoch: int, first_step: int, shuffle: bool, drop_last: bool,
+    seed: int, epoch: int, first_step: int, shuffle: bool, drop_last: bool, loss: FloatArray | None = None,
 ) -> Layout:
-    """Sample-count steps (see the module docstring)."""
+    """Sample-count steps (see the module docstring); ``loss``: loss sizes the plan carries."""
     n = len(sizes)
     chunks: list[IntArray] = []
     total, start, want = 0, first_step, _FIRST_CHUNK
@@ -146,6 +147,7 @@ def sample_layout(
         sizes, SumCost(), batches.order[:used], np.append(batches.starts, used), budget=None,
         strategy_name="schedule", dropped=batches.order[used:],
     )
+    plan.loss_sizes = loss
     grid = np.arange(counts.size, dtype=np.int64).reshape(-1, world)
     step_rows = np.concatenate([[0], np.cumsum(per_rank)]).astype(np.int64)
     return _finish(epoch, first_step, plan, grid, step_rows, scheduled, plan.dropped.size)
@@ -153,10 +155,10 @@ def sample_layout(
 
 def budget_layout(
     sched: BatchSizeSchedule, sizes: Sizes, opts: PlanOptions, *, world: int, epoch: int,
-    first_step: int, drop_last: bool,
+    first_step: int, drop_last: bool, loss: FloatArray | None = None,
 ) -> Layout:
     """Budget steps: core plan -> rows of ``world`` micro-batches -> steps of rows."""
-    plan = plan_with(sizes, opts, epoch)
+    plan = plan_with(sizes, opts, epoch, loss_sizes=loss)
     arranged = arrange(plan, sizes, opts.cost, world, seed=opts.seed, epoch=epoch, purpose="schedule-rows")
     plan, grid, row_units = arranged.plan, arranged.grid, arranged.step_units
     cum = np.concatenate([[0.0], np.cumsum(row_units)])
@@ -191,8 +193,10 @@ def _finish(
     rows = np.repeat(np.arange(step_rows.size - 1), np.diff(step_rows))
     step_samples = np.zeros(step_rows.size - 1, np.int64)
     step_units = np.zeros(step_rows.size - 1, np.float64)
+    step_loss = np.zeros(step_rows.size - 1, np.float64)
     np.add.at(step_samples, rows, plan.counts[grid].sum(axis=1))
     np.add.at(step_units, rows, plan.real_units[grid].sum(axis=1))
+    np.add.at(step_loss, rows, plan.loss_units[grid].sum(axis=1))
     if dropped:
         logger.info("epoch %d: %d samples fill no whole step and are dropped (counted in plan().stats())", epoch, dropped)
-    return Layout(epoch, first_step, plan, grid, step_rows, step_samples, step_units, scheduled, int(dropped))
+    return Layout(epoch, first_step, plan, grid, step_rows, step_samples, step_units, scheduled, int(dropped), step_loss)

@@ -6,7 +6,8 @@ every rank; see :mod:`fitbatch.schedule._layout` for the split and the rounding 
 sampler yields this rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``);
 :meth:`with_info` and :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
 :class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
-and real units summed over all ranks (computed from the shared plan, without communication).
+real units and loss units summed over all ranks (computed from the shared plan, without
+communication).
 
 Epoch end: when the samples left cannot fill the next step, ``drop_last=True`` drops them and
 ``drop_last=False`` (default) runs them as a final, smaller step (split like an ``"uneven"``
@@ -36,6 +37,7 @@ import numpy as np
 from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
+from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch.distributed import world_info
 from fitbatch.plan import PlanOptions
 from fitbatch.resume import (
@@ -73,15 +75,18 @@ class MicroBatchInfo:
         step_samples, step_units: samples and real units of the whole step, all ranks.
         scheduled: the schedule's size for this step (after rounding).
         world: number of ranks.
+        loss_units, step_loss_units: tokens that carry loss (the sampler's ``loss_sizes``) in
+            this micro-batch and in the whole step (all ranks, all micro-batches); equal to
+            ``units`` and ``step_units`` when the sampler has no ``loss_sizes``.
 
     >>> from fitbatch import ScheduledBatchSampler
     >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
     >>> for batch, info in sampler.with_info():
     ...     print(batch, info)
     [0, 1] MicroBatchInfo(epoch=0, step=0, micro=0, n_micro=2, samples=2, units=8.0, step_samples=4,
-                          step_units=16.0, scheduled=4, world=1)
+                          step_units=16.0, scheduled=4, world=1, loss_units=8.0, step_loss_units=16.0)
     [2, 3] MicroBatchInfo(epoch=0, step=0, micro=1, n_micro=2, samples=2, units=8.0, step_samples=4,
-                          step_units=16.0, scheduled=4, world=1)
+                          step_units=16.0, scheduled=4, world=1, loss_units=8.0, step_loss_units=16.0)
     >>> info.opens_step, info.closes_step
     (False, True)
     """
@@ -96,6 +101,8 @@ class MicroBatchInfo:
     step_units: float
     scheduled: int
     world: int
+    loss_units: float | None = None
+    step_loss_units: float | None = None
 
     @property
     def opens_step(self) -> bool:
@@ -129,6 +136,10 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
         rounding: sample-count sizes that do not split evenly: ``"error"`` (default), ``"down"``,
             ``"up"`` or ``"uneven"`` (see ``fitbatch.schedule._layout.ROUNDING``).
+        loss_sizes: optional, per sample, the tokens that carry loss (labels != -100): they do
+            not change the micro-batches; ``info.step_loss_units`` and
+            ``step_totals().loss_units`` sum them over the step (for
+            ``GradientAccumulator(normalize="loss_tokens")``); part of the state's ``sizes_digest``.
 
     Raises:
         ValueError: a schedule value that cannot be split (naming the trace line), a schedule
@@ -138,7 +149,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
     A budget as ``micro_batch_size``: padded micro-batches of cost at most 8, 16 tokens a step:
 
     >>> tokens = ScheduledBatchSampler([3, 5, 2, 6], 16, micro_batch_size="8", shuffle=False)
-    >>> list(tokens), tokens.step_totals()[1].tolist()
+    >>> list(tokens), tokens.step_totals().units.tolist()
     ([[3], [1], [0, 2]], [16.0])
     """
 
@@ -172,6 +183,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         drop_last: bool = False,
         rounding: str = "error",
         micro_budget: float | str | PlanOptions | None = None,
+        loss_sizes: Any = None,
     ) -> None:
         if micro_budget is not None:
             warnings.warn(
@@ -184,6 +196,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
         else:
             self._sizes = as_sizes(sizes)
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
         self.schedule = BatchSizeSchedule.coerce(schedule)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
@@ -241,12 +254,12 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             lay = sample_layout(
                 self.schedule, self._sizes, micro=self.micro_batch_size or 1, world=self.num_replicas,
                 rounding=self.rounding, seed=self.seed, epoch=epoch, first_step=first,
-                shuffle=self.shuffle, drop_last=self.drop_last,
+                shuffle=self.shuffle, drop_last=self.drop_last, loss=self._loss,
             )
         else:
             lay = budget_layout(
                 self.schedule, self._sizes, self._opts, world=self.num_replicas, epoch=epoch,
-                first_step=first, drop_last=self.drop_last,
+                first_step=first, drop_last=self.drop_last, loss=self._loss,
             )
         self._first[epoch + 1] = first + lay.n_steps
         self._cache = lay
@@ -255,7 +268,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
     def _layout(self, epoch: int) -> RankLayout:
         # plan(): this rank's micro-batches in order; its stats count the dropped samples
         lay = self.layout(epoch)
-        return RankLayout(lay.plan.select(lay.grid[:, self.rank]), lay.step_samples, lay.step_units)
+        return RankLayout(lay.plan.select(lay.grid[:, self.rank]), lay.step_samples, lay.step_units, 0, lay.step_loss_units)
 
     def num_steps(self, epoch: int | None = None) -> int:
         """Optimizer steps in the epoch."""
@@ -295,6 +308,8 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             step_units=float(lay.step_units[k]),
             scheduled=int(lay.scheduled[k]),
             world=self.num_replicas,
+            loss_units=float(lay.plan.loss_units[b]),
+            step_loss_units=float(lay.step_loss_units[k]),
         )
 
     # ------------------------------------------------------------------ state
