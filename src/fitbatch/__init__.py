@@ -23,6 +23,7 @@ from fitbatch.collate import PaddedBatch, make_pad_collate, pad_collate
 from fitbatch.costs import (
     CostModel,
     FunctionCost,
+    Limits,
     PaddedCost,
     PaddedPolynomial,
     SumCost,
@@ -123,6 +124,7 @@ __all__ = [
     "FunctionCost",
     "GradientAccumulator",
     "Infinite",
+    "Limits",
     "MicroBatchInfo",
     "OOMGuard",
     "Packed",

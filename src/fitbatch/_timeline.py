@@ -275,7 +275,7 @@ class Planner:
         return timeline.then(step, steps, opts.cost, largest)
 
     def _plan_rest(self, samples: IntArray, generation: int, opts: PlanOptions, budgets: Budgets, world: int) -> Steps:
-        sub = Sizes(self.sizes.values[samples], self.sizes.integral)
+        sub = self.sizes.subset(samples)
         # the rest gets its own keyed stream, one per change (no seed arithmetic)
         seed = int(_rng.generator(opts.seed, self.epoch, "replan", generation).integers(1 << 62))
         local = dataclasses.replace(opts, seed=seed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, overload
 
@@ -25,7 +25,8 @@ from numpy.typing import NDArray
 from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import non_negative_int, parse_budget
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, Limits, resolve_cost
+from fitbatch.costs._limits import check_limits, column_costs, column_totals, describer, limit_fills, limit_index
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.stats import PlanStats
@@ -107,6 +108,8 @@ class BatchPlan(Sequence[IntArray]):
         self.plan_seconds = plan_seconds
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
+        self._limits: tuple[Limits, FloatArray] | None = None  # several limits: (model, sizes)
+        self._column_costs: FloatArray | None = None
 
     @classmethod
     def from_batches(
@@ -268,12 +271,32 @@ class BatchPlan(Sequence[IntArray]):
             "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
             "straggler_ratio": self.straggler_ratio,
         }
-        return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
+        plan = BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
+        plan._limits = None if "skipped" in changes else self._limits  # renamed samples: other sizes
+        return plan
+
+    def limit_costs(self, name: str) -> FloatArray:
+        """Each batch's cost in the column ``name``, in its own units (several limits only).
+
+        With several limits (a budget per named size column) ``costs`` are fills (the largest
+        column cost / budget; the budget is 1), and real and padded units are those of the
+        first column whose cost uses the max (else the first).
+
+        >>> import fitbatch
+        >>> plan = fitbatch.plan_batches({"tokens": [40, 30, 20], "images": [1, 2, 1]}, {"tokens": 64, "images": 3},
+        ...                              cost={"images": "sum"}, strategy="sequential")
+        >>> plan.to_lists(), plan.limit_costs("tokens").tolist(), plan.stats().fill_by_limit
+        ([[0], [1, 2]], [40.0, 60.0], {'images': 0.6666666666666666, 'tokens': 0.78125})
+        """
+        if self._column_costs is None:
+            self._column_costs = column_costs(self._limits, self.order, self.offsets)
+        return self._column_costs[:, limit_index(self._limits, name)]
 
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""
         padded = float(self._totals("padded_units").sum())
         fills = self._totals("costs") / self.budget
+        by_limit, min_by_limit = (None, None) if self._limits is None else limit_fills(self._limits[0], self.limit_costs)
         return PlanStats(
             n_samples=self.n_samples,
             n_batches=len(self),
@@ -290,6 +313,8 @@ class BatchPlan(Sequence[IntArray]):
             strategy=self.strategy_name,
             plan_seconds=self.plan_seconds,
             straggler_ratio=self.straggler_ratio,
+            fill_by_limit=by_limit,
+            min_fill_by_limit=min_by_limit,
         )
 
     def report(self) -> str:
@@ -307,6 +332,8 @@ class BatchPlan(Sequence[IntArray]):
         ]
         if s.straggler_ratio is not None:
             rows.append(("straggler ratio", f"{s.straggler_ratio:.4f}"))
+        if s.fill_by_limit is not None and s.min_fill_by_limit is not None:
+            rows.append(("fill by limit mean (min)", s.limits_text()))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -316,7 +343,7 @@ class BatchPlan(Sequence[IntArray]):
 
 def plan_batches(
     sizes: SizesLike,
-    budget: float | str,
+    budget: float | str | Mapping[str, float | str],
     *,
     cost: str | CostModel | Any = "padded",
     strategy: str | Strategy = "pooled",
@@ -327,9 +354,12 @@ def plan_batches(
     """Plan one epoch of batches whose cost fits ``budget``.
 
     Args:
-        sizes: one size per sample (see :func:`fitbatch.sizes.as_sizes` for accepted forms).
-        budget: the most cost one batch may have.
-        cost: the cost model.
+        sizes: one size per sample (see :func:`fitbatch.sizes.as_sizes` for accepted forms), or
+            a mapping of named columns (``{"tokens": t, "images": k}``) for several limits.
+        budget: the most cost one batch may have; for several limits a mapping of the sizes'
+            column names to budgets (each a number or a string such as ``"2GiB"``).
+        cost: the cost model; for several limits one for every column, or a mapping of column
+            names to costs (a column left out costs ``"padded"``).
         strategy: how samples are grouped.
         epoch: the epoch; with ``seed`` it determines every random choice.
         n: the number of samples when ``sizes`` is a callable.
@@ -341,8 +371,9 @@ def plan_batches(
         A :class:`BatchPlan`.
 
     Raises:
-        ValueError: bad sizes, budget or option values, or oversized samples under
-            ``oversized="error"`` (the message lists them).
+        ValueError: bad sizes, budget or option values, a budget mapping whose names are not
+            the sizes' column names, or oversized samples under ``oversized="error"`` (the
+            message lists them, and the limits they exceed).
         TypeError: arguments of the wrong type.
 
     >>> plan = plan_batches([5, 1, 4, 2, 3, 3], 6, strategy="sorted")
@@ -358,12 +389,12 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
     values = sizes.values
-    model, budget = opts.cost, opts.budget
+    model, budget = check_limits(sizes.columns, opts.cost), opts.budget
     alone = model.sample_cost(values)
-    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values)
+    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values, describe=describer(model, values))
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
-    sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
+    sub = sizes if kept is None else sizes.subset(kept)
     ctx = Context(
         sizes=sub,
         budget=planning_budget(budget, sizes.integral),
@@ -389,7 +420,12 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         batch_ids = batch_ids[perm]
     dropped_ids = np.flatnonzero(~keep_batch)
     dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
-    total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
+    if isinstance(model, Limits):  # the bound of the fullest column
+        totals = column_totals(model, values, np.concatenate([skipped, dropped]))
+        bound = max(lower_bound(c, b * budget, t, n - dropped.size) for c, b, t in zip(model.costs, model.budgets, totals))
+    else:
+        total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
+        bound = lower_bound(model, budget, total_alone, n - dropped.size)
     plan = BatchPlan(
         order,
         offsets,
@@ -399,13 +435,15 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         budget=budget,
         cost_name=model.name,
         strategy_name=opts.strategy.plan_name,
-        lower_bound=lower_bound(model, budget, total_alone, n - dropped.size),
+        lower_bound=bound,
         skipped=skipped,
         dropped=dropped,
         dropped_batches=int(dropped_ids.size),
         batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
         ids_permute_all=not dropped_ids.size,
     )
+    if isinstance(model, Limits):
+        plan._limits = (model, values)
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
@@ -424,6 +462,9 @@ def measure_batches(
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
         real, length = sm, mx
+    elif isinstance(model, Limits):  # the units of the padded column (tokens), not a product
+        j = next((j for j, c in enumerate(model.costs) if c.uses_max), 0)
+        real, length = sm[:, j], mx[:, j]
     else:
         units = sizes.real_units() if order is None else sizes.real_units()[order]
         real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)

@@ -24,6 +24,9 @@ class PlanStats:
         straggler_ratio: for data-parallel plans, the mean over steps of max rank cost / mean
             rank cost (1.0 is perfect balance); ``None`` for a single process.
         plan_seconds: time spent planning.
+        fill_by_limit, min_fill_by_limit: with several limits (a budget per named size column),
+            each limit's mean and smallest batch fill (the column's cost / its budget); ``None``
+            for a plan of one budget, whose fills are ``mean_fill`` and ``max_fill``.
 
     Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
 
@@ -53,6 +56,8 @@ class PlanStats:
     strategy: str
     plan_seconds: float
     straggler_ratio: float | None = None
+    fill_by_limit: dict[str, float] | None = None
+    min_fill_by_limit: dict[str, float] | None = None
 
     @property
     def batches_vs_lower_bound(self) -> float:
@@ -67,6 +72,11 @@ class PlanStats:
         out["batches_vs_lower_bound"] = self.batches_vs_lower_bound
         return out
 
+    def limits_text(self) -> str:
+        """Each limit's mean (and smallest) fill: ``"images 0.400 (0.000), tokens 0.950 (0.812)"``."""
+        mins = self.min_fill_by_limit or {}
+        return ", ".join(f"{n} {f:.3f} ({mins.get(n, 0.0):.3f})" for n, f in (self.fill_by_limit or {}).items())
+
     def summary(self) -> str:
         """One line for logs."""
         parts = [
@@ -77,6 +87,8 @@ class PlanStats:
         ]
         if self.straggler_ratio is not None:
             parts.append(f"straggler ratio {self.straggler_ratio:.3f}")
+        if self.fill_by_limit is not None:
+            parts.append("fill by limit " + ", ".join(f"{n} {f:.3f}" for n, f in self.fill_by_limit.items()))
         if self.skipped or self.dropped or self.oversized_batches:
             parts.append(
                 f"skipped {self.skipped}, dropped {self.dropped} in {self.dropped_batches} batches, "
