@@ -289,7 +289,7 @@ class PlanSampler:
 
     def _sizes_digest(self) -> str:
         if self._digest is None:
-            self._digest = sizes_digest(self._sizes.values)
+            self._digest = sizes_digest(self._sizes.values, getattr(self._sizes, "columns", None))
         return self._digest
 
     def _check_state(self, state: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[int, int]:

@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -26,10 +24,10 @@ from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import non_negative_int, parse_budget
 from fitbatch.costs import CostModel, Limits, resolve_cost
-from fitbatch.costs._limits import check_limits, column_costs, column_totals, describer, limit_fills, limit_index
+from fitbatch.costs._limits import check_limits, column_costs, describer, limit_fills, limit_index
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
-from fitbatch.stats import PlanStats
+from fitbatch.stats import PlanStats, lower_bound, samples_bound
 from fitbatch.strategies import Context, Strategy
 
 if TYPE_CHECKING:
@@ -420,9 +418,8 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         batch_ids = batch_ids[perm]
     dropped_ids = np.flatnonzero(~keep_batch)
     dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
-    if isinstance(model, Limits):  # the bound of the fullest column
-        totals = column_totals(model, values, np.concatenate([skipped, dropped]))
-        bound = max(lower_bound(c, b * budget, t, n - dropped.size) for c, b, t in zip(model.costs, model.budgets, totals))
+    if isinstance(model, Limits):  # every limit's bound: a per-sample total is not one
+        bound = samples_bound(model, budget, np.delete(values, np.concatenate([skipped, dropped]), axis=0))
     else:
         total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
         bound = lower_bound(model, budget, total_alone, n - dropped.size)
@@ -470,31 +467,3 @@ def measure_batches(
         real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)
         length = np.prod(mx, axis=1)
     return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)
-
-
-def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: int) -> int:
-    """``ceil(sum of marginal sample costs / usable budget)``, at least 1 for a non-empty plan.
-
-    The marginal cost of a sample is its cost alone (``total_alone`` sums them) less the cost
-    of an empty batch (the fixed part of a polynomial model); the usable budget is the budget
-    less that fixed part. The ratio is taken exactly (as fractions of the float values). With
-    whole-number costs and budget it is rounded up as it is; otherwise the float sum of ``n``
-    costs may exceed the true sum by about ``n`` units in the last place, so the ratio is first
-    lowered by that relative error (a bound may then be low by one, never high). A non-empty
-    plan's bound is at least 1, also when no batch can hold any marginal cost.
-
-    >>> from fitbatch.costs import SumCost
-    >>> lower_bound(SumCost(), 70e9, 3.0, 2), lower_bound(SumCost(), 0.1, 0.1 + 0.2, 3), lower_bound(SumCost(), 4, 9, 3)
-    (1, 3, 3)
-    """
-    if n_samples == 0:
-        return 0
-    base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
-    marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
-    if usable <= 0 or marginal <= 0:
-        return 1
-    ratio = marginal / usable
-    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: no rounding
-        return max(1, math.ceil(ratio))
-    slack = Fraction(n_samples + 1, 2**52)  # the relative rounding error of a float sum of n terms
-    return max(1, math.ceil(ratio * (1 - min(slack, Fraction(1, 2)))))

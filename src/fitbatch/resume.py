@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,19 +156,24 @@ def _good_event(event: Any) -> bool:
     return _is_int(step) and step >= 0 and len(changes) == 1 and _CHANGES[changes[0]](event[changes[0]])
 
 
-def sizes_digest(values: NDArray[Any]) -> str:
+def sizes_digest(values: NDArray[Any], columns: Sequence[str] | None = None) -> str:
     """A stable fingerprint of sizes: blake2b (128 bits) of the shape and the float64 values.
 
     A state carries it so that a state saved over other samples with the same count is refused.
+    ``columns``, the names of named size columns (several limits), are part of it when given.
 
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3.0, 1.0, 4.0]))
     True
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3, 1, 5]))
     False
+    >>> sizes_digest(np.ones((2, 2)), ("images", "tokens")) == sizes_digest(np.ones((2, 2)), ("frames", "tokens"))
+    False
     """
     values = np.ascontiguousarray(values, dtype=np.float64)
     h = hashlib.blake2b(repr(values.shape).encode(), digest_size=16)
     h.update(values.tobytes())
+    if columns is not None:
+        h.update(repr(tuple(columns)).encode())
     return h.hexdigest()
 
 

@@ -209,7 +209,7 @@ def resolve_limits(
     else:
         model = resolve_cost(cost)
         models = (model,) * len(names)
-    return Limits(names, tuple(budget[n] for n in names), models)
+    return Limits(names, tuple(parse_budget(budget[n], f"budget[{n!r}]") for n in names), models)
 
 
 # ------------------------------------------------------------------ plans of several limits
@@ -238,13 +238,6 @@ def check_limits(columns: tuple[str, ...] | None, cost: CostModel) -> CostModel:
 def describer(model: CostModel, values: FloatArray) -> Callable[[int], str] | None:
     """What sample ``k`` exceeds alone, for the oversized error of several limits; else ``None``."""
     return (lambda k: model.describe(values[k])) if isinstance(model, Limits) else None
-
-
-def column_totals(model: Limits, values: FloatArray, left_out: NDArray[np.int64]) -> list[float]:
-    """Per column, the sum of the samples' costs alone, less those of ``left_out`` positions."""
-    keep = np.ones(values.shape[0], dtype=bool)
-    keep[left_out] = False
-    return [float(c.sample_cost(values[:, j])[keep].sum()) for j, c in enumerate(model.costs)]
 
 
 def column_costs(limits: Any, order: NDArray[np.int64], offsets: NDArray[np.int64]) -> FloatArray:

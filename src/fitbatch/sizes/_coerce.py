@@ -130,7 +130,7 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     if isinstance(sizes, Sizes):
         return sizes
     columns = _column_names(sizes)
-    if columns is not None:
+    if columns is not None and isinstance(sizes, Mapping):
         stacked = as_sizes(_stack_columns(sizes, columns), n)
         return Sizes(stacked.values, stacked.integral, columns)
     if callable(sizes) and not hasattr(sizes, "__len__"):
@@ -189,7 +189,7 @@ def _column_names(sizes: Any) -> tuple[str, ...] | None:
     return tuple(sorted(sizes))
 
 
-def _stack_columns(sizes: Mapping[str, Any], columns: tuple[str, ...]) -> NDArray[Any]:
+def _stack_columns(sizes: Mapping[Any, Any], columns: tuple[str, ...]) -> NDArray[Any]:
     """The named columns side by side, ``(N, D)``; each column must be 1-D, all of one length."""
     arrays = []
     for name in columns:
