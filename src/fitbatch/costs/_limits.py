@@ -87,13 +87,19 @@ class Limits(CostModel):
             raise ValueError(f"Limits column names must differ, got {names!r}")
         for c in costs:
             if not isinstance(c, CostModel) or isinstance(c, Limits):
-                raise TypeError(f"each column's cost must be a 1-D CostModel (resolve_cost), got {c!r}")
+                raise TypeError(
+                    f"each column's cost must be a 1-D CostModel (resolve_cost), got {c!r}"
+                )
         at = sorted(range(len(names)), key=names.__getitem__)
         object.__setattr__(self, "names", tuple(names[j] for j in at))
-        object.__setattr__(self, "budgets", tuple(parse_budget(budgets[j], f"budget[{names[j]!r}]") for j in at))
+        object.__setattr__(
+            self, "budgets", tuple(parse_budget(budgets[j], f"budget[{names[j]!r}]") for j in at)
+        )
         object.__setattr__(self, "costs", tuple(costs[j] for j in at))
 
-    def column_costs(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+    def column_costs(
+        self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]
+    ) -> FloatArray:
         """Each column's cost in its own units: shape ``(k, D)`` for ``k`` batches."""
         mx, sm = self._columns(max_size), self._columns(sum_size)
         cnt = np.asarray(count, dtype=np.float64)
@@ -102,12 +108,16 @@ class Limits(CostModel):
             out[..., j] = model.evaluate(cnt, mx[..., j], sm[..., j])
         return out
 
-    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+    def evaluate(
+        self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]
+    ) -> FloatArray:
         return self._fill(self.column_costs(count, max_size, sum_size))
 
     def sample_cost(self, sizes: NDArray[Any]) -> FloatArray:
         values = self._columns(sizes)
-        return self._fill(np.stack([m.sample_cost(values[:, j]) for j, m in enumerate(self.costs)], axis=-1))
+        return self._fill(
+            np.stack([m.sample_cost(values[:, j]) for j, m in enumerate(self.costs)], axis=-1)
+        )
 
     def _fill(self, column_costs: FloatArray) -> FloatArray:
         fills: FloatArray = column_costs / np.asarray(self.budgets)
@@ -143,7 +153,9 @@ class Limits(CostModel):
     def describe(self, row: NDArray[Any]) -> str:
         """The limits one sample exceeds alone: ``"tokens 120 > 100"`` (every column when none)."""
         costs = self.column_costs(np.ones(1), row[None, :], row[None, :])[0]
-        over = [j for j in range(len(self.names)) if costs[j] > self.budgets[j]] or range(len(self.names))
+        over = [j for j in range(len(self.names)) if costs[j] > self.budgets[j]] or range(
+            len(self.names)
+        )
         return ", ".join(f"{self.names[j]} {costs[j]:g} > {self.budgets[j]:g}" for j in over)
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,6 +226,25 @@ def resolve_limits(
 
 # ------------------------------------------------------------------ plans of several limits
 
+
+def one_budget(where: str, budget: Any, cost: Any) -> Any:
+    """``budget``, or a ``TypeError`` when ``budget`` and ``cost`` ask for several limits,
+    which ``where`` (a planner of one budget: streams) does not plan.
+
+    >>> one_budget("batch_stream", {"tokens": 100, "images": 4}, "padded")
+    Traceback (most recent call last):
+    ...
+    TypeError: batch_stream plans one budget, not several limits (budget={'tokens': 100, 'images': 4}); plan sizes of named columns with plan_batches or BudgetBatchSampler, or stream with one budget
+    """
+    if isinstance(budget, Mapping) or isinstance(cost, (Mapping, Limits)):
+        shown = f"budget={budget!r}" if isinstance(budget, Mapping) else f"cost={cost!r}"
+        raise TypeError(
+            f"{where} plans one budget, not several limits ({shown}); plan sizes of named columns "
+            "with plan_batches or BudgetBatchSampler, or stream with one budget"
+        )
+    return budget
+
+
 def check_limits(columns: tuple[str, ...] | None, cost: CostModel) -> CostModel:
     """``cost``, or a clear ``ValueError`` when it and the sizes' ``columns`` disagree.
 
@@ -257,7 +288,11 @@ def column_costs(limits: Any, order: NDArray[np.int64], offsets: NDArray[np.int6
     if not counts.size:
         return np.zeros((0, len(model.names)))
     heads = offsets[:-1]
-    out: FloatArray = model.column_costs(counts.astype(np.float64), np.maximum.reduceat(x, heads, axis=0), np.add.reduceat(x, heads, axis=0))
+    out: FloatArray = model.column_costs(
+        counts.astype(np.float64),
+        np.maximum.reduceat(x, heads, axis=0),
+        np.add.reduceat(x, heads, axis=0),
+    )
     return out
 
 
@@ -269,7 +304,9 @@ def limit_index(limits: Any, name: str) -> int:
     return names.index(name) if limits is not None else 0
 
 
-def limit_fills(model: Limits, costs_of: Callable[[str], FloatArray]) -> tuple[dict[str, float], dict[str, float]]:
+def limit_fills(
+    model: Limits, costs_of: Callable[[str], FloatArray]
+) -> tuple[dict[str, float], dict[str, float]]:
     """(mean, min) batch fill of each limit: ``costs_of(name)`` / its budget."""
     fills = {n: costs_of(n) / b for n, b in zip(model.names, model.budgets)}
     mean = {n: float(f.mean()) if f.size else 0.0 for n, f in fills.items()}

@@ -109,10 +109,11 @@ def _greedy(
 ) -> Result:
     """Run the right kernel over samples laid out in ``order`` with the given segments.
 
-    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment;
+    ``levels`` (1-D sizes only: rows, even of one column, plan by search) says the planning
+    max is non-increasing in each segment;
     ``identity`` that ``order`` is 0..n-1 (no gather needed).
     """
-    if levels is not None and ctx.sizes.ndim == 1:
+    if levels is not None and ctx.sizes.values.ndim == 1:
         level, edges = levels
         values = (
             ctx.sizes.values[order]
