@@ -365,3 +365,51 @@ def test_real_function_lengths_with_synthetic_image_counts():
     one = fitbatch.plan_batches(columns["tokens"], 16384, strategy="pooled", seed=0)
     two = fitbatch.plan_batches(columns, budgets, cost={"images": "sum"}, strategy="pooled", seed=0)
     assert len(two) > len(one)  # the images limit costs batches
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    case=limited(),
+    cap=st.one_of(st.none(), st.integers(1, 12)),
+    segment=st.integers(1, 50),
+    poly=st.booleans(),
+)
+def test_compiled_rows_greedy_matches_numpy(case, cap, segment, poly):
+    """The numba loop over rows (several limits) gives the numpy kernel's starts and open batch."""
+    from fitbatch import _jit
+    from fitbatch import _kernels as K
+
+    columns, budgets, kinds = case
+    assert _jit.enabled(), "numba is installed in CI: the compiled loop must load"
+    if poly:
+        kinds = {
+            **kinds,
+            "tokens": fitbatch.PaddedPolynomial(fixed=1.0, linear=2.0, quadratic=0.001),
+        }
+    limits = resolve_limits(budgets, kinds)
+    rows = fitbatch.as_sizes(columns).values
+    force = np.zeros(rows.shape[0], dtype=bool)
+    force[::segment] = True
+    compiled = _jit.greedy(
+        rows, 1.0, limits, np.inf if cap is None else cap, force, 0, np.zeros(2), np.zeros(2)
+    )
+    assert compiled is not None
+    numpy_starts, open_batch = (
+        K._repair_seams(
+            K._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
+            8,
+            K._lockstep(
+                K._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
+                8,
+                K._empty_state(rows),
+            ),
+            K._empty_state(rows),
+        )
+        if rows.shape[0]
+        else (np.zeros(0, np.int64), K._empty_state(rows))
+    )
+    assert compiled[0].tolist() == numpy_starts.tolist()
+    if rows.shape[0]:
+        assert compiled[1][0] == open_batch.count
+        assert compiled[1][1].tolist() == np.asarray(open_batch.max_size).tolist()
+        assert compiled[1][2].tolist() == np.asarray(open_batch.sum_size).tolist()
