@@ -77,6 +77,24 @@ def test_tokens_limit_binds_with_padded_cost():
     )
 
 
+def test_sorting_strategies_sort_by_the_padded_column():
+    """Sorted by tokens (the padded column), not by each sample's largest fill: sample 0's images
+    fill its limit alone, yet it pads nothing beside sample 2."""
+    sizes = {"tokens": [1, 9, 1, 9], "images": [4, 0, 0, 4]}
+    plan = fitbatch.plan_batches(
+        sizes, {"tokens": 18, "images": 4}, cost={"images": "sum"}, strategy="sorted"
+    )
+    assert plan.to_lists() == [[2, 0], [3, 1]]
+    assert plan.stats().padding_efficiency == 1.0
+    limits = resolve_limits({"tokens": 18, "images": 4}, {"images": "sum"})
+    rows = fitbatch.as_sizes(sizes).values
+    assert limits.order_cost(rows).tolist() == [1 / 18, 0.5, 1 / 18, 0.5]
+    assert limits.sample_cost(rows).tolist() == [1.0, 0.5, 1 / 18, 1.0]
+    assert resolve_limits({"a": 2, "b": 4}, "sum").order_cost(np.array([[1.0, 1.0]])).tolist() == [
+        0.5
+    ]
+
+
 def test_missing_cost_defaults_to_padded_and_one_cost_applies_to_every_column():
     limits = resolve_limits({"tokens": 100, "images": 4}, {"images": "sum"})
     assert limits.names == ("images", "tokens")
@@ -362,6 +380,8 @@ def test_real_function_lengths_with_synthetic_image_counts():
         images_full = plan.limit_costs("images") / budgets["images"]
         assert (images_full == 1.0).any() and (tokens_full > 0.95).any(), strategy
         assert stats.fill_by_limit["images"] == pytest.approx(images_full.mean())
+        if strategy in ("sorted", "pooled", "packed"):
+            assert stats.padding_efficiency > 0.99, strategy  # sorted by tokens
     one = fitbatch.plan_batches(columns["tokens"], 16384, strategy="pooled", seed=0)
     two = fitbatch.plan_batches(columns, budgets, cost={"images": "sum"}, strategy="pooled", seed=0)
     assert len(two) > len(one)  # the images limit costs batches

@@ -120,6 +120,19 @@ class Limits(CostModel):
             for j, (m, b) in enumerate(zip(self.costs, self.budgets))
         )
 
+    def order_cost(self, sizes: NDArray[Any]) -> FloatArray:
+        """The largest fill alone over the columns whose cost uses the padded length (all
+        columns when none does): sorted by it, batches pad little, and sum columns (images)
+        pad nothing whatever the order.
+
+        >>> limits = resolve_limits({"tokens": 100, "images": 4}, {"images": "sum"})
+        >>> limits.order_cost(np.array([[4.0, 10.0], [0.0, 50.0]]))   # tokens only
+        array([0.1, 0.5])
+        """
+        values = self._columns(sizes)
+        padded = [j for j, m in enumerate(self.costs) if m.uses_max] or range(len(self.names))
+        return self._largest(self.costs[j].sample_cost(values[:, j]) / self.budgets[j] for j in padded)
+
     def _fill(self, column_costs: FloatArray) -> FloatArray:
         return self._largest(column_costs[..., j] / b for j, b in enumerate(self.budgets))
 

@@ -143,6 +143,11 @@ class CostModel(ABC):
         sizes = np.asarray(sizes, dtype=np.float64)
         return self.evaluate(np.broadcast_to(np.float64(1.0), sizes.shape[:1]), sizes, sizes)
 
+    def order_cost(self, sizes: NDArray[Any]) -> FloatArray:
+        """What the sorting strategies sort ``(N, D)`` rows by: :meth:`sample_cost` unless a
+        model knows a key that groups better (:class:`~fitbatch.costs.Limits`: its padded columns)."""
+        return self.sample_cost(sizes)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able description (used in state dicts and reports)."""
         fields: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}

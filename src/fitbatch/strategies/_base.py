@@ -38,7 +38,7 @@ class Context:
         return _rng.generator(self.seed, self.epoch, purpose)
 
     def keys(self) -> tuple[NDArray[np.uint16], FloatArray]:
-        """16-bit size keys (by sample cost for D-dimensional sizes) and each key's upper edge."""
+        """16-bit size keys (by ``cost.order_cost`` for D-dimensional sizes) and each key's upper edge."""
         if self._keys is None:
             v = self.sizes.values
             if v.ndim == 1:
@@ -46,7 +46,7 @@ class Context:
                     "size_keys", lambda: SK.size_keys(v, self.sizes.integral)
                 )
             else:
-                self._keys = SK.size_keys(self.cost.sample_cost(v), False)
+                self._keys = SK.size_keys(self.cost.order_cost(v), False)
         return self._keys
 
 

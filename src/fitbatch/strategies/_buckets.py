@@ -60,7 +60,7 @@ class Buckets(Strategy):
         """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
         if self.boundaries is not None:
             values = (
-                ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.sample_cost(ctx.sizes.values)
+                ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.order_cost(ctx.sizes.values)
             )
             ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
             top = np.zeros(len(self.boundaries) + 1)
