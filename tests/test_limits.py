@@ -433,3 +433,19 @@ def test_compiled_rows_greedy_matches_numpy(case, cap, segment, poly):
         assert compiled[1][0] == open_batch.count
         assert compiled[1][1].tolist() == np.asarray(open_batch.max_size).tolist()
         assert compiled[1][2].tolist() == np.asarray(open_batch.sum_size).tolist()
+
+
+def test_from_batches_measures_every_limit():
+    sizes = {"tokens": [4, 1, 3, 2], "images": [0, 2, 1, 1]}
+    limits = resolve_limits({"tokens": 8, "images": 2}, {"images": "sum"})
+    plan = fitbatch.BatchPlan.from_batches(
+        sizes, limits, [1, 3, 2, 0], [0, 2, 4], budget=1, strategy_name="by hand"
+    )
+    assert plan.limit_costs("images").tolist() == [3.0, 1.0]
+    assert plan.limit_costs("tokens").tolist() == [4.0, 8.0]
+    assert plan.costs.tolist() == [1.5, 1.0] and plan.stats().oversized_batches == 1
+    assert plan.stats().fill_by_limit == {"images": 1.0, "tokens": 0.75}
+    with pytest.raises(ValueError, match="sizes are named columns"):
+        fitbatch.BatchPlan.from_batches(
+            sizes, "padded", [0, 1], [0, 2], budget=8, strategy_name="x"
+        )

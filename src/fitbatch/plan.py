@@ -149,7 +149,8 @@ class BatchPlan(Sequence[IntArray]):
         >>> plan.to_lists(), plan.costs.tolist(), plan.stats().max_fill
         ([[1, 3], [2, 0]], [4.0, 8.0], 1.0)
         """
-        sz, model = as_sizes(sizes), resolve_cost(cost)
+        sz = as_sizes(sizes)
+        model = check_limits(sz.columns, resolve_cost(cost))
         order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
         if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
             raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
@@ -159,11 +160,13 @@ class BatchPlan(Sequence[IntArray]):
             raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
         _, costs, real, padded = measure_batches(sz, model, order, offsets)
         cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
-        return cls(
+        plan = cls(
             order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
             strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
             dropped_batches=dropped_batches, plan_seconds=plan_seconds,
         )
+        plan._limits = (model, sz.values) if isinstance(model, Limits) else None
+        return plan
 
     def _pick(self, name: str) -> Any:
         if self._ids is None:
