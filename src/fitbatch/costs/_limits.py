@@ -131,7 +131,9 @@ class Limits(CostModel):
         """
         values = self._columns(sizes)
         padded = [j for j, m in enumerate(self.costs) if m.uses_max] or range(len(self.names))
-        return self._largest(self.costs[j].sample_cost(values[:, j]) / self.budgets[j] for j in padded)
+        return self._largest(
+            self.costs[j].sample_cost(values[:, j]) / self.budgets[j] for j in padded
+        )
 
     def _fill(self, column_costs: FloatArray) -> FloatArray:
         return self._largest(column_costs[..., j] / b for j, b in enumerate(self.budgets))
