@@ -34,6 +34,7 @@ from fitbatch.collate import (
 from fitbatch.costs import (
     CostModel,
     FunctionCost,
+    Limits,
     PaddedCost,
     PaddedPolynomial,
     SumCost,
@@ -134,6 +135,7 @@ __all__ = [
     "FunctionCost",
     "GradientAccumulator",
     "Infinite",
+    "Limits",
     "MicroBatchInfo",
     "OOMGuard",
     "Packed",

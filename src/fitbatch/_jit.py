@@ -8,7 +8,8 @@ environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use nu
 
 Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.costs.SumCost`,
 :class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
-classes: a subclass may change ``evaluate``). numba is imported once a process has planned
+classes: a subclass may change ``evaluate``), and :class:`~fitbatch.costs.Limits` over rows
+whose every column has one of them. numba is imported once a process has planned
 ``LOAD_AT`` samples (small plans do not pay for the import); the first use compiles (a few
 seconds) and numba caches the machine code next to the module, so later processes load it.
 """
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
+from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ def _warm(module: ModuleType) -> None:
     one, params = np.ones(2), np.zeros(4)
     module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
     module.prefix_sum_starts(one, 1.0, 2)
+    rows = np.ones((2, 1))
+    module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
 
@@ -127,7 +130,7 @@ def greedy(
 ) -> tuple[IntArray, tuple[int, float, float]] | None:
     """Greedy starts in order and the open batch at the end, or ``None`` when not compiled."""
     if sizes.ndim != 1:
-        return None
+        return _greedy_rows(sizes, budget, cost, cap, force, count, max_size, sum_size)
     params = _cost_params(cost)
     module = _kernels(sizes.shape[0]) if params is not None else None
     if module is None or params is None:
@@ -137,6 +140,25 @@ def greedy(
     starts, c, m, s = module.greedy(
         values, float(budget), params[0], params[1], float(cap), flags, force is not None,
         float(count), float(max_size), float(sum_size),
+    )
+    return starts, (int(c), m, s)
+
+
+def _greedy_rows(
+    sizes: FloatArray, budget: float, cost: CostModel, cap: float, force: Any, count: int, max_size: Any, sum_size: Any
+) -> tuple[IntArray, tuple[int, Any, Any]] | None:
+    """:func:`greedy` over ``(n, D)`` rows for :class:`Limits` of built-in column costs."""
+    columns = [_cost_params(c) for c in cost.costs] if type(cost) is Limits else [None]
+    module = _kernels(sizes.shape[0]) if None not in columns else None
+    if module is None or type(cost) is not Limits:
+        return None
+    kinds = np.array([c[0] for c in columns if c is not None], dtype=np.int64)
+    params = np.array([c[1] for c in columns if c is not None], dtype=np.float64)
+    flags = _NO_FORCE if force is None else np.ascontiguousarray(force, dtype=np.bool_)
+    starts, c, m, s = module.greedy_rows(
+        np.ascontiguousarray(sizes, dtype=np.float64), float(budget), kinds, params,
+        np.asarray(cost.budgets, dtype=np.float64), float(cap), flags, force is not None, float(count),
+        np.asarray(max_size, dtype=np.float64).reshape(-1), np.asarray(sum_size, dtype=np.float64).reshape(-1),
     )
     return starts, (int(c), m, s)
 

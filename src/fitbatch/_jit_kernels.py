@@ -64,6 +64,53 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
 
 
 @njit(cache=True, nogil=True)
+def greedy_rows(  # pragma: no cover - compiled; checked against the numpy kernel in tests/test_limits.py
+    sizes: np.ndarray,
+    budget: float,
+    kinds: np.ndarray,
+    params: np.ndarray,
+    budgets: np.ndarray,
+    cap: float,
+    force: np.ndarray,
+    use_force: bool,
+    count: float,
+    mx: np.ndarray,
+    sm: np.ndarray,
+) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    """:func:`greedy` over ``(n, D)`` rows under several limits (:class:`fitbatch.costs.Limits`):
+    a batch's cost is its largest column cost / that column's budget."""
+    n, d = sizes.shape
+    starts = np.empty(n, dtype=np.int64)
+    mx, sm = mx.copy(), sm.copy()
+    new_max, new_sum = np.empty(d), np.empty(d)
+    k = 0
+    for t in range(n):
+        new_count = count + 1.0
+        fill = 0.0
+        for j in range(d):
+            x = sizes[t, j]
+            new_max[j] = mx[j] if mx[j] >= x else x
+            new_sum[j] = sm[j] + x
+            f = _cost(kinds[j], new_count, new_max[j], new_sum[j], params[j]) / budgets[j]
+            if f > fill:
+                fill = f
+        start = fill > budget or new_count > cap
+        if (use_force and force[t]) or count == 0.0:
+            start = True  # a segment start, or an empty batch taking its first sample
+        if start:
+            starts[k] = t
+            k += 1
+            count = 1.0
+            mx[:] = sizes[t]
+            sm[:] = sizes[t]
+        else:
+            count = new_count
+            mx[:] = new_max
+            sm[:] = new_sum
+    return starts[:k].copy(), count, mx, sm
+
+
+@njit(cache=True, nogil=True)
 def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
     """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget.
 

@@ -320,7 +320,7 @@ class PlanSampler:
 
     def _sizes_digest(self) -> str:
         if self._digest is None:
-            self._digest = sizes_digest(self._sizes.values, self._loss)
+            self._digest = sizes_digest(self._sizes.values, self._loss, getattr(self._sizes, "columns", None))
         return self._digest
 
     def _check_state(self, state: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> tuple[int, int]:

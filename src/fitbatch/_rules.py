@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -50,13 +51,16 @@ def screen_oversized(
     label: str = "index",
     noun: str = "sample",
     counted_in: str = "plan's stats",
+    describe: Callable[[int], str] | None = None,
 ) -> Screened:
     """Apply ``policy`` (one of :data:`OVERSIZED`) to samples whose costs alone are ``alone``.
 
     The error names the costliest offenders as ``{label} {position} (cost c, size s)``:
     ``positions`` maps positions into ``alone`` to the numbers shown (default: themselves),
     ``sizes`` are the samples' sizes (shown when they differ from the costs). ``noun`` and
-    ``counted_in`` name the samples and where skipped ones are counted.
+    ``counted_in`` name the samples and where skipped ones are counted. ``describe(k)``, when
+    given, says what the sample at position ``k`` exceeds (the limits of several named columns:
+    ``"tokens 20000 > 16384"``), in place of its cost and size.
 
     Raises:
         ValueError: under ``"error"`` when a sample costs more than ``budget`` alone; the
@@ -71,10 +75,10 @@ def screen_oversized(
         return none
     if policy == "error":
         worst = over[np.argsort(-alone[over], kind="stable")]
-        described = _offenders(worst, alone, sizes, positions, label)
+        described = _offenders(worst, alone, sizes, positions, label, describe)
+        what = f"exceed{'s' if over.size == 1 else ''} a limit" if describe is not None else f"cost more than the budget {budget:g}"
         raise ValueError(
-            f"{over.size} {noun}{'s' if over.size > 1 else ''} cost more than the budget {budget:g} "
-            f"even alone; largest: {described}. "
+            f"{over.size} {noun}{'s' if over.size > 1 else ''} {what} even alone; largest: {described}. "
             "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
             f"them out (they are counted in the {counted_in})."
         )
@@ -82,11 +86,19 @@ def screen_oversized(
 
 
 def _offenders(
-    worst: IntArray, alone: FloatArray, sizes: NDArray[np.float64] | None, positions: IntArray | None, label: str
+    worst: IntArray,
+    alone: FloatArray,
+    sizes: NDArray[np.float64] | None,
+    positions: IntArray | None,
+    label: str,
+    describe: Callable[[int], str] | None = None,
 ) -> str:
     """'index 2 (cost 208.0, size 8.0), ...': the size is left out where it equals the cost."""
     shown = []
     for k in worst[:SHOWN]:
+        if describe is not None:
+            shown.append(f"{label} {int(k if positions is None else positions[k])} ({describe(int(k))})")
+            continue
         cost = float(alone[k])
         what = f"cost {cost}"
         if sizes is not None:

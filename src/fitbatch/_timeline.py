@@ -25,7 +25,8 @@ from numpy.typing import NDArray
 from fitbatch import _rng
 from fitbatch._plan_sampler import StepTotals
 from fitbatch._rules import screen_oversized
-from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
+from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
+from fitbatch.costs._limits import check_limits, describer
 from fitbatch.distributed import (
     Steps,
     TooFewSamples,
@@ -34,9 +35,10 @@ from fitbatch.distributed import (
     plan_for_world,
     straggler_ratio,
 )
-from fitbatch.plan import BatchPlan, PlanOptions, lower_bound
+from fitbatch.plan import BatchPlan, PlanOptions
 from fitbatch.resume import BUDGET_KEY, COST_KEY, NUM_REPLICAS_KEY, STEP_KEY
 from fitbatch.sizes import Sizes
+from fitbatch.stats import samples_bound
 
 logger = logging.getLogger(__name__)
 
@@ -170,9 +172,7 @@ def _bound(seg: Segment, lo: int, hi: int, sizes: Sizes) -> int:
     """A lower bound of the batches of rows ``lo .. hi-1`` of a segment (its plan's own when whole)."""
     if lo == 0 and hi == seg.steps.n_steps:
         return int(seg.steps.plan.lower_bound)
-    samples = _batches(seg.steps, lo, hi).order
-    alone = seg.model.sample_cost(sizes.values[samples])
-    return lower_bound(seg.model, seg.budget, float(np.sum(alone)), int(samples.size))
+    return samples_bound(seg.model, seg.budget, sizes.values[_batches(seg.steps, lo, hi).order])
 
 
 def _step_costs(steps: Steps, lo: int, hi: int) -> FloatArray:
@@ -295,7 +295,7 @@ class Planner:
         return timeline.then(step, steps, opts.cost, largest)
 
     def _plan_rest(self, samples: IntArray, generation: int, opts: PlanOptions, budgets: Budgets, world: int) -> Steps:
-        sub = Sizes(self.sizes.values[samples], self.sizes.integral)
+        sub = self.sizes.subset(samples)
         # the rest gets its own keyed stream, one per change (no seed arithmetic)
         seed = int(_rng.generator(opts.seed, self.epoch, "replan", generation).integers(1 << 62))
         local = dataclasses.replace(opts, seed=seed)
@@ -337,8 +337,9 @@ def screen(sizes: Sizes, opts: PlanOptions) -> None:
     ValueError: 1 sample cost more than the budget 8 even alone; largest: index 1 (cost 9.0). Pass oversized='single' to give each its own batch, or oversized='skip' to leave them out (they are counted in the plan's stats).
     """
     if opts.oversized == "error":
-        alone = opts.cost.sample_cost(sizes.values)
-        screen_oversized(alone, opts.budget, "error", sizes=sizes.values)
+        model = check_limits(sizes.columns, opts.cost)
+        alone = model.sample_cost(sizes.values)
+        screen_oversized(alone, opts.budget, "error", sizes=sizes.values, describe=describer(model, sizes.values))
 
 
 def check_step(what: str, step: int, timeline: Timeline, epoch: int) -> None:
@@ -391,11 +392,13 @@ def restore_cost(description: Mapping[str, Any], known: Sequence[CostModel] = ()
     try:
         if kind in _BUILT_IN_COSTS:
             return _BUILT_IN_COSTS[kind](**fields)
+        if kind == Limits.name:  # several limits: each column's model restored the same way
+            return Limits(tuple(fields["names"]), tuple(fields["budgets"]), tuple(restore_cost(c, known) for c in fields["costs"]))
         from fitbatch.memory.model import load_memory_model
 
         restored: CostModel = load_memory_model(dict(description))
         return restored
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise ValueError(
             f"state changes the cost model to {dict(description)!r} during the epoch, which cannot be "
             f"rebuilt from the state ({e}); only the built-in cost models and fitbatch.memory models can"

@@ -265,7 +265,7 @@ def arrange_budgets(
     parts = np.split(deal, bounds)
     plans = []
     for rank, (part, cap) in enumerate(zip(parts, caps)):
-        sub = Sizes(sizes.values[part], sizes.integral)
+        sub = sizes.subset(part)
         # each rank's share gets its own keyed stream (no seed or epoch arithmetic)
         rank_seed = int(_rng.generator(opts.seed, epoch, "rank-plan", rank).integers(1 << 62))
         local = plan_with(sub, dataclasses.replace(opts, budget=float(cap), seed=rank_seed), epoch)
@@ -273,7 +273,7 @@ def arrange_budgets(
     target = max(len(p) for _, p in plans)
     ranked: list[BatchPlan] = []
     for part, local in plans:
-        sub = Sizes(sizes.values[part], sizes.integral)
+        sub = sizes.subset(part)
         if len(local) < target:
             local = split_batches(local, sub, opts.cost, target - len(local))
         ranked.append(_reindex(local, part))

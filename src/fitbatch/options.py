@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._rules import OVERSIZED
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, resolve_cost, resolve_limits
 from fitbatch.strategies import Strategy, resolve_strategy
 
 
@@ -43,7 +44,11 @@ class PlanOptions:
 
     Attributes:
         budget: the most cost one batch may have (number, or a string such as ``"70GiB"``).
-        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function).
+            Several limits: a mapping column name -> budget, with sizes of the same named
+            columns; ``build`` turns it into a :class:`~fitbatch.costs.Limits` cost (each batch's
+            largest fill) and a budget of 1.
+        cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel`` or function);
+            with a budget mapping, one for every column or a mapping column name -> cost.
         strategy: ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"``, ``"packed"`` or a
             ``Strategy`` instance with its own settings.
         max_batch_size: at most this many samples per batch (``None``: no limit).
@@ -80,7 +85,7 @@ class PlanOptions:
     @classmethod
     def build(
         cls,
-        budget: float | str,
+        budget: float | str | Mapping[str, float | str],
         *,
         cost: str | CostModel | Any = "padded",
         strategy: str | Strategy = "pooled",
@@ -97,6 +102,8 @@ class PlanOptions:
             raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}")
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        if isinstance(budget, Mapping) or isinstance(cost, Mapping):  # several limits: fills against 1
+            cost, budget = resolve_limits(budget, cost), 1.0
         return cls(
             budget=parse_budget(budget),
             cost=resolve_cost(cost),

@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterator, Sequence
-from fractions import Fraction
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -26,10 +24,11 @@ from fitbatch import _kernels as K
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int, parse_budget
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, Limits, resolve_cost
+from fitbatch.costs._limits import check_limits, column_costs, describer, limit_fills, limit_index
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
-from fitbatch.stats import PlanStats
+from fitbatch.stats import PlanStats, lower_bound, samples_bound
 from fitbatch.strategies import Context, Strategy
 
 if TYPE_CHECKING:
@@ -111,6 +110,8 @@ class BatchPlan(Sequence[IntArray]):
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
         self.loss_sizes = loss_sizes  # per sample of the dataset; None: loss units are real units
+        self._limits: tuple[Limits, FloatArray] | None = None  # several limits: (model, sizes)
+        self._column_costs: FloatArray | None = None
 
     @property
     def loss_units(self) -> FloatArray:
@@ -167,7 +168,8 @@ class BatchPlan(Sequence[IntArray]):
         >>> plan.to_lists(), plan.costs.tolist(), plan.stats().max_fill
         ([[1, 3], [2, 0]], [4.0, 8.0], 1.0)
         """
-        sz, model = as_sizes(sizes), resolve_cost(cost)
+        sz = as_sizes(sizes)
+        model = check_limits(sz.columns, resolve_cost(cost))
         order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
         if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
             raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
@@ -177,11 +179,13 @@ class BatchPlan(Sequence[IntArray]):
             raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
         _, costs, real, padded = measure_batches(sz, model, order, offsets)
         cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
-        return cls(
+        plan = cls(
             order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
             strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
             dropped_batches=dropped_batches, plan_seconds=plan_seconds,
         )
+        plan._limits = (model, sz.values) if isinstance(model, Limits) else None
+        return plan
 
     def _pick(self, name: str) -> Any:
         if self._ids is None:
@@ -289,12 +293,32 @@ class BatchPlan(Sequence[IntArray]):
             "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
             "straggler_ratio": self.straggler_ratio, "loss_sizes": self.loss_sizes,
         }
-        return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
+        plan = BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
+        plan._limits = None if "skipped" in changes else self._limits  # renamed samples: other sizes
+        return plan
+
+    def limit_costs(self, name: str) -> FloatArray:
+        """Each batch's cost in the column ``name``, in its own units (several limits only).
+
+        With several limits (a budget per named size column) ``costs`` are fills (the largest
+        column cost / budget; the budget is 1), and real and padded units are those of the
+        first column whose cost uses the max (else the first).
+
+        >>> import fitbatch
+        >>> plan = fitbatch.plan_batches({"tokens": [40, 30, 20], "images": [1, 2, 1]}, {"tokens": 64, "images": 3},
+        ...                              cost={"images": "sum"}, strategy="sequential")
+        >>> plan.to_lists(), plan.limit_costs("tokens").tolist(), plan.stats().fill_by_limit
+        ([[0], [1, 2]], [40.0, 60.0], {'images': 0.6666666666666666, 'tokens': 0.78125})
+        """
+        if self._column_costs is None:
+            self._column_costs = column_costs(self._limits, self.order, self.offsets)
+        return self._column_costs[:, limit_index(self._limits, name)]
 
     def stats(self) -> PlanStats:
         """Statistics of this plan (see :class:`PlanStats`)."""
         padded = float(self._totals("padded_units").sum())
         fills = self._totals("costs") / self.budget
+        by_limit, min_by_limit = (None, None) if self._limits is None else limit_fills(self._limits[0], self.limit_costs)
         return PlanStats(
             n_samples=self.n_samples,
             n_batches=len(self),
@@ -312,6 +336,8 @@ class BatchPlan(Sequence[IntArray]):
             plan_seconds=self.plan_seconds,
             straggler_ratio=self.straggler_ratio,
             loss_units=float(self._totals(self._loss_name()).sum()),
+            fill_by_limit=by_limit,
+            min_fill_by_limit=min_by_limit,
         )
 
     def report(self) -> str:
@@ -329,6 +355,8 @@ class BatchPlan(Sequence[IntArray]):
         ]
         if s.straggler_ratio is not None:
             rows.append(("straggler ratio", f"{s.straggler_ratio:.4f}"))
+        if s.fill_by_limit is not None and s.min_fill_by_limit is not None:
+            rows.append(("fill by limit mean (min)", s.limits_text()))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -338,7 +366,7 @@ class BatchPlan(Sequence[IntArray]):
 
 def plan_batches(
     sizes: SizesLike,
-    budget: float | str,
+    budget: float | str | Mapping[str, float | str],
     *,
     cost: str | CostModel | Any = "padded",
     strategy: str | Strategy = "pooled",
@@ -350,9 +378,12 @@ def plan_batches(
     """Plan one epoch of batches whose cost fits ``budget``.
 
     Args:
-        sizes: one size per sample (see :func:`fitbatch.sizes.as_sizes` for accepted forms).
-        budget: the most cost one batch may have.
-        cost: the cost model.
+        sizes: one size per sample (see :func:`fitbatch.sizes.as_sizes` for accepted forms), or
+            a mapping of named columns (``{"tokens": t, "images": k}``) for several limits.
+        budget: the most cost one batch may have; for several limits a mapping of the sizes'
+            column names to budgets (each a number or a string such as ``"2GiB"``).
+        cost: the cost model; for several limits one for every column, or a mapping of column
+            names to costs (a column left out costs ``"padded"``).
         strategy: how samples are grouped.
         epoch: the epoch; with ``seed`` it determines every random choice.
         n: the number of samples when ``sizes`` is a callable.
@@ -367,8 +398,9 @@ def plan_batches(
         A :class:`BatchPlan`.
 
     Raises:
-        ValueError: bad sizes, budget or option values, or oversized samples under
-            ``oversized="error"`` (the message lists them).
+        ValueError: bad sizes, budget or option values, a budget mapping whose names are not
+            the sizes' column names, or oversized samples under ``oversized="error"`` (the
+            message lists them, and the limits they exceed).
         TypeError: arguments of the wrong type.
 
     >>> plan = plan_batches([5, 1, 4, 2, 3, 3], 6, strategy="sorted", loss_sizes=[4, 0, 3, 2, 2, 1])
@@ -385,12 +417,12 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
     values = sizes.values
-    model, budget = opts.cost, opts.budget
+    model, budget = check_limits(sizes.columns, opts.cost), opts.budget
     alone = model.sample_cost(values)
-    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values)
+    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values, describe=describer(model, values))
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
-    sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
+    sub = sizes if kept is None else sizes.subset(kept)
     ctx = Context(
         sizes=sub,
         budget=planning_budget(budget, sizes.integral),
@@ -416,7 +448,11 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
         batch_ids = batch_ids[perm]
     dropped_ids = np.flatnonzero(~keep_batch)
     dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
-    total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
+    if isinstance(model, Limits):  # every limit's bound: a per-sample total is not one
+        bound = samples_bound(model, budget, np.delete(values, np.concatenate([skipped, dropped]), axis=0))
+    else:
+        total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
+        bound = lower_bound(model, budget, total_alone, n - dropped.size)
     plan = BatchPlan(
         order,
         offsets,
@@ -426,7 +462,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
         budget=budget,
         cost_name=model.name,
         strategy_name=opts.strategy.plan_name,
-        lower_bound=lower_bound(model, budget, total_alone, n - dropped.size),
+        lower_bound=bound,
         skipped=skipped,
         dropped=dropped,
         dropped_batches=int(dropped_ids.size),
@@ -434,6 +470,8 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
         ids_permute_all=not dropped_ids.size,
         loss_sizes=loss_sizes,
     )
+    if isinstance(model, Limits):
+        plan._limits = (model, values)
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
@@ -452,36 +490,11 @@ def measure_batches(
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
         real, length = sm, mx
+    elif isinstance(model, Limits):  # the units of the padded column (tokens), not a product
+        j = next((j for j, c in enumerate(model.costs) if c.uses_max), 0)
+        real, length = sm[:, j], mx[:, j]
     else:
         units = sizes.real_units() if order is None else sizes.real_units()[order]
         real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)
         length = np.prod(mx, axis=1)
     return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)
-
-
-def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: int) -> int:
-    """``ceil(sum of marginal sample costs / usable budget)``, at least 1 for a non-empty plan.
-
-    The marginal cost of a sample is its cost alone (``total_alone`` sums them) less the cost
-    of an empty batch (the fixed part of a polynomial model); the usable budget is the budget
-    less that fixed part. The ratio is taken exactly (as fractions of the float values). With
-    whole-number costs and budget it is rounded up as it is; otherwise the float sum of ``n``
-    costs may exceed the true sum by about ``n`` units in the last place, so the ratio is first
-    lowered by that relative error (a bound may then be low by one, never high). A non-empty
-    plan's bound is at least 1, also when no batch can hold any marginal cost.
-
-    >>> from fitbatch.costs import SumCost
-    >>> lower_bound(SumCost(), 70e9, 3.0, 2), lower_bound(SumCost(), 0.1, 0.1 + 0.2, 3), lower_bound(SumCost(), 4, 9, 3)
-    (1, 3, 3)
-    """
-    if n_samples == 0:
-        return 0
-    base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
-    marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
-    if usable <= 0 or marginal <= 0:
-        return 1
-    ratio = marginal / usable
-    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: no rounding
-        return max(1, math.ceil(ratio))
-    slack = Fraction(n_samples + 1, 2**52)  # the relative rounding error of a float sum of n terms
-    return max(1, math.ceil(ratio * (1 - min(slack, Fraction(1, 2)))))

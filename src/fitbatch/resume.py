@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -156,18 +156,21 @@ def _good_event(event: Any) -> bool:
     return _is_int(step) and step >= 0 and len(changes) == 1 and _CHANGES[changes[0]](event[changes[0]])
 
 
-def sizes_digest(values: NDArray[Any], loss_sizes: NDArray[Any] | None = None) -> str:
+def sizes_digest(values: NDArray[Any], loss_sizes: NDArray[Any] | None = None, columns: Sequence[str] | None = None) -> str:
     """A stable fingerprint of sizes: blake2b (128 bits) of the shape and the float64 values.
 
     A state carries it so that a state saved over other samples with the same count is refused.
     With ``loss_sizes`` (tokens that carry loss, per sample) they are part of the fingerprint;
     without, it is the fingerprint of the sizes alone, as states saved before them hold.
+    ``columns``, the names of named size columns (several limits), are part of it when given.
 
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3.0, 1.0, 4.0]))
     True
     >>> sizes_digest(np.array([3, 1, 4])) == sizes_digest(np.array([3, 1, 5]))
     False
     >>> sizes_digest(np.array([3, 1, 4]), np.array([2, 1, 4])) == sizes_digest(np.array([3, 1, 4]))
+    False
+    >>> sizes_digest(np.ones((2, 2)), columns=("images", "tokens")) == sizes_digest(np.ones((2, 2)), columns=("frames", "tokens"))
     False
     """
     values = np.ascontiguousarray(values, dtype=np.float64)
@@ -176,6 +179,8 @@ def sizes_digest(values: NDArray[Any], loss_sizes: NDArray[Any] | None = None) -
     if loss_sizes is not None:
         h.update(b"loss_sizes")
         h.update(np.ascontiguousarray(loss_sizes, dtype=np.float64).tobytes())
+    if columns is not None:
+        h.update(repr(tuple(columns)).encode())
     return h.hexdigest()
 
 

@@ -34,7 +34,7 @@ from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step, screen
 from fitbatch._validate import choice, parse_budget
 from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, Limits, resolve_cost, resolve_limits
 from fitbatch.distributed import POLICIES, Steps, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.resume import (
@@ -124,7 +124,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def __init__(
         self,
         sizes: SizesLike,
-        budget: float | str | Sequence[float | str],
+        budget: float | str | Sequence[float | str] | Mapping[str, float | str],
         *,
         cost: str | CostModel | Any = "padded",
         strategy: str | Strategy = "pooled",
@@ -164,7 +164,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def budget(self) -> float:
         return self._opts.budget
 
-    def set_budget(self, budget: float | str) -> None:
+    def set_budget(self, budget: float | str | Mapping[str, float | str]) -> None:
         """Change the budget from the next batch on (e.g. after an out-of-memory error).
 
         Before the epoch's first batch, the epoch is planned with it. Part-way through an epoch,
@@ -177,7 +177,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         Every rank must make the same change at the same step (:class:`~fitbatch.memory.OOMGuard`
         agrees on one budget over all ranks; a ``DataLoader`` must hand out as many batches on
         every rank, i.e. the same ``num_workers`` and ``prefetch_factor``). With per-rank budgets,
-        each rank's budget is scaled so that the smallest becomes ``budget``.
+        each rank's budget is scaled so that the smallest becomes ``budget``. With several limits,
+        ``budget`` is a mapping of every column to its new budget (a cost change, see
+        :meth:`set_cost`).
 
         Raises:
             ValueError: a budget that is not positive and finite, or (``oversized="error"``) one
@@ -192,6 +194,12 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         >>> list(it), len(sampler), sampler.state_dict()["events"]
         ([[4], [7], [5]], 5, [{'step': 2, 'budget': 9.0}])
         """
+        if isinstance(budget, Mapping) and isinstance(self._opts.cost, Limits):  # several limits: new fills
+            limits = self._opts.cost
+            if tuple(sorted(budget)) != limits.names:
+                raise ValueError(f"set_budget needs a budget for each limit {list(limits.names)}, got {sorted(budget)}")
+            self.set_cost(resolve_limits(budget, dict(zip(limits.names, limits.costs))))
+            return
         value = parse_budget(budget)
         if value != self._opts.budget:
             self._change({BUDGET_KEY: value})

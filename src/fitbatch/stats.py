@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch.costs import CostModel, Limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +32,9 @@ class PlanStats:
         plan_seconds: time spent planning.
         loss_units: the tokens that carry loss in all batches (the sum of ``loss_sizes``, see
             :func:`fitbatch.plan_batches`); the real size units when no loss sizes were given.
+        fill_by_limit, min_fill_by_limit: with several limits (a budget per named size column),
+            each limit's mean and smallest batch fill (the column's cost / its budget); ``None``
+            for a plan of one budget, whose fills are ``mean_fill`` and ``max_fill``.
 
     Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
 
@@ -56,6 +65,8 @@ class PlanStats:
     plan_seconds: float
     straggler_ratio: float | None = None
     loss_units: float = 0.0
+    fill_by_limit: dict[str, float] | None = None
+    min_fill_by_limit: dict[str, float] | None = None
 
     @property
     def batches_vs_lower_bound(self) -> float:
@@ -70,6 +81,11 @@ class PlanStats:
         out["batches_vs_lower_bound"] = self.batches_vs_lower_bound
         return out
 
+    def limits_text(self) -> str:
+        """Each limit's mean (and smallest) fill: ``"images 0.400 (0.000), tokens 0.950 (0.812)"``."""
+        mins = self.min_fill_by_limit or {}
+        return ", ".join(f"{n} {f:.3f} ({mins.get(n, 0.0):.3f})" for n, f in (self.fill_by_limit or {}).items())
+
     def summary(self) -> str:
         """One line for logs."""
         parts = [
@@ -80,9 +96,55 @@ class PlanStats:
         ]
         if self.straggler_ratio is not None:
             parts.append(f"straggler ratio {self.straggler_ratio:.3f}")
+        if self.fill_by_limit is not None:
+            parts.append("fill by limit " + ", ".join(f"{n} {f:.3f}" for n, f in self.fill_by_limit.items()))
         if self.skipped or self.dropped or self.oversized_batches:
             parts.append(
                 f"skipped {self.skipped}, dropped {self.dropped} in {self.dropped_batches} batches, "
                 f"{self.oversized_batches} oversized alone"
             )
         return f"{self.strategy}/{self.cost}: " + ", ".join(parts)
+
+
+def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: int) -> int:
+    """``ceil(sum of marginal sample costs / usable budget)``, at least 1 for a non-empty plan.
+
+    The marginal cost of a sample is its cost alone (``total_alone`` sums them) less the cost
+    of an empty batch (the fixed part of a polynomial model); the usable budget is the budget
+    less that fixed part. The ratio is taken exactly (as fractions of the float values). With
+    whole-number costs and budget it is rounded up as it is; otherwise the float sum of ``n``
+    costs may exceed the true sum by about ``n`` units in the last place, so the ratio is first
+    lowered by that relative error (a bound may then be low by one, never high). A non-empty
+    plan's bound is at least 1, also when no batch can hold any marginal cost.
+
+    >>> from fitbatch.costs import SumCost
+    >>> lower_bound(SumCost(), 70e9, 3.0, 2), lower_bound(SumCost(), 0.1, 0.1 + 0.2, 3), lower_bound(SumCost(), 4, 9, 3)
+    (1, 3, 3)
+    """
+    if n_samples == 0:
+        return 0
+    base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+    marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
+    if usable <= 0 or marginal <= 0:
+        return 1
+    ratio = marginal / usable
+    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: no rounding
+        return max(1, math.ceil(ratio))
+    slack = Fraction(n_samples + 1, 2**52)  # the relative rounding error of a float sum of n terms
+    return max(1, math.ceil(ratio * (1 - min(slack, Fraction(1, 2)))))
+
+
+def samples_bound(model: CostModel, budget: float, values: NDArray[np.float64]) -> int:
+    """:func:`lower_bound` of a plan of the samples of sizes ``values``; with several limits
+    the largest of the limits' own bounds (each column's costs against its budget).
+
+    >>> from fitbatch.costs import resolve_limits
+    >>> limits = resolve_limits({"tokens": 10, "images": 2}, cost="sum")
+    >>> samples_bound(limits, 1.0, np.array([[2.0, 1.0], [0.0, 9.0], [2.0, 3.0]]))   # images 4 / 2, tokens 13 / 10
+    2
+    """
+    n = int(values.shape[0])
+    if not isinstance(model, Limits):
+        return lower_bound(model, budget, float(model.sample_cost(values).sum()), n)
+    totals = (float(c.sample_cost(values[:, j]).sum()) for j, c in enumerate(model.costs))
+    return max(lower_bound(c, b * budget, t, n) for c, b, t in zip(model.costs, model.budgets, totals))

@@ -5,6 +5,9 @@ Accepted forms:
 * a 1-D array-like of non-negative finite numbers (ints or floats), numpy/torch/list;
 * a 2-D ``(N, D)`` array for samples with several size dimensions;
 * a mapping ``index -> size`` whose keys are exactly ``0 .. N-1``;
+* a mapping of named columns ``name -> sizes`` (str keys, array-likes of one length N): an
+  ``(N, D)`` array whose columns keep their names (sorted), planned with one budget per column
+  (:class:`fitbatch.costs.Limits`);
 * a callable ``index -> size`` together with ``n``, the number of samples.
 
 Each form is shown in :func:`as_sizes`; a bad size is refused with its index:
@@ -44,6 +47,8 @@ class Sizes:
     Attributes:
         values: the sizes, float64, C-contiguous; treat as read-only.
         integral: whether every size is a whole number.
+        columns: the names of the columns of ``values``, sorted, when the sizes came as a
+            mapping of named columns (several limits), else ``None``.
 
     >>> sizes = as_sizes([[3, 4], [1, 2], [5, 1]])
     >>> len(sizes), sizes.ndim, sizes.integral
@@ -56,6 +61,7 @@ class Sizes:
 
     values: NDArray[np.float64]
     integral: bool
+    columns: tuple[str, ...] | None = None
     # derived arrays computed once per Sizes (sort keys): every epoch and strategy reuses them
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -73,6 +79,15 @@ class Sizes:
             self._cache[key] = compute()
         return self._cache[key]
 
+    def subset(self, index: Any) -> Sizes:
+        """The sizes of the samples ``index`` selects (same column names).
+
+        >>> as_sizes({"tokens": [5, 6, 7], "images": [0, 2, 1]}).subset([2, 0])
+        Sizes(values=array([[1., 7.],
+               [0., 5.]]), integral=True, columns=('images', 'tokens'))
+        """
+        return Sizes(self.values[index], self.integral, self.columns)
+
     def real_units(self) -> NDArray[np.float64]:
         """Per-sample real (unpadded) units: the size, or the product of a row's dimensions."""
         return self.values if self.values.ndim == 1 else np.prod(self.values, axis=1)
@@ -85,7 +100,9 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
         sizes: a 1-D array-like of non-negative finite numbers (list, numpy array, torch
             tensor), an ``(N, D)`` array for samples with several size dimensions, a mapping
             ``index -> size`` whose keys are exactly ``0 .. N-1``, a callable
-            ``index -> size`` (with ``n``), or a :class:`Sizes` (returned as is).
+            ``index -> size`` (with ``n``), a mapping of named columns ``name -> sizes``
+            (str keys, array-likes of equal length: ``(N, D)`` sizes with column names, for
+            several limits), or a :class:`Sizes` (returned as is).
         n: the number of samples: required with a callable, checked otherwise.
 
     Returns:
@@ -101,6 +118,8 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     array([3., 1., 2.])
     >>> as_sizes({1: 5, 0: 7}).values
     array([7., 5.])
+    >>> as_sizes({"tokens": [30, 12], "images": [1, 0]}).columns   # sorted
+    ('images', 'tokens')
     >>> as_sizes(lambda i: 10 * i, n=3).values
     array([ 0., 10., 20.])
     >>> as_sizes([1, float("nan")])
@@ -110,6 +129,10 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     """
     if isinstance(sizes, Sizes):
         return sizes
+    columns = _column_names(sizes)
+    if columns is not None and isinstance(sizes, Mapping):
+        stacked = as_sizes(_stack_columns(sizes, columns), n)
+        return Sizes(stacked.values, stacked.integral, columns)
     if callable(sizes) and not hasattr(sizes, "__len__"):
         if n is None:
             raise TypeError("sizes is a callable: pass n, the number of samples, too")
@@ -146,6 +169,49 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     if not integral and values.size and values.size <= 1 << 26:
         integral = bool(np.all(values == np.floor(values)))
     return Sizes(values, integral)
+
+
+def _column_names(sizes: Any) -> tuple[str, ...] | None:
+    """The column names of a mapping of named columns (all keys str), else ``None``.
+
+    A mapping with int keys is an ``index -> size`` mapping; one that mixes both is refused.
+    """
+    if not isinstance(sizes, Mapping) or not sizes:
+        return None
+    named = [isinstance(k, str) for k in sizes]
+    if not any(named):
+        return None
+    if not all(named):
+        raise TypeError(
+            "a sizes mapping has either int keys 0..N-1 (one size per sample) or str keys (named "
+            f"columns of sizes), not both; got keys {list(sizes)[:6]!r}"
+        )
+    return tuple(sorted(sizes))
+
+
+def _stack_columns(sizes: Mapping[Any, Any], columns: tuple[str, ...]) -> NDArray[Any]:
+    """The named columns side by side, ``(N, D)``; each column must be 1-D, all of one length."""
+    arrays = []
+    for name in columns:
+        col = sizes[name]
+        col = col.detach().cpu().numpy() if hasattr(col, "detach") else col
+        try:
+            arr = np.asarray(col)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"sizes column {name!r} must be a numeric array-like; could not convert: {exc}") from None
+        if arr.ndim == 0:
+            raise TypeError(
+                f"sizes column {name!r} is one value ({col!r}): a sizes mapping has int keys 0..N-1 "
+                "(one size per sample) or str keys naming columns of sizes (one array-like each)"
+            )
+        if arr.ndim != 1:
+            raise ValueError(f"sizes column {name!r} must be 1-D (one size per sample), got shape {arr.shape}")
+        arrays.append(arr)
+    lengths = {name: a.shape[0] for name, a in zip(columns, arrays)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"sizes columns must hold one size per sample each, got lengths {lengths}")
+    kind = np.result_type(*arrays) if all(a.dtype != object for a in arrays) else object
+    return np.stack(arrays, axis=1).astype(kind, copy=False)
 
 
 def _from_mapping(sizes: Mapping[Any, Any]) -> list[Any]:

@@ -39,7 +39,7 @@ class Context:
         return _rng.generator(self.seed, self.epoch, purpose)
 
     def keys(self) -> tuple[NDArray[np.uint16], FloatArray]:
-        """16-bit size keys (by sample cost for D-dimensional sizes) and each key's upper edge."""
+        """16-bit size keys (by ``cost.order_cost`` for D-dimensional sizes) and each key's upper edge."""
         if self._keys is None:
             v = self.sizes.values
             if v.ndim == 1:
@@ -47,7 +47,7 @@ class Context:
                     "size_keys", lambda: SK.size_keys(v, self.sizes.integral)
                 )
             else:
-                self._keys = SK.size_keys(self.cost.sample_cost(v), False)
+                self._keys = SK.size_keys(self.cost.order_cost(v), False)
         return self._keys
 
 
@@ -110,10 +110,11 @@ def _greedy(
 ) -> Result:
     """Run the right kernel over samples laid out in ``order`` with the given segments.
 
-    ``levels`` (1-D sizes only) says the planning max is non-increasing in each segment;
+    ``levels`` (1-D sizes only: rows, even of one column, plan by search) says the planning
+    max is non-increasing in each segment;
     ``identity`` that ``order`` is 0..n-1 (no gather needed).
     """
-    if levels is not None and ctx.sizes.ndim == 1:
+    if levels is not None and ctx.sizes.values.ndim == 1:
         level, edges = levels
         values = (
             ctx.sizes.values[order]

@@ -62,7 +62,7 @@ class Buckets(Strategy):
         """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
         if self.boundaries is not None:
             values = (
-                ctx.sizes.values if ctx.sizes.ndim == 1 else ctx.cost.sample_cost(ctx.sizes.values)
+                ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.order_cost(ctx.sizes.values)
             )
             ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
             top = np.zeros(len(self.boundaries) + 1)
@@ -77,7 +77,7 @@ class Buckets(Strategy):
             ctx.cap,
             self.spread,
             self.min_batches,
-            ctx.sizes.ndim,
+            ctx.sizes.values.ndim,
         )
         return lut[keys], top
 
@@ -99,7 +99,7 @@ class Buckets(Strategy):
         del base, down, idx  # n int64 fewer while the batches are planned
         counts = np.bincount(ids, minlength=n_buckets)[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
-        if ctx.sizes.ndim > 1:
+        if ctx.sizes.values.ndim > 1:
             return _greedy(ctx, order, seg_starts, None)
         first = _greedy(ctx, order, seg_starts, (ids[order], top))
         return self._replan_leftovers(ctx, first)

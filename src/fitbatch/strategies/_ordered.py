@@ -126,7 +126,7 @@ class Packed(_Pools):
 
     def plan(self, ctx: Context) -> Result:
         order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
-        if not (K.plain_sum(ctx.cost) and ctx.sizes.ndim == 1 and ctx.multiple == 1):
+        if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)

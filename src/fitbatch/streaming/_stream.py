@@ -20,6 +20,7 @@ from fitbatch._rng import SeedLike
 from fitbatch._rules import OVERSIZED, screen_oversized
 from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs._limits import one_budget
 from fitbatch.resume import OPTIONS_KEY
 from fitbatch.strategies import Buckets, Strategy
 from fitbatch.streaming._plan import (
@@ -484,7 +485,7 @@ def batch_stream(
         iterable,
         sizeof=per_item,
         sizeof_batch=per_items,
-        budget=parse_budget(budget),
+        budget=parse_budget(one_budget("batch_stream", budget, cost)),
         cost=resolve_cost(cost),
         strategy=resolve_stream_strategy(strategy),
         buffer_size=int(positive_int("buffer_size", buffer_size) or 1),
