@@ -28,6 +28,7 @@ from fitbatch.costs import (
     SumCost,
     resolve_cost,
 )
+from fitbatch.index import SizeIndex, build_size_index
 from fitbatch.memory import (
     BatchMemoryModel,
     OOMGuard,
@@ -134,6 +135,7 @@ __all__ = [
     "Pooled",
     "ScheduledBatchSampler",
     "Sequential",
+    "SizeIndex",
     "SizeMemoryModel",
     "Sizes",
     "Sorted",
@@ -145,6 +147,7 @@ __all__ = [
     "__version__",
     "as_sizes",
     "batch_stream",
+    "build_size_index",
     "calibrate",
     "collect_peak_memory",
     "equal_steps",

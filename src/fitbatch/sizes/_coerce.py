@@ -85,7 +85,8 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
         sizes: a 1-D array-like of non-negative finite numbers (list, numpy array, torch
             tensor), an ``(N, D)`` array for samples with several size dimensions, a mapping
             ``index -> size`` whose keys are exactly ``0 .. N-1``, a callable
-            ``index -> size`` (with ``n``), or a :class:`Sizes` (returned as is).
+            ``index -> size`` (with ``n``), a :class:`Sizes` (returned as is), or an open
+            :class:`fitbatch.SizeIndex` (memory-mapped; converted once, not re-validated).
         n: the number of samples: required with a callable, checked otherwise.
 
     Returns:
@@ -110,6 +111,12 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     """
     if isinstance(sizes, Sizes):
         return sizes
+    hook = getattr(type(sizes), "__fitbatch_sizes__", None)
+    if hook is not None:  # a fitbatch.SizeIndex: memory-mapped, validated when it was built
+        out: Sizes = hook(sizes)
+        if n is not None and len(out) != non_negative_int("n", n):
+            raise ValueError(f"n={n} but sizes hold {len(out)} samples")
+        return out
     if callable(sizes) and not hasattr(sizes, "__len__"):
         if n is None:
             raise TypeError("sizes is a callable: pass n, the number of samples, too")
