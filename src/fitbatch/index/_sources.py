@@ -186,6 +186,13 @@ def _ranges(n: int, rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + rows, n)) for a in range(0, n, rows)] or [(0, 0)]
 
 
+def _is_file(path: str, local: str) -> bool:
+    if "://" in path and not path.startswith("file://"):
+        fs, stripped = _url_to_fs(path, None)
+        return not path.endswith("/") and bool(fs.isfile(stripped))
+    return os.path.isfile(local)
+
+
 def _expand(source: Any) -> tuple[list[str], list[int | None]]:
     """Paths of a path, glob, directory or URL, or of a list of them (listings in sorted order),
     with the byte size of each listed file (``None`` for a file named directly)."""
@@ -195,7 +202,7 @@ def _expand(source: Any) -> tuple[list[str], list[int | None]]:
     for item in items:
         path = os.fspath(item)
         local = path[7:] if path.startswith("file://") else path
-        if not _GLOB_CHARS.search(path) and ("://" in path and not path.startswith("file://") or os.path.isfile(local)):
+        if not _GLOB_CHARS.search(path) and _is_file(path, local):
             paths.append(path)
             sizes.append(None)
         elif not _GLOB_CHARS.search(path) and os.path.isfile(os.path.join(local, "index.json")):
@@ -266,6 +273,10 @@ def plan_shards(
         kind = format or _infer(paths)
         desc = f"{kind}: " + ", ".join(os.fspath(p) for p in items)
         shards = _path_shards(kind, paths, listed, column, rows_per_shard)
+    if column is not None:  # part of what is built: a resumed or finished build must match it
+        desc += f"; column {column!r}"
+    if sizeof is not None:
+        desc += f"; sizeof {getattr(sizeof, '__module__', '')}.{getattr(sizeof, '__qualname__', type(sizeof).__name__)}"
     if format not in (None, kind):
         raise ValueError(f"format={format!r} does not apply to a datasets.Dataset")
     if sizeof is not None and kind not in ("parquet", "dataset"):
