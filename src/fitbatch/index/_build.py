@@ -75,13 +75,13 @@ def _local(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int
 def _ray(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int | None) -> Iterator[tuple[int, NDArray[Any]]]:
     ray = _require("ray", "ray", "engine='ray'")
     started = not ray.is_initialized()
+    queue = iter(todo)
+    pending: dict[Any, int] = {}
     if started:  # a cluster named by RAY_ADDRESS, or a local one
         ray.init(include_dashboard=False, log_to_driver=False)
     try:
         task = ray.remote(num_cpus=1, max_retries=2)(_sized)
         width = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        queue = iter(todo)
-        pending: dict[Any, int] = {}
         for i, shard in queue:
             pending[task.remote(shard, column, sizeof)] = i
             if len(pending) >= 2 * width:
@@ -99,6 +99,13 @@ def _ray(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int |
                 if nxt is not None:
                     pending[task.remote(nxt[1], column, sizeof)] = nxt[0]
     finally:
+        for ref in pending:  # after an error: stop the rest, and collect them so Ray logs nothing
+            ray.cancel(ref)
+        for ref in pending:
+            try:
+                ray.get(ref, timeout=60)
+            except Exception:  # noqa: S110 - cancelled or failed: the first error is already raised
+                pass
         if started:
             ray.shutdown()
 
