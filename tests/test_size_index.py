@@ -397,3 +397,11 @@ def test_ray_engine_builds_the_same_index_byte_for_byte(tmp_path: Path, parquet_
     np.testing.assert_array_equal(remote.sizes, lengths)
     with pytest.raises(ValueError, match=r"part-0[0-3].parquet.*has no column 'nope'"):
         build_size_index(str(d), tmp_path / "err", column="nope", engine="ray")
+
+
+def test_docs_scale_examples_run() -> None:
+    import doctest
+
+    result = doctest.testfile(str(REPO / "docs" / "scale.md"), module_relative=False,
+                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 10 and result.failed == 0
