@@ -66,21 +66,40 @@ def build_table(work: Path, shards: int, rows: int) -> list[list[str]]:
             import ray
 
             t0 = time.perf_counter()
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}})
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}},
+            )
             note = f"ray.init {time.perf_counter() - t0:.1f} s (not included)"
         target = work / name.replace(" ", "").replace(",", "_")
         t0 = time.perf_counter()
-        index = fitbatch.build_size_index(str(data), target, column="n_tokens", progress=False, **kw)  # type: ignore[arg-type]
+        index = fitbatch.build_size_index(
+            str(data), target, column="n_tokens", progress=False, **kw
+        )  # type: ignore[arg-type]
         seconds = time.perf_counter() - t0
         if kw["engine"] == "ray":
             import ray
 
             ray.shutdown()
         files = _files(target)
-        same = "reference" if reference is None else ("identical" if files == reference else "DIFFERENT")
+        same = (
+            "reference"
+            if reference is None
+            else ("identical" if files == reference else "DIFFERENT")
+        )
         reference = reference or files
-        out.append([name, f"{len(index):,}", f"{seconds:.2f}", f"{len(index) / seconds / 1e6:.2f}", same, note])
+        out.append(
+            [
+                name,
+                f"{len(index):,}",
+                f"{seconds:.2f}",
+                f"{len(index) / seconds / 1e6:.2f}",
+                same,
+                note,
+            ]
+        )
     return out
 
 
@@ -104,18 +123,42 @@ def plan_table(work: Path, n: int) -> list[list[str]]:
     step = 10_000_000
     chunks = (resample(base, min(step, n - a), seed=100 + a // step) for a in range(0, n, step))
     t0 = time.perf_counter()
-    index = fitbatch.SizeIndex.create(work / "big", chunks, source=f"resampled cpython_stdlib_functions x{n}")
+    index = fitbatch.SizeIndex.create(
+        work / "big", chunks, source=f"resampled cpython_stdlib_functions x{n}"
+    )
     created = time.perf_counter() - t0
-    out = [["SizeIndex.create", "-", f"{created:.1f}", "-", "-", f"{len(index):,} int32 sizes, {index.num_shards} shards"]]
+    out = [
+        [
+            "SizeIndex.create",
+            "-",
+            f"{created:.1f}",
+            "-",
+            "-",
+            f"{len(index):,} int32 sizes, {index.num_shards} shards",
+        ]
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for strategy in ("sorted", "sequential"):
         for how in ("index", "array"):
-            res = subprocess.run([sys.executable, "-c", PLAN, str(work / "big"), how, strategy],
-                                 capture_output=True, text=True, env=env, check=True)
+            res = subprocess.run(
+                [sys.executable, "-c", PLAN, str(work / "big"), how, strategy],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             r = json.loads(res.stdout)
             what = "SizeIndex.open (memmap)" if how == "index" else "np.load (in memory)"
-            out.append([f"{strategy}: {what}", f"{r['open']:.2f}", f"{r['plan']:.1f}", f"{r['batches']:,}",
-                        f"{r['rss_gib']:.2f}", ""])
+            out.append(
+                [
+                    f"{strategy}: {what}",
+                    f"{r['open']:.2f}",
+                    f"{r['plan']:.1f}",
+                    f"{r['batches']:,}",
+                    f"{r['rss_gib']:.2f}",
+                    "",
+                ]
+            )
     return out
 
 
@@ -131,15 +174,29 @@ def main() -> None:
     parser.add_argument("--plan-n", type=int, default=100_000_000)
     parser.add_argument("--skip-build", action="store_true")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}\n")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}\n"
+    )
     work = Path(tempfile.mkdtemp(prefix="fitbatch-scale-"))
     try:
         if not args.skip_build:
             print(f"### Index build: {args.shards} parquet shards x {args.rows:,} rows\n")
-            print(table(["engine", "sizes", "seconds", "M sizes/s", "bytes", "note"], build_table(work, args.shards, args.rows)))
+            print(
+                table(
+                    ["engine", "sizes", "seconds", "M sizes/s", "bytes", "note"],
+                    build_table(work, args.shards, args.rows),
+                )
+            )
             print()
-        print(f"### Planning from an open index of {args.plan_n:,} int32 sizes (budget 16384, padded)\n")
-        print(table(["case", "open s", "plan s", "batches", "peak RSS GiB", "note"], plan_table(work, args.plan_n)))
+        print(
+            f"### Planning from an open index of {args.plan_n:,} int32 sizes (budget 16384, padded)\n"
+        )
+        print(
+            table(
+                ["case", "open s", "plan s", "batches", "peak RSS GiB", "note"],
+                plan_table(work, args.plan_n),
+            )
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

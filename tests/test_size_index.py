@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import struct
@@ -54,7 +55,9 @@ def files_of(path: Path) -> dict[str, bytes]:
         ([np.array([1.5, 2.0]), np.array([3])], "float64"),
     ],
 )
-def test_create_open_round_trip_picks_the_narrowest_dtype(tmp_path: Path, chunks: list[np.ndarray], dtype: str) -> None:
+def test_create_open_round_trip_picks_the_narrowest_dtype(
+    tmp_path: Path, chunks: list[np.ndarray], dtype: str
+) -> None:
     index = SizeIndex.create(tmp_path / "idx", chunks, source="unit test")
     again = SizeIndex.open(tmp_path / "idx")
     expected = np.concatenate(chunks)
@@ -69,7 +72,9 @@ def test_create_open_round_trip_picks_the_narrowest_dtype(tmp_path: Path, chunks
         again.shard(len(chunks))
 
 
-def test_manifest_stats_and_merged_histogram_equal_direct_computation(tmp_path: Path, functions: np.ndarray) -> None:
+def test_manifest_stats_and_merged_histogram_equal_direct_computation(
+    tmp_path: Path, functions: np.ndarray
+) -> None:
     chunks = np.array_split(functions, 7)
     stats = SizeIndex.create(tmp_path / "idx", chunks).stats
     assert stats["count"] == functions.size
@@ -78,16 +83,30 @@ def test_manifest_stats_and_merged_histogram_equal_direct_computation(tmp_path: 
     assert stats["histogram"] == {"bins": "log2", "counts": direct_histogram(functions)}
     for shard, chunk in zip(stats["shards"], chunks):
         assert shard["histogram"] == direct_histogram(chunk)
-        assert (shard["count"], shard["sum"], shard["max"]) == (chunk.size, int(chunk.sum()), int(chunk.max()))
-    assert [s["offset"] for s in stats["shards"]] == np.cumsum([0] + [c.size for c in chunks[:-1]]).tolist()
+        assert (shard["count"], shard["sum"], shard["max"]) == (
+            chunk.size,
+            int(chunk.sum()),
+            int(chunk.max()),
+        )
+    assert [s["offset"] for s in stats["shards"]] == np.cumsum(
+        [0] + [c.size for c in chunks[:-1]]
+    ).tolist()
 
 
-@given(st.lists(st.lists(st.integers(0, 2**53), max_size=20), min_size=1, max_size=5).filter(lambda c: any(c)))
-def test_exact_sum_and_histogram_for_any_integers(tmp_path_factory: Any, chunks: list[list[int]]) -> None:
+@given(
+    st.lists(st.lists(st.integers(0, 2**53), max_size=20), min_size=1, max_size=5).filter(
+        lambda c: any(c)
+    )
+)
+def test_exact_sum_and_histogram_for_any_integers(
+    tmp_path_factory: Any, chunks: list[list[int]]
+) -> None:
     path = tmp_path_factory.mktemp("idx")
     stats = SizeIndex.create(path / "i", [np.asarray(c, dtype=np.int64) for c in chunks]).stats
     flat = [v for c in chunks for v in c]
-    assert stats["sum"] == sum(flat) and stats["max"] == max(flat)  # exact, no int64 wrap or float rounding
+    assert stats["sum"] == sum(flat) and stats["max"] == max(
+        flat
+    )  # exact, no int64 wrap or float rounding
     assert stats["histogram"]["counts"] == direct_histogram(np.asarray(flat, dtype=np.float64))
 
 
@@ -111,7 +130,9 @@ def test_untrusted_open_detects_a_damaged_column(tmp_path: Path) -> None:
     column[1] = -1.0
     column.flush()
     del column
-    trusted = fitbatch.as_sizes(SizeIndex.open(tmp_path / "idx"))  # the manifest's word: not re-read
+    trusted = fitbatch.as_sizes(
+        SizeIndex.open(tmp_path / "idx")
+    )  # the manifest's word: not re-read
     assert trusted.values.tolist() == [4.5, -1.0, 8.0]
     with pytest.raises(ValueError, match=r"index 1 \(size -1.0\).*damaged"):
         fitbatch.as_sizes(SizeIndex.open(tmp_path / "idx", trust=False))
@@ -126,14 +147,22 @@ def test_untrusted_open_detects_a_damaged_column(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "sorted", "pooled", "buckets", "packed"])
-def test_plan_from_an_open_index_equals_plan_from_the_array(tmp_path: Path, functions: np.ndarray, strategy: str) -> None:
+def test_plan_from_an_open_index_equals_plan_from_the_array(
+    tmp_path: Path, functions: np.ndarray, strategy: str
+) -> None:
     index = SizeIndex.create(tmp_path / "idx", np.array_split(functions, 5))
     for epoch in (0, 3):
-        a = fitbatch.plan_batches(index, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch)
-        b = fitbatch.plan_batches(functions, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch)
+        a = fitbatch.plan_batches(
+            index, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch
+        )
+        b = fitbatch.plan_batches(
+            functions, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch
+        )
         np.testing.assert_array_equal(a.order, b.order)
         np.testing.assert_array_equal(a.offsets, b.offsets)
-        assert a.stats().as_dict() | {"plan_seconds": 0} == b.stats().as_dict() | {"plan_seconds": 0}
+        assert a.stats().as_dict() | {"plan_seconds": 0} == b.stats().as_dict() | {
+            "plan_seconds": 0
+        }
 
 
 def test_as_sizes_converts_once_and_a_float_index_is_not_copied(tmp_path: Path) -> None:
@@ -144,10 +173,16 @@ def test_as_sizes_converts_once_and_a_float_index_is_not_copied(tmp_path: Path) 
         fitbatch.as_sizes(ints, n=4)
     floats = SizeIndex.create(tmp_path / "f", [[0.5, 2]])
     values = fitbatch.as_sizes(floats).values
-    assert isinstance(values, np.memmap) and not values.flags.writeable and not fitbatch.as_sizes(floats).integral
+    assert (
+        isinstance(values, np.memmap)
+        and not values.flags.writeable
+        and not fitbatch.as_sizes(floats).integral
+    )
 
 
-def test_samplers_accept_an_index_and_it_pickles_by_path(tmp_path: Path, functions: np.ndarray) -> None:
+def test_samplers_accept_an_index_and_it_pickles_by_path(
+    tmp_path: Path, functions: np.ndarray
+) -> None:
     import pickle
 
     index = SizeIndex.create(tmp_path / "idx", [functions[:3000], functions[3000:5000]])
@@ -157,7 +192,10 @@ def test_samplers_accept_an_index_and_it_pickles_by_path(tmp_path: Path, functio
     from_index = fitbatch.BudgetBatchSampler(index, 8192, **kw)
     from_array = fitbatch.BudgetBatchSampler(functions[:5000], 8192, **kw)
     assert list(from_index) == list(from_array) and len(from_index) == len(from_array)
-    sched = [fitbatch.ScheduledBatchSampler(s, 64, micro_batch_size=8, num_replicas=1, rank=0) for s in (index, functions[:5000])]
+    sched = [
+        fitbatch.ScheduledBatchSampler(s, 64, micro_batch_size=8, num_replicas=1, rank=0)
+        for s in (index, functions[:5000])
+    ]
     assert list(sched[0]) == list(sched[1]) and sum(len(b) for b in sched[0]) == 5000
 
 
@@ -167,7 +205,18 @@ def test_cli_plans_from_an_index_path(tmp_path: Path, functions: np.ndarray) -> 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
     def plan(source: Path) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "fitbatch", "plan", str(source), "--budget", "8192", "--strategy", "sorted", "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fitbatch",
+            "plan",
+            str(source),
+            "--budget",
+            "8192",
+            "--strategy",
+            "sorted",
+            "--json",
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=True)
         return json.loads(out.stdout)
 
@@ -185,35 +234,53 @@ def test_cli_plans_from_an_index_path(tmp_path: Path, functions: np.ndarray) -> 
 @pytest.fixture(scope="module")
 def parquet_dir(tmp_path_factory: Any, request: Any) -> tuple[Path, np.ndarray]:
     """4 parquet files from real function lengths: list, string, binary and numeric columns."""
-    lengths = np.load(REPO / "tests" / "data" / "cpython_stdlib_functions.npy")[:2400].astype(np.int64)
+    lengths = np.load(REPO / "tests" / "data" / "cpython_stdlib_functions.npy")[:2400].astype(
+        np.int64
+    )
     d = tmp_path_factory.mktemp("parquet")
     for k, part in enumerate(np.array_split(lengths, 4)):
-        table = pa.table({
-            "ids": [list(range(n)) for n in part.tolist()],
-            "text": ["é" * n for n in part.tolist()],  # 2 bytes, 1 character each
-            "blob": [b"\0" * n for n in part.tolist()],
-            "tokens": part,
-        })
+        table = pa.table(
+            {
+                "ids": [list(range(n)) for n in part.tolist()],
+                "text": ["é" * n for n in part.tolist()],  # 2 bytes, 1 character each
+                "blob": [b"\0" * n for n in part.tolist()],
+                "tokens": part,
+            }
+        )
         pq.write_table(table, d / f"part-{k:02d}.parquet")
     return d, lengths
 
 
 @pytest.mark.parametrize("column", ["ids", "text", "blob", "tokens"])
-def test_build_from_parquet_equals_lengths(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], column: str) -> None:
+def test_build_from_parquet_equals_lengths(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], column: str
+) -> None:
     d, lengths = parquet_dir
     index = build_size_index(str(d / "*.parquet"), tmp_path / "idx", column=column, workers=1)
     np.testing.assert_array_equal(index.sizes, lengths)
     assert index.num_shards == 4 and index.stats["source"].startswith("parquet: ")
-    assert [s["name"] for s in index.stats["shards"]] == [str(d / f"part-{k:02d}.parquet") for k in range(4)]
+    assert [s["name"] for s in index.stats["shards"]] == [
+        str(d / f"part-{k:02d}.parquet") for k in range(4)
+    ]
 
 
-def test_build_from_parquet_with_sizeof_and_errors(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray]) -> None:
+def test_build_from_parquet_with_sizeof_and_errors(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray]
+) -> None:
     d, lengths = parquet_dir
-    index = build_size_index([str(d)], tmp_path / "idx", column="text", sizeof=lambda texts: [len(t.encode()) for t in texts], workers=2)
+    index = build_size_index(
+        [str(d)],
+        tmp_path / "idx",
+        column="text",
+        sizeof=lambda texts: [len(t.encode()) for t in texts],
+        workers=2,
+    )
     np.testing.assert_array_equal(index.sizes, 2 * lengths)
     with pytest.raises(ValueError, match=r"has 4 columns .*column="):
         build_size_index(str(d), tmp_path / "other", workers=1)
-    with pytest.raises(ValueError, match=r"unknown engine 'spark'; expected one of \('local', 'ray'\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown engine 'spark'; expected one of \('local', 'ray'\)"
+    ):
         build_size_index(str(d), tmp_path / "other", engine="spark")
     with pytest.raises(ValueError, match="another source"):
         build_size_index(str(d), tmp_path / "idx", column="ids", workers=1)
@@ -222,10 +289,19 @@ def test_build_from_parquet_with_sizeof_and_errors(tmp_path: Path, parquet_dir: 
 def test_build_from_a_hf_dataset(tmp_path: Path, functions: np.ndarray) -> None:
     datasets = pytest.importorskip("datasets")
     lengths = functions[:1500]
-    ds = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in lengths.tolist()], "label": list(range(1500))})
-    index = build_size_index(ds, tmp_path / "idx", column="input_ids", rows_per_shard=400, workers=2)
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": [[1] * n for n in lengths.tolist()], "label": list(range(1500))}
+    )
+    index = build_size_index(
+        ds, tmp_path / "idx", column="input_ids", rows_per_shard=400, workers=2
+    )
     np.testing.assert_array_equal(index.sizes, lengths)
-    assert [s["name"] for s in index.stats["shards"]] == ["rows[0:400]", "rows[400:800]", "rows[800:1200]", "rows[1200:1500]"]
+    assert [s["name"] for s in index.stats["shards"]] == [
+        "rows[0:400]",
+        "rows[400:800]",
+        "rows[800:1200]",
+        "rows[1200:1500]",
+    ]
 
 
 def test_build_from_files_by_byte_size(tmp_path: Path, pytokens: np.ndarray) -> None:
@@ -241,17 +317,24 @@ def test_build_from_files_by_byte_size(tmp_path: Path, pytokens: np.ndarray) -> 
     mem = fsspec.filesystem("memory")
     for i, n in enumerate(lengths[:5].tolist()):
         mem.pipe(f"/fitbatch-index-test/f{i}.bin", b"y" * n)
-    np.testing.assert_array_equal(build_size_index("memory://fitbatch-index-test/", tmp_path / "mem", workers=1).sizes, lengths[:5])
+    np.testing.assert_array_equal(
+        build_size_index("memory://fitbatch-index-test/", tmp_path / "mem", workers=1).sizes,
+        lengths[:5],
+    )
 
 
-def write_megatron_idx(path: Path, sequence_lengths: np.ndarray, document_indices: np.ndarray) -> None:
+def write_megatron_idx(
+    path: Path, sequence_lengths: np.ndarray, document_indices: np.ndarray
+) -> None:
     """The Megatron-Core MMIDIDX layout: magic, <Q version 1, <B dtype code, <Q sequences,
     <Q documents, int32 sequence_lengths, int64 sequence_pointers, int64 document_indices."""
     itemsize = 4  # dtype code 4: int32 tokens
     pointers = np.concatenate([[0], np.cumsum(sequence_lengths[:-1].astype(np.int64) * itemsize)])
     with open(path, "wb") as fh:
         fh.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 4))
-        fh.write(struct.pack("<Q", sequence_lengths.size) + struct.pack("<Q", document_indices.size))
+        fh.write(
+            struct.pack("<Q", sequence_lengths.size) + struct.pack("<Q", document_indices.size)
+        )
         fh.write(sequence_lengths.astype("<i4").tobytes() + pointers.astype("<i8").tobytes())
         fh.write(document_indices.astype("<i8").tobytes())
 
@@ -261,8 +344,11 @@ def test_build_from_megatron_idx(tmp_path: Path, functions: np.ndarray) -> None:
     write_megatron_idx(tmp_path / "a_text_document.idx", a, np.arange(a.size + 1))
     write_megatron_idx(tmp_path / "b_text_document.idx", b, np.arange(0, b.size + 1, 2))
     (tmp_path / "a_text_document.bin").write_bytes(b"")  # the token data: not read
-    index = build_size_index([str(tmp_path / "a_text_document.idx"), str(tmp_path / "b_text_document.idx")],
-                             tmp_path / "idx", rows_per_shard=300)
+    index = build_size_index(
+        [str(tmp_path / "a_text_document.idx"), str(tmp_path / "b_text_document.idx")],
+        tmp_path / "idx",
+        rows_per_shard=300,
+    )
     np.testing.assert_array_equal(index.sizes, np.concatenate([a, b]))
     assert index.num_shards == 4 + 3
     (tmp_path / "bad.idx").write_bytes(b"NOTMAGIC!" + bytes(30))
@@ -280,15 +366,28 @@ def write_mds(root: Path, shards: list[list[dict[str, Any]]]) -> None:
         encoded = []
         for s in samples:
             text = s["text"].encode()
-            encoded.append(np.array([len(text)], "<u4").tobytes() + np.int64(s["id"]).tobytes() + text)
+            encoded.append(
+                np.array([len(text)], "<u4").tobytes() + np.int64(s["id"]).tobytes() + text
+            )
         offsets = np.cumsum([0] + [len(e) for e in encoded]).astype("<u4") + 4 * (len(samples) + 2)
         data = np.uint32(len(samples)).tobytes() + offsets.tobytes() + b"".join(encoded)
         basename = f"shard.{k:05d}.mds"
         (root / basename).write_bytes(data)
-        infos.append({"column_encodings": encodings, "column_names": names, "column_sizes": widths,
-                      "compression": None, "format": "mds", "hashes": [], "samples": len(samples),
-                      "raw_data": {"basename": basename, "bytes": len(data), "hashes": {}},
-                      "size_limit": 1 << 26, "version": 2, "zip_data": None})
+        infos.append(
+            {
+                "column_encodings": encodings,
+                "column_names": names,
+                "column_sizes": widths,
+                "compression": None,
+                "format": "mds",
+                "hashes": [],
+                "samples": len(samples),
+                "raw_data": {"basename": basename, "bytes": len(data), "hashes": {}},
+                "size_limit": 1 << 26,
+                "version": 2,
+                "zip_data": None,
+            }
+        )
     (root / "index.json").write_text(json.dumps({"shards": infos, "version": 2}))
 
 
@@ -313,7 +412,11 @@ def test_build_from_webdataset_tars(tmp_path: Path, pytokens: np.ndarray) -> Non
         with tarfile.open(tmp_path / f"shard-{k:04d}.tar", "w") as tar:
             for i in range(20):
                 key, n = f"sub/{k:02d}{i:04d}", lengths[20 * k + i]
-                members = {f"{key}.txt": b"w" * n, f"{key}.cls": str(i).encode(), f"{key}.json": b"{}" * (i % 3)}
+                members = {
+                    f"{key}.txt": b"w" * n,
+                    f"{key}.cls": str(i).encode(),
+                    f"{key}.json": b"{}" * (i % 3),
+                }
                 for name, data in members.items():
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
@@ -322,14 +425,17 @@ def test_build_from_webdataset_tars(tmp_path: Path, pytokens: np.ndarray) -> Non
                 expected_all.append(sum(len(v) for v in members.values()))
     index = build_size_index(str(tmp_path / "shard-*.tar"), tmp_path / "txt", column="txt")
     np.testing.assert_array_equal(index.sizes, expected_txt)
-    np.testing.assert_array_equal(build_size_index(str(tmp_path / "*.tar"), tmp_path / "all").sizes, expected_all)
+    np.testing.assert_array_equal(
+        build_size_index(str(tmp_path / "*.tar"), tmp_path / "all").sizes, expected_all
+    )
 
 
 # ---------------------------------------------------------------------------- resume
 
 
-def test_resume_after_a_crash_builds_the_identical_index(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_a_crash_builds_the_identical_index(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fitbatch.index._build as build
 
     d, _ = parquet_dir
@@ -353,22 +459,42 @@ def test_resume_after_a_crash_builds_the_identical_index(tmp_path: Path, parquet
         SizeIndex.open(tmp_path / "idx")
     calls.clear()
     resumed = build_size_index(str(d), tmp_path / "idx", column="ids", workers=1)
-    assert [Path(c).name for c in calls] == ["part-02.parquet", "part-03.parquet"]  # only what was missing
+    assert [Path(c).name for c in calls] == [
+        "part-02.parquet",
+        "part-03.parquet",
+    ]  # only what was missing
     assert files_of(Path(resumed.path)) == files_of(Path(clean.path))
     assert not parts.exists()
     calls.clear()
-    assert len(build_size_index(str(d), tmp_path / "idx", column="ids", workers=1)) == 2400 and calls == []
+    assert (
+        len(build_size_index(str(d), tmp_path / "idx", column="ids", workers=1)) == 2400
+        and calls == []
+    )
 
 
 def test_cli_index_then_plan(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray]) -> None:
     d, lengths = parquet_dir
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "fitbatch", "index", str(d / "*.parquet"), "-o", str(tmp_path / "idx"), "--column", "tokens", "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fitbatch",
+        "index",
+        str(d / "*.parquet"),
+        "-o",
+        str(tmp_path / "idx"),
+        "--column",
+        "tokens",
+        "--workers",
+        "2",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"{lengths.size:,} sizes" in out.stdout and "4 shards, int32" in out.stdout
     np.testing.assert_array_equal(SizeIndex.open(tmp_path / "idx").sizes, lengths)
-    bad = subprocess.run([*cmd[:-2], "--engine", "spark"], capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run(
+        [*cmd[:-2], "--engine", "spark"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert bad.returncode == 2 and "invalid choice: 'spark'" in bad.stderr
 
 
@@ -379,16 +505,24 @@ def test_cli_index_then_plan(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray
 def ray_cluster() -> Any:
     """One local Ray cluster for the module (2 CPUs, no dashboard); its start-up time is logged."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("PYTHONPATH", str(REPO / "src"))  # workers import this checkout's fitbatch
+    os.environ.setdefault(
+        "PYTHONPATH", str(REPO / "src")
+    )  # workers import this checkout's fitbatch
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO / "src")}})
-    print(f"ray.init: {time.perf_counter() - t0:.1f} s")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO / "src")}},
+    )
+    logging.getLogger(__name__).warning("ray.init took %.1f s", time.perf_counter() - t0)
     yield ray
     ray.shutdown()
 
 
-def test_ray_engine_builds_the_same_index_byte_for_byte(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], ray_cluster: Any) -> None:
+def test_ray_engine_builds_the_same_index_byte_for_byte(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], ray_cluster: Any
+) -> None:
     d, lengths = parquet_dir
     local = build_size_index(str(d), tmp_path / "local", column="ids", engine="local", workers=2)
     remote = build_size_index(str(d), tmp_path / "ray", column="ids", engine="ray")
@@ -402,6 +536,9 @@ def test_ray_engine_builds_the_same_index_byte_for_byte(tmp_path: Path, parquet_
 def test_docs_scale_examples_run() -> None:
     import doctest
 
-    result = doctest.testfile(str(REPO / "docs" / "scale.md"), module_relative=False,
-                              optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testfile(
+        str(REPO / "docs" / "scale.md"),
+        module_relative=False,
+        optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+    )
     assert result.attempted >= 10 and result.failed == 0

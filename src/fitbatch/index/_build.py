@@ -45,7 +45,9 @@ def _sized(shard: Shard, column: str | None, sizeof: Any) -> NDArray[Any]:
         raise wrapped from exc
 
 
-def _local(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int) -> Iterator[tuple[int, NDArray[Any]]]:
+def _local(
+    todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int
+) -> Iterator[tuple[int, NDArray[Any]]]:
     if workers == 1 or len(todo) == 1:
         for i, shard in todo:
             yield i, _sized(shard, column, sizeof)
@@ -72,7 +74,9 @@ def _local(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int
                     pending[pool.submit(_sized, nxt[1], column, sizeof)] = nxt[0]
 
 
-def _ray(todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int | None) -> Iterator[tuple[int, NDArray[Any]]]:
+def _ray(
+    todo: list[tuple[int, Shard]], column: Any, sizeof: Any, workers: int | None
+) -> Iterator[tuple[int, NDArray[Any]]]:
     ray = _require("ray", "ray", "engine='ray'")
     started = not ray.is_initialized()
     queue = iter(todo)
@@ -182,21 +186,29 @@ def build_size_index(
     rows = int(positive_int("rows_per_shard", rows_per_shard) or 0)
     where = os.fspath(path)
     t0 = time.perf_counter()
-    _kind, desc, shards = plan_shards(source, column=column, sizeof=sizeof, format=format, rows_per_shard=rows)
+    _kind, desc, shards = plan_shards(
+        source, column=column, sizeof=sizeof, format=format, rows_per_shard=rows
+    )
     names = [s.name for s in shards]
     if _format.is_index(where):
         found = _format.read_manifest(where)
         if found["source"] == desc and [s["name"] for s in found["shards"]] == names:
             logger.info("size index %s is already built from %s", where, desc)
             return SizeIndex.open(where)
-        raise ValueError(f"{where} holds an index of another source ({found['source']!r}): choose another path, or delete it")
+        raise ValueError(
+            f"{where} holds an index of another source ({found['source']!r}): choose another path, or delete it"
+        )
     _format.start_build(where, desc, names)
     done = set(_format.done_parts(where, len(shards)))
     todo = [(i, s) for i, s in enumerate(shards) if i not in done]
     if done:
         logger.info("resuming %s: %d of %d shards already written", where, len(done), len(shards))
     local_workers = n_workers or min(len(todo), os.cpu_count() or 1) or 1
-    results = _local(todo, column, sizeof, local_workers) if engine == "local" else _ray(todo, column, sizeof, n_workers)
+    results = (
+        _local(todo, column, sizeof, local_workers)
+        if engine == "local"
+        else _ray(todo, column, sizeof, n_workers)
+    )
     bar = _bar(progress, len(shards), len(done))
     try:
         for i, values in results:
@@ -207,5 +219,11 @@ def build_size_index(
         if bar is not None:
             bar.close()
     _format.finish_build(where, desc, names)
-    logger.info("built %s from %d shards (%s engine) in %.2f s", where, len(shards), engine, time.perf_counter() - t0)
+    logger.info(
+        "built %s from %d shards (%s engine) in %.2f s",
+        where,
+        len(shards),
+        engine,
+        time.perf_counter() - t0,
+    )
     return SizeIndex.open(where)

@@ -57,7 +57,9 @@ def log2_histogram(values: NDArray[Any]) -> NDArray[np.int64]:
     out = np.zeros(N_BINS, np.int64)
     for a in range(0, arr.shape[0], _CHUNK):
         chunk = arr[a : a + _CHUNK].astype(np.float64, copy=False)
-        _, exp = np.frexp(chunk)  # chunk = m * 2**exp with m in [0.5, 1): 2**(exp-1) <= chunk < 2**exp
+        _, exp = np.frexp(
+            chunk
+        )  # chunk = m * 2**exp with m in [0.5, 1): 2**(exp-1) <= chunk < 2**exp
         bins = np.where(chunk < 1, 0, np.minimum(exp, N_BINS - 1))
         out += np.bincount(bins, minlength=N_BINS)
     return trim(out)
@@ -196,7 +198,9 @@ def finish_build(path: str, source: str, names: list[str]) -> dict[str, Any]:
         integral &= values.dtype.kind in "iu"
         shards.append(stats)
     if offset == 0:
-        raise ValueError(f"{source}: no sizes (every shard is empty); an index needs at least one sample")
+        raise ValueError(
+            f"{source}: no sizes (every shard is empty); an index needs at least one sample"
+        )
     maximum = max(s["max"] for s in shards if s["count"])
     minimum = min(s["min"] for s in shards if s["count"])
     dtype = column_dtype(integral, maximum)
@@ -207,11 +211,15 @@ def finish_build(path: str, source: str, names: list[str]) -> dict[str, Any]:
     column = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(offset,))
     for s, values in zip(shards, _loaded_parts(path, len(names))):
         for a in range(0, s["count"], _CHUNK):
-            column[s["offset"] + a : s["offset"] + min(a + _CHUNK, s["count"])] = values[a : a + _CHUNK]
+            column[s["offset"] + a : s["offset"] + min(a + _CHUNK, s["count"])] = values[
+                a : a + _CHUNK
+            ]
     column.flush()
     del column
     os.replace(tmp, os.path.join(path, COLUMN))
-    total: int | float = sum(s["sum"] for s in shards) if integral else math.fsum(s["sum"] for s in shards)
+    total: int | float = (
+        sum(s["sum"] for s in shards) if integral else math.fsum(s["sum"] for s in shards)
+    )
     manifest = {
         "format": FORMAT,
         "version": VERSION,
@@ -241,14 +249,22 @@ def read_manifest(path: str) -> dict[str, Any]:
     """
     target = os.path.join(path, MANIFEST)
     if not os.path.isfile(target):
-        hint = " (a build was interrupted: run build_size_index again to finish it)" if os.path.isdir(os.path.join(path, PARTS)) else ""
+        hint = (
+            " (a build was interrupted: run build_size_index again to finish it)"
+            if os.path.isdir(os.path.join(path, PARTS))
+            else ""
+        )
         raise FileNotFoundError(f"no size index at {path!r}: {MANIFEST} is missing{hint}")
     with open(target, encoding="utf-8") as fh:
         manifest: dict[str, Any] = json.load(fh)
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{target} is not a fitbatch size index (format {manifest.get('format')!r}, expected {FORMAT!r})")
+        raise ValueError(
+            f"{target} is not a fitbatch size index (format {manifest.get('format')!r}, expected {FORMAT!r})"
+        )
     if manifest.get("version") != VERSION:
-        raise ValueError(f"{target} has version {manifest.get('version')!r}; this fitbatch reads version {VERSION}: rebuild it")
+        raise ValueError(
+            f"{target} has version {manifest.get('version')!r}; this fitbatch reads version {VERSION}: rebuild it"
+        )
     return manifest
 
 

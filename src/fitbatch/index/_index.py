@@ -48,7 +48,9 @@ class SizeIndex:
     [[1, 4, 2], [3, 0], [5]]
     """
 
-    def __init__(self, path: str, manifest: dict[str, Any], column: NDArray[Any], trust: bool) -> None:
+    def __init__(
+        self, path: str, manifest: dict[str, Any], column: NDArray[Any], trust: bool
+    ) -> None:
         self.path = path
         self._manifest = manifest
         self._column = column
@@ -78,7 +80,11 @@ class SizeIndex:
         where = os.fspath(path)
         manifest = _format.read_manifest(where)
         column = np.load(os.path.join(where, manifest["file"]), mmap_mode="r", allow_pickle=False)
-        if column.ndim != 1 or column.shape[0] != manifest["count"] or column.dtype.name != manifest["dtype"]:
+        if (
+            column.ndim != 1
+            or column.shape[0] != manifest["count"]
+            or column.dtype.name != manifest["dtype"]
+        ):
             raise ValueError(
                 f"{where}: the column holds {column.shape} {column.dtype} but the manifest says "
                 f"({manifest['count']},) {manifest['dtype']}: the index is damaged, rebuild it"
@@ -121,7 +127,9 @@ class SizeIndex:
         where = os.fspath(path)
         if os.path.exists(where) and os.listdir(where):
             if not overwrite:
-                raise FileExistsError(f"{where} exists and is not empty: pass overwrite=True to replace it")
+                raise FileExistsError(
+                    f"{where} exists and is not empty: pass overwrite=True to replace it"
+                )
             shutil.rmtree(where)
         names: list[str] = []
         _format.start_build(where, source, names)  # an empty record: create() never resumes
@@ -203,10 +211,16 @@ class SizeIndex:
                     f"{format_offenders(bad + a, chunk[bad])}: the index is damaged, rebuild it"
                 )
         total, top = _format.exact_sum(column), column.max().item()
-        same_sum = total == m["sum"] if column.dtype.kind in "iu" else math.isclose(total, m["sum"], rel_tol=1e-9)
+        same_sum = (
+            total == m["sum"]
+            if column.dtype.kind in "iu"
+            else math.isclose(total, m["sum"], rel_tol=1e-9)
+        )
         if not same_sum or top != m["max"]:
             found, wanted = {"sum": total, "max": top}, {"sum": m["sum"], "max": m["max"]}
-            raise ValueError(f"{self.path}: the column has {found} but the manifest says {wanted}: the index is damaged, rebuild it")
+            raise ValueError(
+                f"{self.path}: the column has {found} but the manifest says {wanted}: the index is damaged, rebuild it"
+            )
 
 
 def _reopen(path: str, trust: bool) -> SizeIndex:

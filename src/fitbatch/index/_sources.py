@@ -108,7 +108,9 @@ def megatron_header(data: bytes, path: str) -> tuple[int, int]:
         raise ValueError(f"{path} is too short for a Megatron .idx header ({len(data)} bytes)")
     magic, version, _code, n_seq, n_doc = _MEGATRON_HEADER.unpack_from(data)
     if magic != MEGATRON_MAGIC:
-        raise ValueError(f"{path} is not a Megatron .idx file: magic {magic!r}, expected {MEGATRON_MAGIC!r}")
+        raise ValueError(
+            f"{path} is not a Megatron .idx file: magic {magic!r}, expected {MEGATRON_MAGIC!r}"
+        )
     if version != 1:
         raise ValueError(f"{path}: Megatron .idx version {version}; only version 1 is known")
     return int(n_seq), int(n_doc)
@@ -116,7 +118,9 @@ def megatron_header(data: bytes, path: str) -> tuple[int, int]:
 
 def _megatron(path: str, start: int, stop: int) -> NDArray[Any]:
     with _open(path) as fh:
-        fh.seek(_MEGATRON_HEADER.size + 4 * start)  # sequence_lengths: int32, right after the header
+        fh.seek(
+            _MEGATRON_HEADER.size + 4 * start
+        )  # sequence_lengths: int32, right after the header
         data = fh.read(4 * (stop - start))
     if len(data) != 4 * (stop - start):
         raise ValueError(f"{path} is truncated: sequence_lengths[{start}:{stop}] is incomplete")
@@ -147,7 +151,9 @@ def _webdataset(path: str, extension: str | None) -> NDArray[Any]:
     sizes: list[int] = []
     with _open(path) as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
         for member in tar:
-            match = re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
+            match = (
+                re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
+            )
             if match is None:  # webdataset skips members without an extension
                 continue
             if extension is None or match.group(2) == extension:
@@ -161,7 +167,9 @@ def _webdataset(path: str, extension: str | None) -> NDArray[Any]:
     return per_key[np.argsort(first)].astype(np.int64)
 
 
-def read_shard(shard: Shard, column: str | None, sizeof: Callable[[list[Any]], Any] | None) -> NDArray[Any]:
+def read_shard(
+    shard: Shard, column: str | None, sizeof: Callable[[list[Any]], Any] | None
+) -> NDArray[Any]:
     """The validated 1-D sizes of one shard (int64, or float64 when some size is fractional)."""
     kind, args = shard.kind, shard.args
     if kind == "array":
@@ -216,12 +224,19 @@ def _expand(source: Any) -> tuple[list[str], list[int | None]]:
 
 
 def _infer(paths: list[str]) -> str:
-    kinds = {"mds" if posixpath.basename(p) == "index.json" else _EXTENSIONS.get(os.path.splitext(p)[1].lower(), "files") for p in paths}
+    kinds = {
+        "mds"
+        if posixpath.basename(p) == "index.json"
+        else _EXTENSIONS.get(os.path.splitext(p)[1].lower(), "files")
+        for p in paths
+    }
     if len(kinds) == 1:
         return kinds.pop()
     if "files" in kinds:
         return "files"
-    raise ValueError(f"the source mixes formats {sorted(kinds)}: pass one kind of shard, or format= one of {FORMATS}")
+    raise ValueError(
+        f"the source mixes formats {sorted(kinds)}: pass one kind of shard, or format= one of {FORMATS}"
+    )
 
 
 def _mds_shards(path: str, column: str | None) -> list[Shard]:
@@ -231,7 +246,9 @@ def _mds_shards(path: str, column: str | None) -> list[Shard]:
     shards = []
     for k, info in enumerate(index.get("shards", [])):
         if info.get("format") != "mds":
-            raise ValueError(f"{path} shard {k}: format {info.get('format')!r}; only 'mds' shards are sized")
+            raise ValueError(
+                f"{path} shard {k}: format {info.get('format')!r}; only 'mds' shards are sized"
+            )
         variable: int | None = None
         fixed: int | None = None
         if column is not None:
@@ -243,7 +260,9 @@ def _mds_shards(path: str, column: str | None) -> list[Shard]:
             variable = None if fixed is not None else sum(w is None for w in widths[:j])
         raw = f"{root}/{info['raw_data']['basename']}"
         if "://" not in raw and not os.path.isfile(raw):
-            raise ValueError(f"{raw} is absent (compressed shards are not sized): decompress the MDS shards first")
+            raise ValueError(
+                f"{raw} is absent (compressed shards are not sized): decompress the MDS shards first"
+            )
         shards.append(Shard("mds", raw, (raw, int(info["samples"]), variable, fixed)))
     return shards
 
@@ -261,12 +280,23 @@ def plan_shards(
     if hasattr(source, "with_format") and hasattr(source, "num_rows"):
         kind = "dataset"
         desc = f"datasets.Dataset({source.num_rows} rows, columns {list(source.column_names)})"
-        shards = [Shard("dataset", f"rows[{a}:{b}]", (source, a, b)) for a, b in _ranges(source.num_rows, rows_per_shard)]
+        shards = [
+            Shard("dataset", f"rows[{a}:{b}]", (source, a, b))
+            for a, b in _ranges(source.num_rows, rows_per_shard)
+        ]
     else:
         items = [source] if isinstance(source, (str, os.PathLike)) else source
-        if not isinstance(items, (list, tuple)) or not all(isinstance(p, (str, os.PathLike)) for p in items):
-            what = f"a list of {type(items[0]).__name__}" if isinstance(items, (list, tuple)) and items else f"a {type(source).__name__}"
-            raise TypeError(f"source must be a path, glob or URL, a list of them, or a datasets.Dataset; got {what}")
+        if not isinstance(items, (list, tuple)) or not all(
+            isinstance(p, (str, os.PathLike)) for p in items
+        ):
+            what = (
+                f"a list of {type(items[0]).__name__}"
+                if isinstance(items, (list, tuple)) and items
+                else f"a {type(source).__name__}"
+            )
+            raise TypeError(
+                f"source must be a path, glob or URL, a list of them, or a datasets.Dataset; got {what}"
+            )
         paths, listed = _expand(items)
         if not paths:
             raise ValueError(f"no files at {source!r}")
@@ -286,7 +316,9 @@ def plan_shards(
     return kind, desc, shards
 
 
-def _path_shards(kind: str, paths: list[str], listed: list[int | None], column: str | None, rows: int) -> list[Shard]:
+def _path_shards(
+    kind: str, paths: list[str], listed: list[int | None], column: str | None, rows: int
+) -> list[Shard]:
     if kind == "parquet":
         return [Shard("parquet", p, (p,)) for p in paths]
     if kind == "webdataset":
@@ -298,10 +330,16 @@ def _path_shards(kind: str, paths: list[str], listed: list[int | None], column: 
         for p in paths:
             with _open(p) as fh:
                 n_seq, _ = megatron_header(fh.read(_MEGATRON_HEADER.size), p)
-            shards += [Shard("megatron", f"{p}[{a}:{b}]", (p, a, b)) for a, b in _ranges(n_seq, rows)]
+            shards += [
+                Shard("megatron", f"{p}[{a}:{b}]", (p, a, b)) for a, b in _ranges(n_seq, rows)
+            ]
         return shards
     if kind != "files":
         raise ValueError(f"unknown format {kind!r}; expected one of {FORMATS}")
     known = [list_files(p, progress=False)[1][0] if n is None else n for p, n in zip(paths, listed)]
     column_ = np.asarray(known, dtype=np.int64)  # a listing already holds every byte size
-    return [Shard("array", f"{paths[a]}..{paths[b - 1]}", (column_[a:b],)) for a, b in _ranges(len(paths), rows) if b > a]
+    return [
+        Shard("array", f"{paths[a]}..{paths[b - 1]}", (column_[a:b],))
+        for a, b in _ranges(len(paths), rows)
+        if b > a
+    ]
