@@ -3,14 +3,16 @@
 Run from the repository root:
 
     python bench/scale.py                                   # 20 shards x 500k rows; plan 1e8
-    python bench/scale.py --shards 4 --rows 100000 --plan-n 10000000   # quicker
+    python bench/scale.py --shards 4 --rows 100000 --text-rows 5000 --plan-n 10000000   # quicker
 
 It prints two markdown tables:
 
-1. Index build: ``build_size_index`` over ``--shards`` parquet files of ``--rows`` rows each (an
-   int32 token-count column resampled from the real CPython function lengths), with the local
-   engine on 1 and 2 worker processes and with Ray on a local 2-CPU cluster (``ray.init`` timed
-   apart); every build is checked byte for byte against the first.
+1. Index build: ``build_size_index`` over ``--shards`` parquet files, sizes resampled from the
+   real CPython function lengths, for two workloads: ``--rows`` rows of an int32 token-count
+   column (reading only), and ``--text-rows`` rows of text sized by a Python ``sizeof`` (words
+   per text: a stand-in for a tokenizer). Each with the local engine on 1 and 2 worker processes
+   and with Ray on a local 2-CPU cluster (``ray.init`` timed apart); every build is checked byte
+   for byte against the first.
 2. Planning from an open index of ``--plan-n`` int32 sizes (resampled from the same real set),
    each case in a fresh subprocess: ``SizeIndex.open`` + ``plan_batches`` (sorted and
    sequential strategies) beside ``plan_batches`` on the same sizes loaded into memory with
@@ -43,16 +45,31 @@ def _files(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
 
 
-def build_table(work: Path, shards: int, rows: int) -> list[list[str]]:
+def word_count(texts: list[str]) -> list[int]:
+    """A stand-in for a tokenizer: whitespace words per text (Python work per row)."""
+    return [len(t.split()) for t in texts]
+
+
+def write_shards(data: Path, shards: int, rows: int, text: bool) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     base = load("cpython_stdlib_functions")
-    data = work / "parquet"
     data.mkdir()
     for k in range(shards):
         part = resample(base, rows, seed=k).astype(np.int32)
-        pq.write_table(pa.table({"n_tokens": part}), data / f"part-{k:05d}.parquet")
+        column = pa.array(["ab " * n for n in part.tolist()]) if text else pa.array(part)
+        pq.write_table(
+            pa.table({"text" if text else "n_tokens": column}), data / f"part-{k:05d}.parquet"
+        )
+
+
+def build_table(work: Path, shards: int, rows: int, text: bool) -> list[list[str]]:
+    data = work / ("text" if text else "numeric")
+    write_shards(data, shards, rows, text)
+    options: dict[str, object] = (
+        {"column": "text", "sizeof": word_count} if text else {"column": "n_tokens"}
+    )
     out: list[list[str]] = []
     reference: dict[str, bytes] | None = None
     cases: list[tuple[str, dict[str, object]]] = [
@@ -73,11 +90,9 @@ def build_table(work: Path, shards: int, rows: int) -> list[list[str]]:
                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}},
             )
             note = f"ray.init {time.perf_counter() - t0:.1f} s (not included)"
-        target = work / name.replace(" ", "").replace(",", "_")
+        target = data.with_name(data.name + "-" + name.replace(" ", "").replace(",", "_"))
         t0 = time.perf_counter()
-        index = fitbatch.build_size_index(
-            str(data), target, column="n_tokens", progress=False, **kw
-        )  # type: ignore[arg-type]
+        index = fitbatch.build_size_index(str(data), target, progress=False, **options, **kw)  # type: ignore[arg-type]
         seconds = time.perf_counter() - t0
         if kw["engine"] == "ray":
             import ray
@@ -171,6 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--text-rows", type=int, default=50_000)
     parser.add_argument("--plan-n", type=int, default=100_000_000)
     parser.add_argument("--skip-build", action="store_true")
     args = parser.parse_args()
@@ -180,14 +196,16 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="fitbatch-scale-"))
     try:
         if not args.skip_build:
-            print(f"### Index build: {args.shards} parquet shards x {args.rows:,} rows\n")
-            print(
-                table(
-                    ["engine", "sizes", "seconds", "M sizes/s", "bytes", "note"],
-                    build_table(work, args.shards, args.rows),
+            for text, rows in ((False, args.rows), (True, args.text_rows)):
+                what = (
+                    "a text column, sizeof=word_count (Python per row)"
+                    if text
+                    else "an int32 column (reading only)"
                 )
-            )
-            print()
+                print(f"### Index build: {args.shards} parquet shards x {rows:,} rows, {what}\n")
+                headers = ["engine", "sizes", "seconds", "M sizes/s", "bytes", "note"]
+                print(table(headers, build_table(work, args.shards, rows, text)))
+                print()
         print(
             f"### Planning from an open index of {args.plan_n:,} int32 sizes (budget 16384, padded)\n"
         )

@@ -96,9 +96,9 @@ def _parquet(path: str, column: str | None, sizeof: Any) -> NDArray[Any]:
     return _arrow_sizes(table.column(name), name, sizeof)
 
 
-def _dataset(dataset: Any, start: int, stop: int, column: str | None, sizeof: Any) -> NDArray[Any]:
-    name = _pick_column(list(dataset.column_names), column, "the dataset")
-    table = dataset.select_columns([name]).with_format("arrow")[start:stop]
+def _dataset(dataset: Any, start: int, stop: int, sizeof: Any) -> NDArray[Any]:
+    name = dataset.column_names[0]  # the driver kept only the sized column
+    table = dataset.with_format("arrow")[start:stop]
     return _arrow_sizes(table.column(name), name, sizeof)
 
 
@@ -177,7 +177,7 @@ def read_shard(
     if kind == "parquet":
         return _parquet(args[0], column, sizeof)
     if kind == "dataset":
-        return _dataset(args[0], args[1], args[2], column, sizeof)
+        return _dataset(args[0], args[1], args[2], sizeof)
     if kind == "megatron":
         return _megatron(*args)
     if kind == "mds":
@@ -280,8 +280,10 @@ def plan_shards(
     if hasattr(source, "with_format") and hasattr(source, "num_rows"):
         kind = "dataset"
         desc = f"datasets.Dataset({source.num_rows} rows, columns {list(source.column_names)})"
+        # only the sized column travels to the workers (a memory-mapped dataset pickles by path)
+        only = source.select_columns([_pick_column(list(source.column_names), column, "the dataset")])
         shards = [
-            Shard("dataset", f"rows[{a}:{b}]", (source, a, b))
+            Shard("dataset", f"rows[{a}:{b}]", (only, a, b))
             for a, b in _ranges(source.num_rows, rows_per_shard)
         ]
     else:
