@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 import struct
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fitbatch
@@ -31,10 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def direct_histogram(values: np.ndarray) -> list[int]:
-    """The manifest's log2 histogram computed the obvious way: bin 0 below 1, bin k for [2**(k-1), 2**k)."""
+    """The manifest's log2 histogram computed the obvious way: bin 0 below 1, bin k for
+    [2**(k-1), 2**k), which is the bit length of the integer part (exact, unlike math.log2)."""
     counts = [0] * 65
     for v in values.tolist():
-        counts[0 if v < 1 else min(int(math.floor(math.log2(v))) + 1, 64)] += 1
+        counts[0 if v < 1 else min(int(v).bit_length(), 64)] += 1
     while counts and counts[-1] == 0:
         counts.pop()
     return counts
@@ -93,6 +93,7 @@ def test_manifest_stats_and_merged_histogram_equal_direct_computation(
     ).tolist()
 
 
+@settings(max_examples=20)  # each example writes an index (fsync per shard)
 @given(
     st.lists(st.lists(st.integers(0, 2**53), max_size=20), min_size=1, max_size=5).filter(
         lambda c: any(c)
@@ -147,17 +148,19 @@ def test_untrusted_open_detects_a_damaged_column(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "sorted", "pooled", "buckets", "packed"])
+@pytest.mark.parametrize("kind", ["int32", "float64"])
 def test_plan_from_an_open_index_equals_plan_from_the_array(
-    tmp_path: Path, functions: np.ndarray, strategy: str
+    tmp_path: Path, functions: np.ndarray, strategy: str, kind: str
 ) -> None:
-    index = SizeIndex.create(tmp_path / "idx", np.array_split(functions, 5))
+    sizes = (
+        functions if kind == "int32" else functions * 0.75
+    )  # fractional: a read-only memmap plans
+    index = SizeIndex.create(tmp_path / "idx", np.array_split(sizes, 5))
+    assert index.sizes.dtype == np.dtype(kind)
     for epoch in (0, 3):
-        a = fitbatch.plan_batches(
-            index, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch
-        )
-        b = fitbatch.plan_batches(
-            functions, 8192, cost="padded", strategy=strategy, seed=11, epoch=epoch
-        )
+        kw: dict[str, Any] = {"cost": "padded", "strategy": strategy, "seed": 11, "epoch": epoch}
+        a = fitbatch.plan_batches(SizeIndex.open(index.path), 8192, **kw)
+        b = fitbatch.plan_batches(sizes, 8192, **kw)
         np.testing.assert_array_equal(a.order, b.order)
         np.testing.assert_array_equal(a.offsets, b.offsets)
         assert a.stats().as_dict() | {"plan_seconds": 0} == b.stats().as_dict() | {
@@ -282,6 +285,10 @@ def test_build_from_parquet_with_sizeof_and_errors(
         ValueError, match=r"unknown engine 'spark'; expected one of \('local', 'ray'\)"
     ):
         build_size_index(str(d), tmp_path / "other", engine="spark")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="holds no size index"):
+        build_size_index(str(d), tmp_path / "busy", column="ids", workers=1)
     with pytest.raises(ValueError, match="another source"):
         build_size_index(str(d), tmp_path / "idx", column="ids", workers=1)
 

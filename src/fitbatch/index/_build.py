@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._validate import choice, positive_int
@@ -34,7 +35,7 @@ ENGINES = ("local", "ray")
 def _sized(shard: Shard, column: str | None, sizeof: Any) -> NDArray[Any]:
     """A worker's job: the shard's sizes, or its error with the shard named (same type)."""
     try:
-        return read_shard(shard, column, sizeof)
+        values = read_shard(shard, column, sizeof)
     except Exception as exc:
         if str(shard.name) in str(exc):
             raise
@@ -43,6 +44,9 @@ def _sized(shard: Shard, column: str | None, sizeof: Any) -> NDArray[Any]:
         except Exception:  # an exception type that takes other arguments
             raise exc from None
         raise wrapped from exc
+    if values.dtype == np.int64 and values.size and values.max() <= np.iinfo(np.int32).max:
+        return values.astype(np.int32)  # half the bytes back to the driver (and in the part file)
+    return values
 
 
 def _local(
@@ -197,6 +201,10 @@ def build_size_index(
             return SizeIndex.open(where)
         raise ValueError(
             f"{where} holds an index of another source ({found['source']!r}): choose another path, or delete it"
+        )
+    if os.path.isdir(where) and os.listdir(where) and not _format.is_partial(where):
+        raise ValueError(
+            f"{where} exists and holds no size index: choose another path, or an empty one"
         )
     _format.start_build(where, desc, names)
     done = set(_format.done_parts(where, len(shards)))

@@ -271,3 +271,8 @@ def read_manifest(path: str) -> dict[str, Any]:
 def is_index(path: str) -> bool:
     """Whether ``path`` is a directory holding a finished size index."""
     return os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def is_partial(path: str) -> bool:
+    """Whether ``path`` holds an interrupted build (its record of what is built)."""
+    return os.path.isfile(os.path.join(path, PARTS, BUILD))

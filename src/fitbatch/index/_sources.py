@@ -128,18 +128,23 @@ def _megatron(path: str, start: int, stop: int) -> NDArray[Any]:
 
 
 def _mds(path: str, samples: int, variable: int | None, fixed: int | None) -> NDArray[Any]:
-    with _open(path) as fh:
-        data = fh.read()
-    buf = np.frombuffer(data, dtype=np.uint8)
-    count = int(np.frombuffer(data, dtype="<u4", count=1)[0]) if len(data) >= 4 else -1
-    if count != samples or len(data) < 4 * (samples + 2):
-        raise ValueError(f"{path}: the shard holds {count} samples but index.json says {samples}")
-    offsets = np.frombuffer(data, dtype="<u4", count=samples + 1, offset=4).astype(np.int64)
     if fixed is not None:
         return np.full(samples, fixed, dtype=np.int64)
+    head = 4 * (samples + 2)  # uint32 count, then samples + 1 uint32 offsets
+    with _open(path) as fh:
+        data = fh.read(head) if variable is None else fh.read()  # the offset table, or all
+    count = int(np.frombuffer(data, dtype="<u4", count=1)[0]) if len(data) >= 4 else -1
+    if count != samples or len(data) < head:
+        raise ValueError(f"{path}: the shard holds {count} samples but index.json says {samples}")
+    offsets = np.frombuffer(data, dtype="<u4", count=samples + 1, offset=4).astype(np.int64)
     if variable is None:
         return np.diff(offsets)
+    buf = np.frombuffer(data, dtype=np.uint8)
     at = offsets[:-1] + 4 * variable  # the per-sample head: a uint32 size per variable-size column
+    if at.size and at.max() + 4 > buf.size:
+        raise ValueError(
+            f"{path} is truncated: {buf.size} bytes, sample heads reach {int(at.max()) + 4}"
+        )
     word = buf[at] | (buf[at + 1].astype(np.int64) << 8) | (buf[at + 2].astype(np.int64) << 16)
     return (word | (buf[at + 3].astype(np.int64) << 24)).astype(np.int64)
 
@@ -149,7 +154,7 @@ def _webdataset(path: str, extension: str | None) -> NDArray[Any]:
 
     keys: list[str] = []
     sizes: list[int] = []
-    with _open(path) as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
+    with _open(path) as fh, tarfile.open(fileobj=fh, mode="r:*" if fh.seekable() else "r|*") as tar:
         for member in tar:
             match = (
                 re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
@@ -281,7 +286,9 @@ def plan_shards(
         kind = "dataset"
         desc = f"datasets.Dataset({source.num_rows} rows, columns {list(source.column_names)})"
         # only the sized column travels to the workers (a memory-mapped dataset pickles by path)
-        only = source.select_columns([_pick_column(list(source.column_names), column, "the dataset")])
+        only = source.select_columns(
+            [_pick_column(list(source.column_names), column, "the dataset")]
+        )
         shards = [
             Shard("dataset", f"rows[{a}:{b}]", (only, a, b))
             for a, b in _ranges(source.num_rows, rows_per_shard)
