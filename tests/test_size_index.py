@@ -251,6 +251,7 @@ def parquet_dir(tmp_path_factory: Any, request: Any) -> tuple[Path, np.ndarray]:
             }
         )
         pq.write_table(table, d / f"part-{k:02d}.parquet")
+    (d / "_SUCCESS").write_bytes(b"")  # what Spark leaves beside its parquet files
     return d, lengths
 
 
@@ -268,7 +269,7 @@ def test_build_from_parquet_equals_lengths(
 
 
 def test_build_from_parquet_with_sizeof_and_errors(
-    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray]
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], caplog: pytest.LogCaptureFixture
 ) -> None:
     d, lengths = parquet_dir
     index = build_size_index(
@@ -279,6 +280,7 @@ def test_build_from_parquet_with_sizeof_and_errors(
         workers=2,
     )
     np.testing.assert_array_equal(index.sizes, 2 * lengths)
+    assert "parquet source: 1 other files left out" in caplog.text and "_SUCCESS" in caplog.text
     with pytest.raises(ValueError, match=r"has 4 columns .*column="):
         build_size_index(str(d), tmp_path / "other", workers=1)
     with pytest.raises(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import posixpath
 import re
@@ -42,6 +43,8 @@ from numpy.typing import NDArray
 from fitbatch.sizes._columns import _require, from_array
 from fitbatch.sizes._files import _GLOB_CHARS, _url_to_fs, list_files
 from fitbatch.sizes._readers import _pick_column
+
+logger = logging.getLogger("fitbatch.index")
 
 FORMATS = ("parquet", "dataset", "megatron", "mds", "webdataset", "files")
 _EXTENSIONS = {".parquet": "parquet", ".idx": "megatron", ".tar": "webdataset"}
@@ -228,20 +231,31 @@ def _expand(source: Any) -> tuple[list[str], list[int | None]]:
     return paths, sizes
 
 
-def _infer(paths: list[str]) -> str:
-    kinds = {
-        "mds"
-        if posixpath.basename(p) == "index.json"
-        else _EXTENSIONS.get(os.path.splitext(p)[1].lower(), "files")
-        for p in paths
-    }
-    if len(kinds) == 1:
-        return kinds.pop()
-    if "files" in kinds:
-        return "files"
-    raise ValueError(
-        f"the source mixes formats {sorted(kinds)}: pass one kind of shard, or format= one of {FORMATS}"
-    )
+def _kind_of(path: str) -> str:
+    if posixpath.basename(path) == "index.json":
+        return "mds"
+    return _EXTENSIONS.get(os.path.splitext(path)[1].lower(), "files")
+
+
+def _infer(paths: list[str], listed: list[int | None]) -> tuple[str, list[str], list[int | None]]:
+    """The format of the paths, and the paths of that format: one known format among other
+    files (a Spark ``_SUCCESS``, a ``dataset_info.json``) is that format, the others left out
+    and logged; no known format: byte sizes of every file."""
+    kinds = [_kind_of(p) for p in paths]
+    known = sorted(set(kinds) - {"files"})
+    if len(known) > 1:
+        raise ValueError(
+            f"the source mixes formats {known}: pass one kind of shard, or format= one of {FORMATS}"
+        )
+    if not known:
+        return "files", paths, listed
+    keep = [i for i, k in enumerate(kinds) if k == known[0]]
+    if len(keep) < len(paths):
+        other = [paths[i] for i, k in enumerate(kinds) if k != known[0]]
+        logger.warning(
+            "%s source: %d other files left out (%s)", known[0], len(other), ", ".join(other[:3])
+        )
+    return known[0], [paths[i] for i in keep], [listed[i] for i in keep]
 
 
 def _mds_shards(path: str, column: str | None) -> list[Shard]:
@@ -284,7 +298,7 @@ def plan_shards(
     """
     if hasattr(source, "with_format") and hasattr(source, "num_rows"):
         kind = "dataset"
-        desc = f"datasets.Dataset({source.num_rows} rows, columns {list(source.column_names)})"
+        desc = f"datasets.Dataset({source.num_rows} rows, columns {list(source.column_names)}, fingerprint {getattr(source, '_fingerprint', None)})"
         # only the sized column travels to the workers (a memory-mapped dataset pickles by path)
         only = source.select_columns(
             [_pick_column(list(source.column_names), column, "the dataset")]
@@ -309,7 +323,10 @@ def plan_shards(
         paths, listed = _expand(items)
         if not paths:
             raise ValueError(f"no files at {source!r}")
-        kind = format or _infer(paths)
+        if format is None:
+            kind, paths, listed = _infer(paths, listed)
+        else:
+            kind = format
         desc = f"{kind}: " + ", ".join(os.fspath(p) for p in items)
         shards = _path_shards(kind, paths, listed, column, rows_per_shard)
     if column is not None:  # part of what is built: a resumed or finished build must match it
