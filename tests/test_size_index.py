@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import struct
-import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path
@@ -202,33 +200,30 @@ def test_samplers_accept_an_index_and_it_pickles_by_path(
     assert list(sched[0]) == list(sched[1]) and sum(len(b) for b in sched[0]) == 5000
 
 
-def test_cli_plans_from_an_index_path(tmp_path: Path, functions: np.ndarray) -> None:
+def test_cli_plans_from_an_index_path(
+    tmp_path: Path, functions: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fitbatch import cli
+
     SizeIndex.create(tmp_path / "idx", np.array_split(functions, 3))
     np.save(tmp_path / "f.npy", functions)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
     def plan(source: Path) -> dict[str, Any]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "fitbatch",
-            "plan",
-            str(source),
-            "--budget",
-            "8192",
-            "--strategy",
-            "sorted",
-            "--json",
-        ]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=True)
-        return json.loads(out.stdout)
+        assert (
+            cli.main(["plan", str(source), "--budget", "8192", "--strategy", "sorted", "--json"])
+            == 0
+        )
+        out = json.loads(capsys.readouterr().out)
+        for r in out["rows"]:
+            for e in [*r["per_epoch"], r["mean"]]:
+                e["plan_seconds"] = 0
+        return out
 
     a, b = plan(tmp_path / "idx"), plan(tmp_path / "f.npy")
-    for r in a["rows"] + b["rows"]:
-        for e in r["per_epoch"]:
-            e["plan_seconds"] = 0
-        r["mean"]["plan_seconds"] = 0
     assert a["n_samples"] == functions.size and a["rows"] == b["rows"]
+    assert cli.main(["sizes", str(tmp_path / "idx"), "-o", str(tmp_path / "out.npy")]) == 0
+    assert "58,754 sizes, total 5,020,888" in capsys.readouterr().out
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), functions)
 
 
 # ---------------------------------------------------------------------------- sources
@@ -481,30 +476,33 @@ def test_resume_after_a_crash_builds_the_identical_index(
     )
 
 
-def test_cli_index_then_plan(tmp_path: Path, parquet_dir: tuple[Path, np.ndarray]) -> None:
+def test_cli_index_then_plan(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fitbatch import cli
+
     d, lengths = parquet_dir
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "fitbatch",
-        "index",
-        str(d / "*.parquet"),
-        "-o",
-        str(tmp_path / "idx"),
-        "--column",
-        "tokens",
-        "--workers",
-        "2",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert f"{lengths.size:,} sizes" in out.stdout and "4 shards, int32" in out.stdout
+    args = ["index", str(d / "*.parquet"), "-o", str(tmp_path / "idx"), "--column", "tokens"]
+    assert cli.main([*args, "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{lengths.size:,} sizes" in out and "4 shards, int32" in out
     np.testing.assert_array_equal(SizeIndex.open(tmp_path / "idx").sizes, lengths)
-    bad = subprocess.run(
-        [*cmd[:-2], "--engine", "spark"], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert bad.returncode == 2 and "invalid choice: 'spark'" in bad.stderr
+    assert cli.main(["index", str(d), "-o", str(tmp_path / "other")]) == 2  # 4 columns: which?
+    assert "has 4 columns" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*args, "--engine", "spark"])
+    assert exc.value.code == 2 and "invalid choice: 'spark'" in capsys.readouterr().err
+
+
+def test_worker_processes_raise_the_shards_error_and_show_progress(
+    tmp_path: Path, parquet_dir: tuple[Path, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tqdm")
+    d, lengths = parquet_dir
+    with pytest.raises(ValueError, match=r"part-0[0-3].parquet has no column 'nope'"):
+        build_size_index(str(d), tmp_path / "err", column="nope", workers=2)
+    index = build_size_index(str(d), tmp_path / "idx", column="tokens", workers=1, progress=True)
+    assert "sizing shards" in capsys.readouterr().err and len(index) == lengths.size
 
 
 # ---------------------------------------------------------------------------- Ray
