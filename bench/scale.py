@@ -83,12 +83,8 @@ def build_table(work: Path, shards: int, rows: int, text: bool) -> list[list[str
             import ray
 
             t0 = time.perf_counter()
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}},
-            )
+            os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))  # workers import this fitbatch
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             note = f"ray.init {time.perf_counter() - t0:.1f} s (not included)"
         target = data.with_name(data.name + "-" + name.replace(" ", "").replace(",", "_"))
         t0 = time.perf_counter()

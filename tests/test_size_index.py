@@ -512,19 +512,14 @@ def test_worker_processes_raise_the_shards_error_and_show_progress(
 def ray_cluster() -> Any:
     """One local Ray cluster for the module (2 CPUs, no dashboard); its start-up time is logged."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault(
-        "PYTHONPATH", str(REPO / "src")
-    )  # workers import this checkout's fitbatch
-    t0 = time.perf_counter()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(REPO / "src")}},
-    )
-    logging.getLogger(__name__).warning("ray.init took %.1f s", time.perf_counter() - t0)
-    yield ray
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        if "PYTHONPATH" not in os.environ:  # Ray's workers import this checkout's fitbatch
+            mp.setenv("PYTHONPATH", str(REPO / "src"))
+        t0 = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        logging.getLogger(__name__).warning("ray.init took %.1f s", time.perf_counter() - t0)
+        yield ray
+        ray.shutdown()
 
 
 def test_ray_engine_builds_the_same_index_byte_for_byte(
