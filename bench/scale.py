@@ -14,9 +14,9 @@ It prints two markdown tables:
    and with Ray on a local 2-CPU cluster (``ray.init`` timed apart); every build is checked byte
    for byte against the first.
 2. Planning from an open index of ``--plan-n`` int32 sizes (resampled from the same real set),
-   each case in a fresh subprocess: ``SizeIndex.open`` + ``plan_batches`` (sorted and
+   each run in a fresh subprocess: ``SizeIndex.open`` + ``plan_batches`` (sorted and
    sequential strategies) beside ``plan_batches`` on the same sizes loaded into memory with
-   ``np.load``; wall time and the process's peak RSS.
+   ``np.load``; best of 2 alternated runs (index, array, array, index), and the peak RSS.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def plan_table(work: Path, n: int) -> list[list[str]]:
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for strategy in ("sorted", "sequential"):
-        for how in ("index", "array"):
+        runs: dict[str, list[dict[str, float]]] = {"index": [], "array": []}
+        for how in ("index", "array", "array", "index"):  # alternated: no order advantage
             res = subprocess.run(
                 [sys.executable, "-c", PLAN, str(work / "big"), how, strategy],
                 capture_output=True,
@@ -158,16 +159,19 @@ def plan_table(work: Path, n: int) -> list[list[str]]:
                 env=env,
                 check=True,
             )
-            r = json.loads(res.stdout)
+            runs[how].append(json.loads(res.stdout))
+        for how, found in runs.items():
+            r = min(found, key=lambda x: x["open"] + x["plan"])  # best of 2
             what = "SizeIndex.open (memmap)" if how == "index" else "np.load (in memory)"
+            rss = max(x["rss_gib"] for x in found)
             out.append(
                 [
                     f"{strategy}: {what}",
                     f"{r['open']:.2f}",
                     f"{r['plan']:.1f}",
                     f"{r['batches']:,}",
-                    f"{r['rss_gib']:.2f}",
-                    "",
+                    f"{rss:.2f}",
+                    "best of 2",
                 ]
             )
     return out
