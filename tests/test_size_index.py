@@ -533,6 +533,14 @@ def test_ray_engine_builds_the_same_index_byte_for_byte(
     np.testing.assert_array_equal(remote.sizes, lengths)
     with pytest.raises(ValueError, match=r"part-0[0-3].parquet.*has no column 'nope'"):
         build_size_index(str(d), tmp_path / "err", column="nope", engine="ray")
+    chars = build_size_index(  # a lambda travels to Ray's workers too (cloudpickle)
+        str(d),
+        tmp_path / "chars",
+        column="text",
+        sizeof=lambda t: [len(x) for x in t],
+        engine="ray",
+    )
+    np.testing.assert_array_equal(chars.sizes, lengths)
 
 
 def test_docs_scale_examples_run() -> None:
