@@ -113,6 +113,7 @@ def test_no_flat_prefixed_modules() -> None:
     ("concept", "module"),
     [
         ("sizes", "fitbatch.sizes"),
+        ("size index", "fitbatch.index"),
         ("costs", "fitbatch.costs"),
         ("strategies", "fitbatch.strategies"),
         ("plan", "fitbatch.plan"),

@@ -14,6 +14,7 @@ import fitbatch
 PUBLIC_MODULES = (
     "fitbatch",
     "fitbatch.sizes",
+    "fitbatch.index",
     "fitbatch.pipeline",
     "fitbatch.memory",
     "fitbatch.streaming",

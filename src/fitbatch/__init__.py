@@ -40,6 +40,7 @@ from fitbatch.costs import (
     SumCost,
     resolve_cost,
 )
+from fitbatch.index import SizeIndex, build_size_index
 from fitbatch.memory import (
     BatchMemoryModel,
     OOMGuard,
@@ -147,6 +148,7 @@ __all__ = [
     "Pooled",
     "ScheduledBatchSampler",
     "Sequential",
+    "SizeIndex",
     "SizeMemoryModel",
     "Sizes",
     "Sorted",
@@ -160,6 +162,7 @@ __all__ = [
     "as_sizes",
     "batch_stream",
     "block_causal_mask",
+    "build_size_index",
     "calibrate",
     "collect_peak_memory",
     "document_block_mask",

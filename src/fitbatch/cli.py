@@ -8,6 +8,8 @@
   efficiency, fills, straggler ratio for ``--world-size`` ranks, plan time); ``--json`` for
   scripts, ``--plot`` for a picture. The numbers are ``BatchPlan.stats()``'s.
 * ``fitbatch sizes SOURCE -o sizes.npy`` extracts sizes (a column, or the byte sizes of files).
+* ``fitbatch index SOURCE -o PATH`` builds a :class:`fitbatch.SizeIndex` in parallel (local
+  processes or ``--engine ray``); ``fitbatch plan PATH`` plans from it (``docs/scale.md``).
 
 See ``docs/cli.md``.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import fitbatch
+import fitbatch.index
 import fitbatch.sizes
 from fitbatch._demo import stdlib_function_lengths
 from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
@@ -275,7 +278,12 @@ def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
     return [PlanRow(f"fixed batch size {bs}", [p.stats() for p in fixed], fixed[0]), *rows]
 
 
-def _load(source: str, column: str | None) -> np.ndarray:
+def _load(source: str, column: str | None) -> Any:
+    if column is None and os.path.isfile(os.path.join(source, "manifest.json")):  # a SizeIndex
+        try:
+            return fitbatch.SizeIndex.open(source)
+        except (OSError, ValueError) as exc:
+            raise CliError(str(exc)) from None
     try:
         return fitbatch.sizes.from_source(source, column=column)
     except FileNotFoundError as exc:
@@ -301,7 +309,8 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.6g}"
 
 
-def _describe(sizes: np.ndarray) -> str:
+def _describe(sizes: Any) -> str:
+    sizes = getattr(sizes, "sizes", sizes)  # a SizeIndex: its memory-mapped column
     return (f"{sizes.size:,} sizes, total {_fmt(sizes.sum())}; min {_fmt(sizes.min())}, "
             f"median {_fmt(float(np.median(sizes)))}, max {_fmt(sizes.max())}")
 
@@ -364,7 +373,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _sizes(args: argparse.Namespace) -> int:
     raw = _load(args.source, args.column)
     try:
-        np.save(args.output, raw)
+        np.save(args.output, getattr(raw, "sizes", raw))
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {_reason(exc)}") from None
     if args.paths:
@@ -375,6 +384,17 @@ def _sizes(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot write {args.paths}: {_reason(exc)}") from None
     print(f"{args.source}: {_describe(raw)}; wrote {args.output}" + (f" and {args.paths}" if args.paths else ""))
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    source = args.source[0] if len(args.source) == 1 else args.source
+    try:
+        index = fitbatch.build_size_index(source, args.output, column=args.column, format=args.format,
+                                          engine=args.engine, workers=args.workers, rows_per_shard=args.rows_per_shard)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"{args.output}: {_describe(index)}; {index.num_shards} shards, {index.sizes.dtype}")
     return 0
 
 
@@ -397,7 +417,7 @@ def _positive(text: str) -> int:
 
 def _add_plan(sub: Any) -> None:
     plan = sub.add_parser("plan", help="what a budget and strategy do to your data (table, --json, --plot)")
-    plan.add_argument("sizes", metavar="SIZES", help=".npy, .txt, .csv, .parquet, or a directory/glob/URL of files (byte sizes)")
+    plan.add_argument("sizes", metavar="SIZES", help=".npy, .txt, .csv, .parquet, a size index, or a directory/glob/URL of files (byte sizes)")
     plan.add_argument("--budget", type=_budget, required=True, help="batch budget, e.g. 16384 or 70GiB")
     plan.add_argument("--cost", choices=COSTS, default="padded")
     plan.add_argument("--strategy", choices=("all", *strategy_names()), default="all")
@@ -416,6 +436,15 @@ def _add_plan(sub: Any) -> None:
     sizes.add_argument("--column", default=None, help="column of a .csv or .parquet file")
     sizes.add_argument("--paths", default=None, help="also write the listed file paths, one a line (files only)")
     sizes.set_defaults(func=_sizes)
+    index = sub.add_parser("index", help="build a size index (fitbatch.SizeIndex) in parallel, resumably")
+    index.add_argument("source", metavar="SOURCE", nargs="+", help="parquet/.tar/.idx files, an MDS index.json, or files (globs, URLs)")
+    index.add_argument("-o", "--output", required=True, help="the index directory")
+    index.add_argument("--column", default=None, help="parquet or MDS column, or WebDataset member extension")
+    index.add_argument("--format", choices=fitbatch.index.FORMATS, default=None, help="default: from the file extensions")
+    index.add_argument("--engine", choices=fitbatch.index.ENGINES, default="local")
+    index.add_argument("--workers", type=_positive, default=None, metavar="N")
+    index.add_argument("--rows-per-shard", type=_positive, default=1_000_000, metavar="R")
+    index.set_defaults(func=_index)
 
 
 def build_parser() -> argparse.ArgumentParser:

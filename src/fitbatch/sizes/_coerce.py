@@ -102,7 +102,8 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
             ``index -> size`` whose keys are exactly ``0 .. N-1``, a callable
             ``index -> size`` (with ``n``), a mapping of named columns ``name -> sizes``
             (str keys, array-likes of equal length: ``(N, D)`` sizes with column names, for
-            several limits), or a :class:`Sizes` (returned as is).
+            several limits), a :class:`Sizes` (returned as is), or an open
+            :class:`fitbatch.SizeIndex` (memory-mapped; converted once, not re-validated).
         n: the number of samples: required with a callable, checked otherwise.
 
     Returns:
@@ -129,6 +130,12 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
     """
     if isinstance(sizes, Sizes):
         return sizes
+    hook = getattr(type(sizes), "__fitbatch_sizes__", None)
+    if hook is not None:  # a fitbatch.SizeIndex: memory-mapped, validated when it was built
+        out: Sizes = hook(sizes)
+        if n is not None and len(out) != non_negative_int("n", n):
+            raise ValueError(f"n={n} but sizes hold {len(out)} samples")
+        return out
     columns = _column_names(sizes)
     if columns is not None and isinstance(sizes, Mapping):
         stacked = as_sizes(_stack_columns(sizes, columns), n)
