@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -374,7 +374,9 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
     return np.asarray(out, dtype=np.int64)
 
 
-def _walk_table(seg_starts: IntArray, n: int, level: NDArray[Any], tab: list[int], cut_tab: list[int]) -> IntArray:
+def _walk_table(
+    seg_starts: IntArray, n: int, level: NDArray[Any], tab: Sequence[int] | Mapping[int, int], cut_tab: Sequence[int] | Mapping[int, int]
+) -> IntArray:
     """The common walk: a batch starting at level k holds ``tab[k]`` positions, cut back to
     ``cut_tab[k]`` unless it reaches the end of its segment (the last batch is not cut).
 
@@ -430,11 +432,16 @@ def descending_starts(
     n = level.size
     if n == 0:
         return np.zeros(0, np.int64)
-    table = level_counts(edges, budget, cost, cap)
+    # Small plans: the table for the levels present only (a full one costs ~2 ms for 65,536 keys).
+    used = np.unique(level) if n < edges.size else None
+    table = level_counts(edges if used is None else edges[used], budget, cost, cap)
     if table is not None:
-        tab = table.tolist()
-        cut_tab = [c - c % multiple if c >= multiple else c for c in tab] if multiple > 1 else tab
-        return _walk_table(seg_starts, n, level, tab, cut_tab)
+        counts = table.tolist()
+        cut = [c - c % multiple if c >= multiple else c for c in counts] if multiple > 1 else counts
+        if used is None:
+            return _walk_table(seg_starts, n, level, counts, cut)
+        keys = used.tolist()
+        return _walk_table(seg_starts, n, level, dict(zip(keys, counts)), dict(zip(keys, cut)))
     # the cost uses the sum: one length per position, searched
     to_end = segment_ends(seg_starts, n)
     to_end -= np.arange(n, dtype=np.int64)
