@@ -82,11 +82,53 @@ def row(name: str, sizes: np.ndarray, oversized: str, world: int, single: fitbat
     }
 
 
+def few_steps_table(repeats: int = 5) -> str:
+    """Straggler ratio with few steps per epoch: ``plan_for_world`` against splitting the leftover.
+
+    For each set, world size and target step count, ``repeats`` resamples (seeds 0..) of about
+    ``world * steps`` batches' worth of samples; "split" arranges the single-process plan (the
+    leftover batches halved, as before), "re-planned" what the sampler now does.
+    """
+    from fitbatch.distributed import arrange
+    from fitbatch.options import PlanOptions
+    from fitbatch.plan import plan_with
+
+    cost = fitbatch.resolve_cost("padded")
+    lines = [
+        "| set | W | steps | straggler split (min-max) | straggler re-planned (min-max) | batches single -> re-planned |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, oversized in SETS.items():
+        base = load(name)
+        base = base[base <= BUDGET]
+        per_batch = max(1.0, BUDGET / (1.3 * float(base.mean())))
+        for world, steps in ((8, 5), (8, 9), (64, 2), (64, 4)):
+            old, new, counts = [], [], []
+            for seed in range(repeats):
+                sizes = fitbatch.as_sizes(resample(base, int(world * steps * per_batch), seed=seed))
+                opts = PlanOptions.build(BUDGET, seed=seed, oversized=oversized)
+                single = plan_with(sizes, opts)
+                old.append(arrange(single, sizes, cost, world, seed=seed, epoch=0).straggler_ratio)
+                sampler = fitbatch.BudgetBatchSampler(sizes, BUDGET, num_replicas=world, rank=0, seed=seed, oversized=oversized)
+                new.append(sampler.steps().straggler_ratio)
+                counts.append(f"{len(single)}->{len(sampler.steps().plan)}")
+            lines.append(
+                f"| {name.removeprefix('cpython_stdlib_')} | {world} | {steps} | {min(old):.3f}-{max(old):.3f} "
+                f"| {min(new):.3f}-{max(new):.3f} | {', '.join(counts[:3])} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=1_000_000)
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 8, 64])
+    p.add_argument("--few-steps", action="store_true", help="only the few-steps-per-epoch table")
     args = p.parse_args(argv)
+    if args.few_steps:
+        logging.basicConfig(level=logging.ERROR)
+        print(few_steps_table())
+        return
     logging.basicConfig(level=logging.ERROR)  # the skipped samples are counted in the notes
     fitbatch.BudgetBatchSampler([1], 1)  # import torch (the sampler's base class) before timing
     print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, {platform.machine()}")
