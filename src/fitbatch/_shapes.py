@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial
+from fitbatch.sizes import Sizes
+
+if TYPE_CHECKING:
+    from fitbatch.options import PlanOptions
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -67,7 +71,9 @@ def distinct_lengths(values: FloatArray) -> tuple[FloatArray, FloatArray]:
     # log-scale bins over positive lengths (a zero length keeps a bin of its own)
     low = max(float(found[found > 0].min()), 1.0)
     span = math.log(float(found[-1]) / low) or 1.0
-    bins = np.floor(np.log(np.maximum(found, low) / low) * ((MAX_DISTINCT - 2) / span)).astype(np.int64)
+    bins = np.floor(np.log(np.maximum(found, low) / low) * ((MAX_DISTINCT - 2) / span)).astype(
+        np.int64
+    )
     bins[found <= 0] = -1
     last = np.flatnonzero(np.append(bins[1:] != bins[:-1], True))
     sums = np.cumsum(many)[last]
@@ -140,7 +146,9 @@ def _layer(prev: FloatArray, lengths: FloatArray, cum: FloatArray) -> tuple[Floa
     return cur, best
 
 
-def shape_rows(lengths: FloatArray, model: CostModel, budget: float, cap: int | None, multiple: int) -> IntArray:
+def shape_rows(
+    lengths: FloatArray, model: CostModel, budget: float, cap: int | None, multiple: int
+) -> IntArray:
     """The most rows whose padded cost ``model(rows, length, rows * length)`` fits ``budget``, per length.
 
     At least 1 (an oversized sample planned alone), at most ``cap``, and cut to a multiple of
@@ -165,7 +173,14 @@ def shape_rows(lengths: FloatArray, model: CostModel, budget: float, cap: int | 
     return lo
 
 
-def shape_set(values: FloatArray, budget: float, k: int, model: CostModel, cap: int | None = None, multiple: int = 1) -> IntArray:
+def shape_set(
+    values: FloatArray,
+    budget: float,
+    k: int,
+    model: CostModel,
+    cap: int | None = None,
+    multiple: int = 1,
+) -> IntArray:
     """At most ``k`` shapes ``(rows, length)`` for samples of sizes ``values``, sorted by length.
 
     Lengths from :func:`optimal_lengths` over the sizes rounded up to whole numbers, rows from
@@ -226,7 +241,9 @@ class ShapeCost(CostModel):
     name: ClassVar[str] = "shape"
     checked: ClassVar[bool] = False
 
-    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+    def evaluate(
+        self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]
+    ) -> FloatArray:
         count = np.asarray(count, dtype=np.float64)
         return self.model.evaluate(count, max_size, count * np.asarray(max_size, dtype=np.float64))
 
@@ -237,6 +254,41 @@ class ShapeCost(CostModel):
 def planning_cost(model: CostModel) -> CostModel:
     """The cost model to plan rounded sizes with: ``model`` itself when it ignores the sum."""
     return model if isinstance(model, (PaddedCost, PaddedPolynomial)) else ShapeCost(model)
+
+
+def bounded(sizes: Sizes, opts: PlanOptions) -> tuple[IntArray, Sizes, CostModel]:
+    """What ``max_shapes`` plans with: the shape set, the sizes rounded to it, the planning cost.
+
+    Raises:
+        ValueError: D-dimensional sizes (a shape is one length per batch).
+    """
+    if sizes.values.ndim != 1:
+        raise ValueError(
+            f"max_shapes={opts.max_shapes} needs one size per sample, got sizes of shape "
+            f"{sizes.values.shape}; pass 1-D sizes (lengths), or max_shapes=None"
+        )
+    assert opts.max_shapes is not None  # callers check; not user input
+    shapes = shape_set(
+        sizes.values,
+        opts.budget,
+        opts.max_shapes,
+        opts.cost,
+        opts.max_batch_size,
+        opts.batch_size_multiple,
+    )
+    return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost)
+
+
+def shape_stats(shapes: IntArray | None, real_units: FloatArray) -> dict[str, Any]:
+    """``n_shapes`` and ``shape_efficiency`` of a plan's per-batch ``shapes`` (``{}`` without shapes)."""
+    if shapes is None:
+        return {}
+    area = float(np.sum(shapes[:, 0] * shapes[:, 1], dtype=np.float64))
+    n_shapes = int(np.unique(shapes, axis=0).shape[0]) if shapes.size else 0
+    return {
+        "n_shapes": n_shapes,
+        "shape_efficiency": float(real_units.sum()) / area if area > 0 else 1.0,
+    }
 
 
 def check_model(model: CostModel, max_shapes: int | None) -> None:
@@ -253,6 +305,7 @@ __all__ = [
     "MAX_DISTINCT",
     "ShapeCost",
     "batch_longest",
+    "bounded",
     "check_model",
     "distinct_lengths",
     "optimal_lengths",
@@ -261,4 +314,5 @@ __all__ = [
     "rounded_sizes",
     "shape_rows",
     "shape_set",
+    "shape_stats",
 ]

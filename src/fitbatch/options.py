@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._rules import OVERSIZED
+from fitbatch._shapes import check_model
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.strategies import Strategy, resolve_strategy
@@ -25,7 +26,7 @@ class PlanKeywords(TypedDict, total=False):
     checks the values.
 
     >>> sorted(PlanKeywords.__annotations__)
-    ['batch_size_multiple', 'drop_last', 'max_batch_size', 'oversized', 'saturation', 'seed', 'shuffle']
+    ['batch_size_multiple', 'drop_last', 'max_batch_size', 'max_shapes', 'oversized', 'saturation', 'seed', 'shuffle']
     """
 
     max_batch_size: int | None
@@ -35,6 +36,7 @@ class PlanKeywords(TypedDict, total=False):
     oversized: str
     drop_last: bool
     saturation: float
+    max_shapes: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,9 @@ class PlanOptions:
         drop_last: drop a batch that closed because its segment ran out of samples when its fill
             is below ``saturation`` (counted in the stats).
         saturation: see ``drop_last`` (aistore's rule, default 0.8).
+        max_shapes: give every batch one of at most this many ``(rows, length)`` shapes, the
+            same every epoch and rank (for ``torch.compile`` and CUDA graphs; see
+            ``docs/shapes.md``); ``None`` (default): no bound. Needs 1-D sizes and a padded cost.
 
     >>> import fitbatch
     >>> opts = fitbatch.PlanOptions.build("2KiB", cost="sum", strategy="sorted", max_batch_size=8)
@@ -76,6 +81,7 @@ class PlanOptions:
     oversized: str = "error"
     drop_last: bool = False
     saturation: float = 0.8
+    max_shapes: int | None = None
 
     @classmethod
     def build(
@@ -91,15 +97,19 @@ class PlanOptions:
         oversized: str = "error",
         drop_last: bool = False,
         saturation: float = 0.8,
+        max_shapes: int | None = None,
     ) -> PlanOptions:
         """Validate and coerce every option (raises ``ValueError``/``TypeError`` naming it)."""
         if shuffle is not None and not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be True, False or None, got {shuffle!r}")
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
+        model = resolve_cost(cost)
+        shapes = positive_int("max_shapes", max_shapes, allow_none=True)
+        check_model(model, shapes)
         return cls(
             budget=parse_budget(budget),
-            cost=resolve_cost(cost),
+            cost=model,
             strategy=resolve_strategy(strategy),
             max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
             batch_size_multiple=positive_int("batch_size_multiple", batch_size_multiple) or 1,
@@ -108,6 +118,7 @@ class PlanOptions:
             oversized=choice("oversized", oversized, OVERSIZED),
             drop_last=drop_last,
             saturation=fraction("saturation", saturation),
+            max_shapes=shapes,
         )
 
     @property
@@ -116,7 +127,7 @@ class PlanOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description (stored in sampler state to detect a changed configuration)."""
-        return {
+        out: dict[str, Any] = {
             "budget": self.budget,
             "cost": self.cost.to_dict(),
             "strategy": {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)},  # type: ignore[call-overload]
@@ -128,3 +139,6 @@ class PlanOptions:
             "drop_last": self.drop_last,
             "saturation": self.saturation,
         }
+        if self.max_shapes is not None:  # absent when unset: states saved before it still match
+            out["max_shapes"] = self.max_shapes
+        return out

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
+from fitbatch import _shapes as S
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import non_negative_int, parse_budget
 from fitbatch.costs import CostModel, resolve_cost
@@ -57,6 +58,8 @@ class BatchPlan(Sequence[IntArray]):
         counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
             padded units (count x padded length), for padding statistics and loss normalisation.
         skipped, dropped: indices of samples left out (oversized, ``drop_last``).
+        shape_set: with ``max_shapes``, the (K, 2) int64 ``(rows, length)`` shapes every batch
+            fits (by length), the same every epoch and rank; else ``None``. See :attr:`shapes`.
 
     Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
 
@@ -79,7 +82,7 @@ class BatchPlan(Sequence[IntArray]):
         budget: float, cost_name: str, strategy_name: str, lower_bound: int = 0,
         skipped: IntArray | None = None, dropped: IntArray | None = None, dropped_batches: int = 0,
         plan_seconds: float = 0.0, straggler_ratio: float | None = None,
-        batch_ids: IntArray | None = None, ids_permute_all: bool = False,
+        batch_ids: IntArray | None = None, ids_permute_all: bool = False, shape_set: IntArray | None = None,
     ) -> None:
         # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
         # here describe (order, offsets) and are selected on first use (a shuffled epoch of
@@ -107,6 +110,7 @@ class BatchPlan(Sequence[IntArray]):
         self.plan_seconds = plan_seconds
         self.straggler_ratio = straggler_ratio
         self._order: IntArray | None = order if batch_ids is None else None
+        self.shape_set = shape_set
 
     @classmethod
     def from_batches(
@@ -123,6 +127,7 @@ class BatchPlan(Sequence[IntArray]):
         dropped: IntArray | None = None,
         dropped_batches: int = 0,
         plan_seconds: float = 0.0,
+        shape_set: IntArray | None = None,
     ) -> BatchPlan:
         """A plan of given batches, measured: the constructor for batches not planned here.
 
@@ -140,6 +145,7 @@ class BatchPlan(Sequence[IntArray]):
             strategy_name: how the batches were made (shown in stats and reports).
             lower_bound, skipped, dropped, dropped_batches, plan_seconds: as in the plan's
                 stats (``skipped`` and ``dropped``: indices of samples in no batch).
+            shape_set: the shapes the batches were planned to fit (``max_shapes``), if any.
 
         Raises:
             ValueError: offsets that do not cut ``order``, or indices outside ``sizes``.
@@ -161,7 +167,7 @@ class BatchPlan(Sequence[IntArray]):
         return cls(
             order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
             strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
-            dropped_batches=dropped_batches, plan_seconds=plan_seconds,
+            dropped_batches=dropped_batches, plan_seconds=plan_seconds, shape_set=shape_set,
         )
 
     def _pick(self, name: str) -> Any:
@@ -177,6 +183,27 @@ class BatchPlan(Sequence[IntArray]):
     padded_units: FloatArray = _per_batch("padded_units", "Padded units of each batch: count x padded length.")
     counts: IntArray = _per_batch("counts", "Samples in each batch.")
     _heads: IntArray = _per_batch("heads", "Where each batch starts in the base order.")
+
+    @property
+    def shapes(self) -> IntArray | None:
+        """Each batch's ``(rows, length)`` of :attr:`shape_set` ((n_batches, 2) int64), or ``None``.
+
+        The shape the collates pick: among the shapes with rows >= the batch's samples and length
+        >= its longest sample, the smallest length, then the smallest rows.
+
+        >>> import fitbatch
+        >>> plan = fitbatch.plan_batches([3, 5, 9, 10, 4, 10], 40, strategy="sorted", max_shapes=2)
+        >>> plan.shape_set.tolist(), plan.shapes.tolist()
+        ([[8, 5], [4, 10]], [[8, 5], [4, 10]])
+        """
+        if self.shape_set is None:
+            return None
+        if "shapes" not in self._base:
+            counts = self._base["counts"]
+            longest = S.batch_longest(counts, self._base["padded_units"])
+            self._base["shapes"] = S.pick_shapes(self.shape_set, counts, longest)
+        shapes: IntArray = self._pick("shapes")
+        return shapes
 
     def _totals(self, name: str) -> Any:
         """The per-batch array for order-free reductions (the base one when no batch is left out)."""
@@ -266,7 +293,7 @@ class BatchPlan(Sequence[IntArray]):
             "budget": self.budget, "cost_name": self.cost_name, "strategy_name": self.strategy_name,
             "lower_bound": self.lower_bound, "skipped": self.skipped, "dropped": self.dropped,
             "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
-            "straggler_ratio": self.straggler_ratio,
+            "straggler_ratio": self.straggler_ratio, "shape_set": self.shape_set,
         }
         return BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
 
@@ -290,6 +317,7 @@ class BatchPlan(Sequence[IntArray]):
             strategy=self.strategy_name,
             plan_seconds=self.plan_seconds,
             straggler_ratio=self.straggler_ratio,
+            **S.shape_stats(self.shapes, self._totals("real_units")),
         )
 
     def report(self) -> str:
@@ -307,6 +335,8 @@ class BatchPlan(Sequence[IntArray]):
         ]
         if s.straggler_ratio is not None:
             rows.append(("straggler ratio", f"{s.straggler_ratio:.4f}"))
+        if s.n_shapes is not None:
+            rows.append(("shapes / efficiency", f"{s.n_shapes} / {s.shape_efficiency:.4f}"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -334,7 +364,7 @@ def plan_batches(
         epoch: the epoch; with ``seed`` it determines every random choice.
         n: the number of samples when ``sizes`` is a callable.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
+            ``oversized``, ``drop_last``, ``saturation``, ``max_shapes``, with the meaning and the defaults of
             the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.options.PlanKeywords`).
 
     Returns:
@@ -364,10 +394,13 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
+    shape_set, plan_model = None, model
+    if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
+        shape_set, sub, plan_model = S.bounded(sub, opts)
     ctx = Context(
         sizes=sub,
-        budget=planning_budget(budget, sizes.integral),
-        cost=model,
+        budget=planning_budget(budget, sub.integral),
+        cost=plan_model,
         cap=opts.max_batch_size,
         multiple=opts.batch_size_multiple,
         shuffle=opts.effective_shuffle,
@@ -405,6 +438,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
         dropped_batches=int(dropped_ids.size),
         batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
         ids_permute_all=not dropped_ids.size,
+        shape_set=shape_set,
     )
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:

@@ -24,6 +24,9 @@ class PlanStats:
         straggler_ratio: for data-parallel plans, the mean over steps of max rank cost / mean
             rank cost (1.0 is perfect balance); ``None`` for a single process.
         plan_seconds: time spent planning.
+        n_shapes, shape_efficiency: with ``max_shapes``, the distinct ``(rows, length)`` batch
+            shapes and real size units / sum of rows x length over the batches' shapes (the
+            padding a collate to the shapes leaves); ``None`` without ``max_shapes``.
 
     Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
 
@@ -53,6 +56,8 @@ class PlanStats:
     strategy: str
     plan_seconds: float
     straggler_ratio: float | None = None
+    n_shapes: int | None = None
+    shape_efficiency: float | None = None
 
     @property
     def batches_vs_lower_bound(self) -> float:
@@ -77,6 +82,8 @@ class PlanStats:
         ]
         if self.straggler_ratio is not None:
             parts.append(f"straggler ratio {self.straggler_ratio:.3f}")
+        if self.n_shapes is not None:
+            parts.append(f"{self.n_shapes} shapes, efficiency {self.shape_efficiency:.3f}")
         if self.skipped or self.dropped or self.oversized_batches:
             parts.append(
                 f"skipped {self.skipped}, dropped {self.dropped} in {self.dropped_batches} batches, "
