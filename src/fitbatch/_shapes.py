@@ -256,27 +256,46 @@ def planning_cost(model: CostModel) -> CostModel:
     return model if isinstance(model, (PaddedCost, PaddedPolynomial)) else ShapeCost(model)
 
 
-def bounded(sizes: Sizes, opts: PlanOptions) -> tuple[IntArray, Sizes, CostModel]:
-    """What ``max_shapes`` plans with: the shape set, the sizes rounded to it, the planning cost.
+def bounded(
+    sizes: Sizes, opts: PlanOptions, source: Sizes | None = None
+) -> tuple[IntArray, Sizes, CostModel]:
+    """What ``max_shapes`` plans ``sizes`` with: the shape set, the sizes rounded to it, the planning cost.
+
+    The shape set is chosen over ``source`` (default: ``sizes``; a re-planned rest of an epoch
+    passes every sample, so the shapes stay those of the whole dataset), less the samples
+    ``oversized="skip"`` leaves out.
 
     Raises:
         ValueError: D-dimensional sizes (a shape is one length per batch).
     """
-    if sizes.values.ndim != 1:
+    over = sizes if source is None else source
+    if over.values.ndim != 1:
         raise ValueError(
             f"max_shapes={opts.max_shapes} needs one size per sample, got sizes of shape "
-            f"{sizes.values.shape}; pass 1-D sizes (lengths), or max_shapes=None"
+            f"{over.values.shape}; pass 1-D sizes (lengths), or max_shapes=None"
         )
-    assert opts.max_shapes is not None  # callers check; not user input
+    values = over.values
+    if opts.oversized == "skip":
+        values = values[opts.cost.sample_cost(values) <= opts.budget]
+    k = opts.max_shapes if opts.max_shapes is not None else len(values)
     shapes = shape_set(
-        sizes.values,
-        opts.budget,
-        opts.max_shapes,
-        opts.cost,
-        opts.max_batch_size,
-        opts.batch_size_multiple,
+        values, opts.budget, k, opts.cost, opts.max_batch_size, opts.batch_size_multiple
     )
     return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost)
+
+
+def union(sets: list[IntArray | None]) -> IntArray | None:
+    """The shapes of several plans' shape sets, sorted by length then rows (``None`` if none has one).
+
+    >>> union([np.array([[8, 5], [4, 10]]), None, np.array([[6, 5]])]).tolist()
+    [[6, 5], [8, 5], [4, 10]]
+    """
+    have = [s for s in sets if s is not None]
+    if not have:
+        return None
+    shapes = np.unique(np.concatenate(have), axis=0)
+    out: IntArray = shapes[np.lexsort((shapes[:, 0], shapes[:, 1]))]
+    return out
 
 
 def shape_stats(shapes: IntArray | None, real_units: FloatArray) -> dict[str, Any]:
@@ -315,4 +334,5 @@ __all__ = [
     "shape_rows",
     "shape_set",
     "shape_stats",
+    "union",
 ]

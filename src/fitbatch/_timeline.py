@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
+from fitbatch import _shapes as S
 from fitbatch._rules import screen_oversized
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost
 from fitbatch.distributed import Steps, TooFewSamples, arrange, arrange_budgets, straggler_ratio
@@ -178,7 +179,7 @@ def _join(parts: Sequence[BatchPlan], like: BatchPlan, *, lower_bound: int, stra
         costs=arrays[0], real_units=arrays[1], padded_units=arrays[2],
         budget=like.budget, cost_name=like.cost_name, strategy_name=like.strategy_name, lower_bound=lower_bound,
         skipped=like.skipped, dropped=like.dropped, dropped_batches=like.dropped_batches,
-        plan_seconds=like.plan_seconds, straggler_ratio=straggler,
+        plan_seconds=like.plan_seconds, straggler_ratio=straggler, shape_set=S.union([p.shape_set for p in parts]),
     )
     return out
 
@@ -283,7 +284,7 @@ class Planner:
             steps = arrange_budgets(sub, local, budgets, self.epoch)
             return dataclasses.replace(steps, plan=_renamed(steps.plan, samples))
         return arrange(
-            _renamed(plan_with(sub, local, self.epoch), samples), self.sizes, opts.cost, world, seed=opts.seed,
+            _renamed(plan_with(sub, local, self.epoch, shapes_over=self.sizes), samples), self.sizes, opts.cost, world, seed=opts.seed,
             epoch=self.epoch, policy=self.policy, purpose=f"replan-steps-{generation}",
         )
 

@@ -383,8 +383,12 @@ def plan_batches(
     return plan_with(as_sizes(sizes, n), opts, epoch)
 
 
-def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
-    """Plan with already validated sizes and options (the samplers' entry point)."""
+def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, shapes_over: Sizes | None = None) -> BatchPlan:
+    """Plan with already validated sizes and options (the samplers' entry point).
+
+    ``shapes_over``: with ``max_shapes``, the samples the shape set is chosen over (default:
+    ``sizes``; the rest of an epoch re-planned after a change passes all of the dataset).
+    """
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
     values = sizes.values
@@ -396,7 +400,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0) -> BatchPlan:
     sub = sizes if kept is None else Sizes(values[kept], sizes.integral)
     shape_set, plan_model = None, model
     if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
-        shape_set, sub, plan_model = S.bounded(sub, opts)
+        shape_set, sub, plan_model = S.bounded(sub, opts, shapes_over or sizes)
     ctx = Context(
         sizes=sub,
         budget=planning_budget(budget, sub.integral),

@@ -139,6 +139,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             self._budgets = tuple(parse_budget(b, "budget") for b in budget)
             budget = min(self._budgets)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
+        if self._budgets is not None and self._opts.max_shapes is not None:
+            raise ValueError("max_shapes needs one budget for every rank (the shapes are shared); pass one budget")
         self.policy = choice("policy", policy, POLICIES)
         self._cache: tuple[int, Steps] | None = None  # another epoch's arrangement
         # the current epoch: what it began with, its changes (events) and its steps as they run
