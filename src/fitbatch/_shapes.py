@@ -207,6 +207,8 @@ def pick_shapes(shapes: IntArray, counts: IntArray, longest: FloatArray) -> IntA
         ValueError: a batch no shape holds (counting them), which a plan made with these
             shapes never has.
     """
+    if counts.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
     order = np.lexsort((shapes[:, 0], shapes[:, 1]))
     ranked = shapes[order]
     fits = (ranked[None, :, 0] >= counts[:, None]) & (ranked[None, :, 1] >= longest[:, None])
@@ -275,13 +277,27 @@ def bounded(
             f"{over.values.shape}; pass 1-D sizes (lengths), or max_shapes=None"
         )
     values = over.values
-    if opts.oversized == "skip":
-        values = values[opts.cost.sample_cost(values) <= opts.budget]
-    k = opts.max_shapes if opts.max_shapes is not None else len(values)
-    shapes = shape_set(
+    alone = opts.cost.sample_cost(values) > opts.budget
+    k = opts.max_shapes if opts.max_shapes is not None else max(len(values), 1)
+    if opts.oversized == "skip" or not alone.any():
+        shapes = _shapes_of(values[~alone], k, opts)
+    else:  # "single": samples over the budget alone share one shape of their own, (1, longest)
+        if k < 2 and not alone.all():
+            n = int(alone.sum())
+            raise ValueError(
+                f"max_shapes={k} cannot give the {n} sample{'s' if n > 1 else ''} over the budget alone "
+                "(oversized='single') a shape apart from the others; pass max_shapes >= 2 or "
+                "oversized='skip'"
+            )
+        top = np.array([[1, int(math.ceil(values[alone].max()))]], dtype=np.int64)
+        shapes = np.concatenate([_shapes_of(values[~alone], k - 1, opts), top])
+    return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost)
+
+
+def _shapes_of(values: FloatArray, k: int, opts: PlanOptions) -> IntArray:
+    return shape_set(
         values, opts.budget, k, opts.cost, opts.max_batch_size, opts.batch_size_multiple
     )
-    return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost)
 
 
 def union(sets: list[IntArray | None]) -> IntArray | None:
