@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import doctest
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -387,3 +389,10 @@ def test_cli_plan_reports_the_shapes(tmp_path, capsys, functions):
     assert rows[0]["mean"]["n_shapes"] is None and rows[1]["per_epoch"][0]["n_shapes"] == 4
     assert main(["plan", str(path), "--budget", "8192", "--cost", "sum", "--max-shapes", "4"]) != 0
     assert "needs a padded cost model" in capsys.readouterr().err
+
+
+def test_the_docs_examples_run(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    result = doctest.testfile(str(root / "docs" / "shapes.md"), module_relative=False)
+    assert result.attempted >= 10 and result.failed == 0
