@@ -83,8 +83,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
-            the :class:`fitbatch.PlanOptions` attributes (typed:
+            ``oversized``, ``drop_last``, ``saturation``, ``max_shapes`` (see :attr:`shapes`),
+            with the meaning and the defaults of the :class:`fitbatch.PlanOptions` attributes (typed:
             :class:`~fitbatch.options.PlanKeywords`).
 
     Raises:
