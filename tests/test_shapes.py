@@ -124,7 +124,7 @@ def test_shape_rows_are_the_most_that_fit(name, cap, multiple):
 
 
 @given(
-    sizes=st.lists(st.integers(1, 300), min_size=0, max_size=120),
+    sizes=st.lists(st.integers(1, 300), min_size=0, max_size=80),
     budget=st.integers(300, 5000),
     k=st.integers(2, 12),  # 1 with oversized samples is refused (test_oversized_samples_...)
     strategy=st.sampled_from(sorted(STRATEGIES)),
