@@ -295,6 +295,27 @@ def test_sampler_state_records_max_shapes(functions):
     )
 
 
+def test_a_resume_on_another_world_size_keeps_the_shapes(functions):
+    values = np.minimum(functions[:6000], 512)
+    old = [
+        fitbatch.BudgetBatchSampler(values, 4096, max_shapes=8, num_replicas=2, rank=r)
+        for r in range(2)
+    ]
+    iterators = [iter(s) for s in old]
+    done = [i for it in iterators for _ in range(10) for i in next(it)]
+    state = old[0].state_dict()
+    new = [
+        fitbatch.BudgetBatchSampler(values, 4096, max_shapes=8, num_replicas=3, rank=r)
+        for r in range(3)
+    ]
+    for sampler in new:
+        sampler.load_state_dict(state)
+        assert np.array_equal(sampler.shapes, old[0].shapes)
+        check_shapes(sampler.plan(), values.astype(np.float64), 8, 4096, fitbatch.PaddedCost())
+    rest = [i for s in new for b in s for i in b]
+    assert sorted(done + rest) == list(range(values.size))
+
+
 def test_a_budget_change_mid_epoch_keeps_every_batch_in_a_shape(functions):
     values = functions[:5000].astype(np.float64)
     sampler = fitbatch.BudgetBatchSampler(values, 4096, max_shapes=8, num_replicas=1, rank=0)
