@@ -24,11 +24,16 @@ batches, distinct input shapes, compilations (graphs the backend compiled), padd
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
-os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")  # every mode compiles from scratch
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")  # every mode compiles from scratch (and
+# each runs in its own process with an empty TORCHINDUCTOR_CACHE_DIR: no kernel is reused)
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import numpy as np  # noqa: E402
@@ -133,13 +138,17 @@ def run(mode: Mode, lengths: np.ndarray, budget: float) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=2500)
-    parser.add_argument("--budget", type=float, default=4096)
-    parser.add_argument("--max-len", type=int, default=512)
-    parser.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16])
-    args = parser.parse_args()
+def modes(ks: list[int]) -> list[Mode]:
+    return [
+        Mode("eager, unbounded", False, False, None),
+        Mode("compile dynamic=False, unbounded", True, False, None),
+        Mode("compile dynamic=True, unbounded", True, True, None),
+        *(Mode(f"compile dynamic=False, max_shapes={k}", True, False, k) for k in ks),
+    ]
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one mode in this fresh process and print its result as one JSON line."""
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1  # compile in-process: no worker pool on 2 cores
     for name in (
@@ -153,15 +162,27 @@ def main() -> None:
     lengths = np.minimum(
         resample(load("cpython_stdlib_functions"), args.samples, seed=0), args.max_len
     )
-    modes = [
-        Mode("eager, unbounded", False, False, None),
-        Mode("compile dynamic=False, unbounded", True, False, None),
-        Mode("compile dynamic=True, unbounded", True, True, None),
-        *(Mode(f"compile dynamic=False, max_shapes={k}", True, False, k) for k in args.ks),
-    ]
+    print(json.dumps(run(modes(args.ks)[args.mode], lengths, args.budget)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=2500)
+    parser.add_argument("--budget", type=float, default=4096)
+    parser.add_argument("--max-len", type=int, default=512)
+    parser.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--mode", type=int, default=None, help=argparse.SUPPRESS)  # a child's mode
+    args = parser.parse_args()
+    if args.mode is not None:
+        child(args)
+        return
+    lengths = np.minimum(
+        resample(load("cpython_stdlib_functions"), args.samples, seed=0), args.max_len
+    )
     print(
         f"{lengths.size} samples of cpython_stdlib_functions (<= {args.max_len} tokens, {int(lengths.sum())} "
-        f"tokens), budget {args.budget:g} padded tokens, torch {torch.__version__}, 1 thread\n"
+        f"tokens), budget {args.budget:g} padded tokens, torch {torch.__version__}, 1 thread, "
+        "each mode in a fresh process with an empty inductor cache\n"
     )
     head = (
         "mode",
@@ -174,8 +195,20 @@ def main() -> None:
         "run s",
     )
     rows = []
-    for mode in modes:
-        r = run(mode, lengths, args.budget)
+    for i, mode in enumerate(modes(args.ks)):
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+            argv = [sys.executable, __file__, "--mode", str(i), "--samples", str(args.samples)]
+            argv += [
+                "--budget",
+                str(args.budget),
+                "--max-len",
+                str(args.max_len),
+                "--ks",
+                *map(str, args.ks),
+            ]
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
         rows.append(
             (
                 mode.name,
