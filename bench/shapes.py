@@ -5,8 +5,8 @@ torch.compile specialises a graph on its input shapes: a budget planner's hundre
 dynamic-shape graph (``dynamic=True``) that runs slower kernels. ``max_shapes=K`` plans every
 batch to fit one of K shapes chosen from the data, and each batch is padded to its shape.
 
-The configuration recorded in BENCHMARKS.md (on a loaded 2-core CPU VM, about 15 minutes, nearly
-all of it inductor compiling C++ at 8-10 s a graph; ``--samples 600`` runs in about 5):
+The configuration recorded in BENCHMARKS.md (on a loaded 2-core CPU VM, about 22 minutes, nearly
+all of it inductor compiling C++ at 9-20 s a graph; ``--samples 600`` is a quicker check):
 
     python bench/shapes.py --samples 2500 --budget 4096 --max-len 512 --ks 4 8 16
 
