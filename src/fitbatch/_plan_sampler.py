@@ -210,6 +210,20 @@ class PlanSampler:
         """
         return self._layout(self._epoch(epoch)).plan
 
+    @property
+    def shapes(self) -> NDArray[np.int64] | None:
+        """With ``max_shapes``: the (K, 2) ``(rows, length)`` shapes every batch fits, else ``None``.
+
+        The same on every rank and in every epoch (it depends on the sizes, the budget, the cost
+        and the options only): compile a model for these shapes, and pad each batch to the one
+        ``plan().shapes`` gives it.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> BudgetBatchSampler([3, 5, 9, 10, 4, 10], 40, max_shapes=2, num_replicas=1, rank=0).shapes.tolist()
+        [[8, 5], [4, 10]]
+        """
+        return self.plan().shape_set
+
     def step_totals(self, epoch: int | None = None) -> StepTotals:
         """Per step of the epoch: samples, real size units and loss units summed over all ranks.
 

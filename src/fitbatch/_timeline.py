@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
+from fitbatch import _shapes as S
 from fitbatch._plan_sampler import StepTotals
 from fitbatch._rules import screen_oversized
 from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
@@ -191,6 +192,7 @@ def _join(parts: Sequence[BatchPlan], like: BatchPlan, *, lower_bound: int, stra
         budget=like.budget, cost_name=like.cost_name, strategy_name=like.strategy_name, lower_bound=lower_bound,
         skipped=like.skipped, dropped=like.dropped, dropped_batches=like.dropped_batches,
         plan_seconds=like.plan_seconds, straggler_ratio=straggler, loss_sizes=like.loss_sizes,
+        shape_set=S.union([p.shape_set for p in parts]),
     )
     return out
 
@@ -302,7 +304,7 @@ class Planner:
         if budgets is not None:
             steps = arrange_budgets(sub, local, budgets, self.epoch)
             return self._with_loss(dataclasses.replace(steps, plan=_renamed(steps.plan, samples)))
-        rest = _renamed(plan_for_world(sub, local, self.epoch, world, self.policy), samples)
+        rest = _renamed(plan_for_world(sub, local, self.epoch, world, self.policy, shapes_over=self.sizes), samples)
         rest.loss_sizes = self.loss
         return arrange(
             rest, self.sizes, opts.cost, world, seed=opts.seed,

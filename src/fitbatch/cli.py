@@ -252,6 +252,8 @@ def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
     model = fitbatch.resolve_cost(args.cost)
     names = strategy_names() if args.strategy == "all" else (args.strategy,)
     common = {"max_batch_size": args.max_batch_size, "seed": args.seed, "oversized": args.oversized}
+    if args.max_shapes is not None:
+        common["max_shapes"] = args.max_shapes
     global _FORKED
     rows = []
     if _parallel(len(names), len(sizes), args):
@@ -345,7 +347,7 @@ def _plan(args: argparse.Namespace) -> int:
         out = {
             "source": args.sizes, "n_samples": int(sizes.values.shape[0]), "budget": args.budget, "cost": args.cost,
             "world_size": args.world_size, "epochs": args.epochs, "seed": args.seed, "oversized": args.oversized,
-            "max_batch_size": args.max_batch_size, "plot": args.plot,
+            "max_batch_size": args.max_batch_size, "max_shapes": args.max_shapes, "plot": args.plot,
             "rows": [{"plan": r.name, "mean": r.mean(), "per_epoch": [s.as_dict() for s in r.epochs]} for r in rows],
         }
         print(json.dumps(out, indent=1))
@@ -360,6 +362,9 @@ def _plan(args: argparse.Namespace) -> int:
         "cost / budget (over 1.00 would run out of memory); straggler: mean over steps of the slowest "
         f"rank's cost / the mean rank's (--world-size); plan ms: planning time. Total {time.perf_counter() - t0:.2f} s."
     )
+    shaped = [f"{r.name}: {s.n_shapes} shapes, efficiency {s.shape_efficiency:.3f}" for r in rows for s in r.epochs[:1] if s.n_shapes is not None]
+    if shaped:
+        print(f"\nBatch shapes (--max-shapes {args.max_shapes}; real / rows x length of the shapes, epoch 0): " + "; ".join(shaped) + ".")
     lost = [f"{r.name}: {r.mean()['dropped']:g} samples" for r in rows if r.mean()["dropped"]]
     if lost:
         print(f"\nDropped to give each of {args.world_size} ranks a batch per step (counted, mean per epoch): " + "; ".join(lost) + ".")
@@ -422,6 +427,7 @@ def _add_plan(sub: Any) -> None:
     plan.add_argument("--cost", choices=COSTS, default="padded")
     plan.add_argument("--strategy", choices=("all", *strategy_names()), default="all")
     plan.add_argument("--max-batch-size", type=_positive, default=None, metavar="N")
+    plan.add_argument("--max-shapes", type=_positive, default=None, metavar="K", help="at most K batch shapes (torch.compile)")
     plan.add_argument("--world-size", type=_positive, default=1, metavar="W", help="data-parallel ranks (straggler ratio)")
     plan.add_argument("--epochs", type=_positive, default=1, metavar="E", help="average over E epochs")
     plan.add_argument("--oversized", choices=OVERSIZED, default="error", help="samples over budget alone")

@@ -192,15 +192,17 @@ def arrange(
 
 
 def plan_for_world(
-    sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str = "split", *, loss_sizes: FloatArray | None = None
+    sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str = "split", *,
+    loss_sizes: FloatArray | None = None, shapes_over: Sizes | None = None,
 ) -> BatchPlan:
     """The epoch's plan for ``world`` ranks: with few steps, a batch count that divides evenly.
 
     With fewer than :data:`FEW_STEPS` steps per epoch, a batch count that ``world`` does not
-    divide and no ``drop_last``, splitting the leftover (``policy="split"``) would leave a step of half-size batches
-    next to full ones. Instead the plan is made again at the lowest budget (found by bisection,
-    never below the costliest sample that fits alone) whose plan still has no more than the next
-    multiple of ``world`` batches: the same samples spread over evenly full batches. Whatever
+    divide, no ``drop_last`` and no ``max_shapes`` (whose shape set must not change), splitting
+    the leftover (``policy="split"``) would leave a step of half-size batches next to full ones.
+    Instead the plan is made again at the lowest budget (found by bisection, never below the
+    costliest sample that fits alone) whose plan still has no more than the next multiple of
+    ``world`` batches: the same samples spread over evenly full batches. Whatever
     that leaves over is split by :func:`arrange` as before. The plan keeps the options' budget
     and lower bound, so fills are still against the budget asked for. Every rank computes the
     same plan from (sizes, options, epoch): no communication.
@@ -212,10 +214,10 @@ def plan_for_world(
     >>> [len(b) for b in plan_for_world(sizes, opts, 0, 1)], [len(b) for b in plan_for_world(sizes, opts, 0, 3)]
     ([3, 3, 3, 1], [2, 2, 2, 2, 2])
     """
-    plan = plan_with(sizes, opts, epoch, loss_sizes=loss_sizes)
+    plan = plan_with(sizes, opts, epoch, loss_sizes=loss_sizes, shapes_over=shapes_over)
     n = len(plan)
-    if world == 1 or policy != "split" or opts.drop_last or n % world == 0 or n >= FEW_STEPS * world:
-        return plan  # (drop_last keeps its full batches and its drops as planned)
+    if world == 1 or policy != "split" or opts.drop_last or opts.max_shapes is not None or n % world == 0 or n >= FEW_STEPS * world:
+        return plan  # (drop_last keeps its full batches and drops; max_shapes keeps its shape set)
     target = -(-n // world) * world
     alone = opts.cost.sample_cost(sizes.values)
     fits = alone[alone <= opts.budget]

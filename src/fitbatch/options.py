@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._rules import OVERSIZED
+from fitbatch._shapes import check_model
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost, resolve_limits
 from fitbatch.strategies import Strategy, resolve_strategy
@@ -26,7 +27,7 @@ class PlanKeywords(TypedDict, total=False):
     checks the values.
 
     >>> sorted(PlanKeywords.__annotations__)
-    ['batch_size_multiple', 'drop_last', 'max_batch_size', 'oversized', 'saturation', 'seed', 'shuffle']
+    ['batch_size_multiple', 'drop_last', 'max_batch_size', 'max_shapes', 'oversized', 'saturation', 'seed', 'shuffle']
     """
 
     max_batch_size: int | None
@@ -36,6 +37,7 @@ class PlanKeywords(TypedDict, total=False):
     oversized: str
     drop_last: bool
     saturation: float
+    max_shapes: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,9 @@ class PlanOptions:
         drop_last: drop a batch that closed because its segment ran out of samples when its fill
             is below ``saturation`` (counted in the stats).
         saturation: see ``drop_last`` (aistore's rule, default 0.8).
+        max_shapes: give every batch one of at most this many ``(rows, length)`` shapes, the
+            same every epoch and rank (for ``torch.compile`` and CUDA graphs; see
+            ``docs/shapes.md``); ``None`` (default): no bound. Needs 1-D sizes and a padded cost.
 
     >>> import fitbatch
     >>> opts = fitbatch.PlanOptions.build("2KiB", cost="sum", strategy="sorted", max_batch_size=8)
@@ -81,6 +86,7 @@ class PlanOptions:
     oversized: str = "error"
     drop_last: bool = False
     saturation: float = 0.8
+    max_shapes: int | None = None
 
     @classmethod
     def build(
@@ -96,6 +102,7 @@ class PlanOptions:
         oversized: str = "error",
         drop_last: bool = False,
         saturation: float = 0.8,
+        max_shapes: int | None = None,
     ) -> PlanOptions:
         """Validate and coerce every option (raises ``ValueError``/``TypeError`` naming it)."""
         if shuffle is not None and not isinstance(shuffle, bool):
@@ -104,9 +111,12 @@ class PlanOptions:
             raise TypeError(f"drop_last must be a bool, got {drop_last!r}")
         if isinstance(budget, Mapping) or isinstance(cost, Mapping):  # several limits: fills against 1
             cost, budget = resolve_limits(budget, cost), 1.0
+        model = resolve_cost(cost)
+        shapes = positive_int("max_shapes", max_shapes, allow_none=True)
+        check_model(model, shapes)
         return cls(
             budget=parse_budget(budget),
-            cost=resolve_cost(cost),
+            cost=model,
             strategy=resolve_strategy(strategy),
             max_batch_size=positive_int("max_batch_size", max_batch_size, allow_none=True),
             batch_size_multiple=positive_int("batch_size_multiple", batch_size_multiple) or 1,
@@ -115,6 +125,7 @@ class PlanOptions:
             oversized=choice("oversized", oversized, OVERSIZED),
             drop_last=drop_last,
             saturation=fraction("saturation", saturation),
+            max_shapes=shapes,
         )
 
     @property
@@ -123,7 +134,7 @@ class PlanOptions:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description (stored in sampler state to detect a changed configuration)."""
-        return {
+        out: dict[str, Any] = {
             "budget": self.budget,
             "cost": self.cost.to_dict(),
             "strategy": {"kind": self.strategy.name, **dataclasses.asdict(self.strategy)},  # type: ignore[call-overload]
@@ -135,3 +146,6 @@ class PlanOptions:
             "drop_last": self.drop_last,
             "saturation": self.saturation,
         }
+        if self.max_shapes is not None:  # absent when unset: states saved before it still match
+            out["max_shapes"] = self.max_shapes
+        return out

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
+from fitbatch import _shapes as S
+from fitbatch._batch_plan import BatchPlan, measure_batches
 from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch._validate import non_negative_int, parse_budget
-from fitbatch.costs import CostModel, Limits, resolve_cost
-from fitbatch.costs._limits import check_limits, column_costs, describer, limit_fills, limit_index
+from fitbatch._validate import non_negative_int
+from fitbatch.costs import CostModel, Limits
+from fitbatch.costs._limits import check_limits, describer
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
-from fitbatch.stats import PlanStats, lower_bound, samples_bound
+from fitbatch.stats import lower_bound, samples_bound
 from fitbatch.strategies import Context, Strategy
 
 if TYPE_CHECKING:
@@ -40,328 +42,6 @@ logger = logging.getLogger(__name__)
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
-
-
-def _per_batch(name: str, doc: str) -> Any:
-    """A read-only per-batch array of a plan (selected for the plan's batches on first use)."""
-    return property(lambda plan: plan._pick(name), doc=doc)
-
-
-class BatchPlan(Sequence[IntArray]):
-    """One epoch's batches: a sequence of int64 index arrays (views of one ``order`` array).
-
-    Attributes:
-        order: sample indices in batch order; ``offsets`` cut it into batches.
-        offsets: int64, ``len(plan) + 1`` entries.
-        costs: cost of each batch under the plan's cost model.
-        counts, real_units, padded_units: per batch, samples, real (unpadded) size units and
-            padded units (count x padded length), for padding statistics and loss normalisation.
-        skipped, dropped: indices of samples left out (oversized, ``drop_last``).
-        loss_sizes, loss_units: the tokens of each sample that carry loss, when given
-            (``loss_sizes=``), and their sum per batch; without them ``loss_units`` is ``real_units``.
-
-    Made by :func:`plan_batches`; batches made elsewhere become a plan with :meth:`from_batches`.
-
-    >>> import fitbatch
-    >>> plan = fitbatch.plan_batches([4, 1, 9, 3, 2, 5], 6, cost="sum", strategy="sequential", oversized="skip")
-    >>> plan
-    BatchPlan(3 batches, 5 samples, strategy='sequential', cost='sum')
-    >>> plan[1].tolist(), plan.order.tolist(), plan.offsets.tolist()
-    ([3, 4], [0, 1, 3, 4, 5], [0, 2, 4, 5])
-    >>> plan.costs.tolist(), plan.skipped.tolist()
-    ([5.0, 5.0, 5.0], [2])
-    """
-
-    def __init__(
-        self,
-        order: IntArray,
-        offsets: IntArray,
-        *,
-        costs: FloatArray, real_units: FloatArray, padded_units: FloatArray,
-        budget: float, cost_name: str, strategy_name: str, lower_bound: int = 0,
-        skipped: IntArray | None = None, dropped: IntArray | None = None, dropped_batches: int = 0,
-        plan_seconds: float = 0.0, straggler_ratio: float | None = None,
-        batch_ids: IntArray | None = None, ids_permute_all: bool = False, loss_sizes: FloatArray | None = None,
-    ) -> None:
-        # The plan's batch k is batch batch_ids[k] of (order, offsets); per-batch arrays given
-        # here describe (order, offsets) and are selected on first use (a shuffled epoch of
-        # millions of batches never pays for arrays nobody reads).
-        self._base_order = order
-        self._base_offsets = offsets
-        self._ids = batch_ids
-        self._base: dict[str, Any] = {
-            "costs": costs,
-            "real_units": real_units,
-            "padded_units": padded_units,
-            "counts": np.diff(offsets),
-            "heads": offsets[:-1],
-        }
-        self._picked: dict[str, Any] = {}
-        # whether batch_ids reorders every batch (then sums and extremes equal the base arrays')
-        self._all = batch_ids is None or (ids_permute_all and batch_ids.size == offsets.size - 1)
-        self.budget = budget
-        self.cost_name = cost_name
-        self.strategy_name = strategy_name
-        self.lower_bound = lower_bound
-        self.skipped = np.zeros(0, np.int64) if skipped is None else skipped
-        self.dropped = np.zeros(0, np.int64) if dropped is None else dropped
-        self.dropped_batches = dropped_batches
-        self.plan_seconds = plan_seconds
-        self.straggler_ratio = straggler_ratio
-        self._order: IntArray | None = order if batch_ids is None else None
-        self.loss_sizes = loss_sizes  # per sample of the dataset; None: loss units are real units
-        self._limits: tuple[Limits, FloatArray] | None = None  # several limits: (model, sizes)
-        self._column_costs: FloatArray | None = None
-
-    @property
-    def loss_units(self) -> FloatArray:
-        """Tokens that carry loss in each batch: the sum of its ``loss_sizes`` (``real_units`` without them)."""
-        return self._pick(self._loss_name())
-
-    def _loss_name(self) -> str:
-        if self.loss_sizes is not None and self._base.get("loss_of") is not self.loss_sizes:
-            counts, heads = self._base["counts"], self._base_offsets[:-1]
-            out, full = np.zeros(counts.size), counts > 0  # an empty batch carries no loss
-            loss = self.loss_sizes[self._base_order[: int(self._base_offsets[-1])]]
-            out[full] = np.add.reduceat(loss, heads[full]) if loss.size else 0.0
-            self._base.update(loss_units=out, loss_of=self.loss_sizes)
-            self._picked.pop("loss_units", None)
-        return "real_units" if self.loss_sizes is None else "loss_units"
-
-    @classmethod
-    def from_batches(
-        cls,
-        sizes: SizesLike,
-        cost: str | CostModel | Any,
-        order: Any,
-        offsets: Any,
-        *,
-        budget: float | str | None,
-        strategy_name: str,
-        lower_bound: int = 0,
-        skipped: IntArray | None = None,
-        dropped: IntArray | None = None,
-        dropped_batches: int = 0,
-        plan_seconds: float = 0.0,
-    ) -> BatchPlan:
-        """A plan of given batches, measured: the constructor for batches not planned here.
-
-        Batch ``k`` is ``order[offsets[k]:offsets[k + 1]]``; costs, real and padded units come
-        from :func:`measure_batches` under ``cost``, so baselines, schedules, per-rank plans
-        and other planners' batches get the same statistics as :func:`plan_batches`' plans.
-
-        Args:
-            sizes: every sample's size (see :func:`fitbatch.as_sizes`).
-            cost: the cost model the batches are measured with (its name names the plan's cost).
-            order: sample indices in batch order.
-            offsets: batch boundaries in ``order``: 0, ..., ``len(order)``, non-decreasing.
-            budget: the budget fills are measured against; ``None`` when the batches were not
-                planned against one (the costliest batch stands for it, at least 1).
-            strategy_name: how the batches were made (shown in stats and reports).
-            lower_bound, skipped, dropped, dropped_batches, plan_seconds: as in the plan's
-                stats (``skipped`` and ``dropped``: indices of samples in no batch).
-
-        Raises:
-            ValueError: offsets that do not cut ``order``, or indices outside ``sizes``.
-
-        >>> plan = BatchPlan.from_batches([4, 1, 3, 2], "padded", [1, 3, 2, 0], [0, 2, 4], budget=8, strategy_name="by hand")
-        >>> plan.to_lists(), plan.costs.tolist(), plan.stats().max_fill
-        ([[1, 3], [2, 0]], [4.0, 8.0], 1.0)
-        """
-        sz = as_sizes(sizes)
-        model = check_limits(sz.columns, resolve_cost(cost))
-        order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
-        if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
-            raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
-        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size:
-            raise ValueError(f"offsets must run from 0 to len(order) = {order.size}, got {offsets[:8].tolist()}")
-        if np.any(np.diff(offsets) < 0):
-            raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
-        _, costs, real, padded = measure_batches(sz, model, order, offsets)
-        cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
-        plan = cls(
-            order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
-            strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
-            dropped_batches=dropped_batches, plan_seconds=plan_seconds,
-        )
-        plan._limits = (model, sz.values) if isinstance(model, Limits) else None
-        return plan
-
-    def _pick(self, name: str) -> Any:
-        if self._ids is None:
-            return self._base[name]
-        if name not in self._picked:
-            self._picked[name] = self._base[name][self._ids]
-        return self._picked[name]
-
-    # per-batch arrays (read-only properties; see _per_batch)
-    costs: FloatArray = _per_batch("costs", "Cost of each batch under the plan's cost model.")
-    real_units: FloatArray = _per_batch("real_units", "Real (unpadded) size units of each batch.")
-    padded_units: FloatArray = _per_batch("padded_units", "Padded units of each batch: count x padded length.")
-    counts: IntArray = _per_batch("counts", "Samples in each batch.")
-    _heads: IntArray = _per_batch("heads", "Where each batch starts in the base order.")
-
-    def _totals(self, name: str) -> Any:
-        """The per-batch array for order-free reductions (the base one when no batch is left out)."""
-        return self._base[name] if self._all else self._pick(name)
-
-    @property
-    def order(self) -> IntArray:
-        """Sample indices in batch order (materialised on first use)."""
-        if self._order is None:
-            self._order = self._base_order[K._concat_ranges(self._heads, self.counts)]
-        return self._order
-
-    @property
-    def offsets(self) -> IntArray:
-        """Batch boundaries in :attr:`order` (``len(plan) + 1`` entries)."""
-        if self._ids is None:
-            return self._base_offsets
-        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-
-    @property
-    def n_samples(self) -> int:
-        return int(self._totals("counts").sum())
-
-    def __len__(self) -> int:
-        return int(self._base["counts"].size if self._ids is None else self._ids.size)
-
-    @overload
-    def __getitem__(self, i: int) -> IntArray: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[IntArray]: ...
-
-    def __getitem__(self, i: int | slice) -> IntArray | list[IntArray]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"batch index must be an int or a slice, got {i!r}")
-        if not -n <= i < n:
-            raise IndexError(f"batch {i} out of range for a plan of {n} batches")
-        i = int(i) % n
-        head = int(self._heads[i])
-        return self._base_order[head : head + int(self.counts[i])]
-
-    def __iter__(self) -> Iterator[IntArray]:
-        order = self._base_order
-        for head, count in zip(self._heads.tolist(), self.counts.tolist()):
-            yield order[head : head + count]
-
-    def to_lists(self) -> list[list[int]]:
-        """The batches as lists of Python ints."""
-        flat = self.order.tolist()
-        bounds = self.offsets.tolist()
-        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-
-    def select(self, batches: IntArray, *, straggler_ratio: float | None = None) -> BatchPlan:
-        """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
-        batches = np.asarray(batches, dtype=np.int64)
-        base_ids = batches if self._ids is None else self._ids[batches]
-        per_batch = (self._base["costs"], self._base["real_units"], self._base["padded_units"])
-        ratio = straggler_ratio if straggler_ratio is not None else self.straggler_ratio
-        return self._derived(self._base_order, self._base_offsets, per_batch, straggler_ratio=ratio, batch_ids=base_ids)
-
-    def rebatched(
-        self,
-        order: IntArray,
-        offsets: IntArray,
-        per_batch: tuple[FloatArray, FloatArray, FloatArray],
-        *,
-        index_map: IntArray | None = None,
-    ) -> BatchPlan:
-        """Other batches with this plan's metadata (budget, names, bound, skipped, dropped).
-
-        ``per_batch`` is (costs, real units, padded units) of the new batches; ``index_map``
-        renames sample indices (a plan of a subset mapped back to the whole dataset).
-        """
-        if index_map is None:
-            return self._derived(order, offsets, per_batch)
-        # loss sizes of a plan of a subset are not the dataset's: the caller attaches those
-        skipped, dropped = index_map[self.skipped], index_map[self.dropped]
-        return self._derived(order, offsets, per_batch, skipped=skipped, dropped=dropped, loss_sizes=None)
-
-    def _derived(
-        self, order: IntArray, offsets: IntArray, per_batch: tuple[FloatArray, FloatArray, FloatArray], **changes: Any
-    ) -> BatchPlan:
-        """A plan of other batches with this plan's metadata, ``changes`` applied."""
-        costs, real, padded = per_batch
-        meta: dict[str, Any] = {
-            "budget": self.budget, "cost_name": self.cost_name, "strategy_name": self.strategy_name,
-            "lower_bound": self.lower_bound, "skipped": self.skipped, "dropped": self.dropped,
-            "dropped_batches": self.dropped_batches, "plan_seconds": self.plan_seconds,
-            "straggler_ratio": self.straggler_ratio, "loss_sizes": self.loss_sizes,
-        }
-        plan = BatchPlan(order, offsets, costs=costs, real_units=real, padded_units=padded, **{**meta, **changes})
-        plan._limits = None if "skipped" in changes else self._limits  # renamed samples: other sizes
-        return plan
-
-    def limit_costs(self, name: str) -> FloatArray:
-        """Each batch's cost in the column ``name``, in its own units (several limits only).
-
-        With several limits (a budget per named size column) ``costs`` are fills (the largest
-        column cost / budget; the budget is 1), and real and padded units are those of the
-        first column whose cost uses the max (else the first).
-
-        >>> import fitbatch
-        >>> plan = fitbatch.plan_batches({"tokens": [40, 30, 20], "images": [1, 2, 1]}, {"tokens": 64, "images": 3},
-        ...                              cost={"images": "sum"}, strategy="sequential")
-        >>> plan.to_lists(), plan.limit_costs("tokens").tolist(), plan.stats().fill_by_limit
-        ([[0], [1, 2]], [40.0, 60.0], {'images': 0.6666666666666666, 'tokens': 0.78125})
-        """
-        if self._column_costs is None:
-            self._column_costs = column_costs(self._limits, self.order, self.offsets)
-        return self._column_costs[:, limit_index(self._limits, name)]
-
-    def stats(self) -> PlanStats:
-        """Statistics of this plan (see :class:`PlanStats`)."""
-        padded = float(self._totals("padded_units").sum())
-        fills = self._totals("costs") / self.budget
-        by_limit, min_by_limit = (None, None) if self._limits is None else limit_fills(self._limits[0], self.limit_costs)
-        return PlanStats(
-            n_samples=self.n_samples,
-            n_batches=len(self),
-            lower_bound=self.lower_bound,
-            padding_efficiency=float(self._totals("real_units").sum()) / padded if padded > 0 else 1.0,
-            mean_fill=float(fills.mean()) if fills.size else 0.0,
-            max_fill=float(fills.max()) if fills.size else 0.0,
-            skipped=int(self.skipped.size),
-            dropped=int(self.dropped.size),
-            dropped_batches=self.dropped_batches,
-            oversized_batches=int(np.count_nonzero(self.costs > self.budget)),
-            budget=self.budget,
-            cost=self.cost_name,
-            strategy=self.strategy_name,
-            plan_seconds=self.plan_seconds,
-            straggler_ratio=self.straggler_ratio,
-            loss_units=float(self._totals(self._loss_name()).sum()),
-            fill_by_limit=by_limit,
-            min_fill_by_limit=min_by_limit,
-        )
-
-    def report(self) -> str:
-        """A short human-readable report (the CLI prints the same numbers)."""
-        s = self.stats()
-        rows = [
-            ("strategy / cost", f"{s.strategy} / {s.cost}"),
-            ("budget", f"{s.budget:g}"),
-            ("samples", f"{s.n_samples}"),
-            ("batches", f"{s.n_batches} ({s.batches_vs_lower_bound:.3f}x lower bound {s.lower_bound})"),
-            ("padding efficiency", f"{s.padding_efficiency:.4f}"),
-            ("fill mean / max", f"{s.mean_fill:.3f} / {s.max_fill:.3f}"),
-            ("skipped / dropped", f"{s.skipped} / {s.dropped} ({s.dropped_batches} batches)"),
-            ("plan time", f"{s.plan_seconds * 1e3:.1f} ms"),
-        ]
-        if s.straggler_ratio is not None:
-            rows.append(("straggler ratio", f"{s.straggler_ratio:.4f}"))
-        if s.fill_by_limit is not None and s.min_fill_by_limit is not None:
-            rows.append(("fill by limit mean (min)", s.limits_text()))
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-    def __repr__(self) -> str:
-        return f"BatchPlan({len(self)} batches, {self.n_samples} samples, strategy={self.strategy_name!r}, cost={self.cost_name!r})"
 
 
 def plan_batches(
@@ -391,7 +71,7 @@ def plan_batches(
             -100). Batches are planned on ``sizes`` alone; the plan carries these as
             ``plan.loss_units`` (per batch) and ``plan.stats().loss_units`` (in all).
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
+            ``oversized``, ``drop_last``, ``saturation``, ``max_shapes``, with the meaning and the defaults of
             the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.options.PlanKeywords`).
 
     Returns:
@@ -412,8 +92,14 @@ def plan_batches(
     return plan_with(values, opts, epoch, loss_sizes=check_loss_sizes(loss_sizes, len(values)))
 
 
-def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: FloatArray | None = None) -> BatchPlan:
-    """Plan with already validated sizes and options (the samplers' entry point; ``loss_sizes`` checked too)."""
+def plan_with(
+    sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: FloatArray | None = None, shapes_over: Sizes | None = None
+) -> BatchPlan:
+    """Plan with already validated sizes and options (the samplers' entry point; ``loss_sizes`` checked too).
+
+    ``shapes_over``: with ``max_shapes``, the samples the shape set is chosen over (default:
+    ``sizes``; the rest of an epoch re-planned after a change passes all of the dataset).
+    """
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
     values = sizes.values
@@ -423,10 +109,13 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else sizes.subset(kept)
+    shape_set, plan_model = None, model
+    if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
+        shape_set, sub, plan_model = S.bounded(sub, opts, shapes_over or sizes)
     ctx = Context(
         sizes=sub,
-        budget=planning_budget(budget, sizes.integral),
-        cost=model,
+        budget=planning_budget(budget, sub.integral),
+        cost=plan_model,
         cap=opts.max_batch_size,
         multiple=opts.batch_size_multiple,
         shuffle=opts.effective_shuffle,
@@ -469,6 +158,7 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
         batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
         ids_permute_all=not dropped_ids.size,
         loss_sizes=loss_sizes,
+        shape_set=shape_set,
     )
     if isinstance(model, Limits):
         plan._limits = (model, values)
@@ -476,25 +166,3 @@ def plan_with(sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: Fl
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
     return plan
-
-
-def measure_batches(
-    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray
-) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
-    """Per batch: count, cost, real (unpadded) units and padded units (count x padded length).
-
-    ``order=None`` means the samples are in index order (no gather).
-    """
-    values = sizes.values
-    counts, mx, sm = K.batch_reduce(values if order is None else values[order], offsets)
-    costs = model.evaluate(counts.astype(np.float64), mx, sm)
-    if values.ndim == 1:
-        real, length = sm, mx
-    elif isinstance(model, Limits):  # the units of the padded column (tokens), not a product
-        j = next((j for j, c in enumerate(model.costs) if c.uses_max), 0)
-        real, length = sm[:, j], mx[:, j]
-    else:
-        units = sizes.real_units() if order is None else sizes.real_units()[order]
-        real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)
-        length = np.prod(mx, axis=1)
-    return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)

@@ -87,8 +87,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             not change the batches; ``step_totals().loss_units`` sums them per step over all
             ranks, and they are part of the state's ``sizes_digest``.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
-            ``oversized``, ``drop_last``, ``saturation``, with the meaning and the defaults of
-            the :class:`fitbatch.PlanOptions` attributes (typed:
+            ``oversized``, ``drop_last``, ``saturation``, ``max_shapes`` (see :attr:`shapes`),
+            with the meaning and the defaults of the :class:`fitbatch.PlanOptions` attributes (typed:
             :class:`~fitbatch.options.PlanKeywords`).
 
     Raises:
@@ -145,6 +145,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             self._budgets = tuple(parse_budget(b, "budget") for b in budget)
             budget = min(self._budgets)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
+        if self._budgets is not None and self._opts.max_shapes is not None:
+            raise ValueError("max_shapes needs one budget for every rank (the shapes are shared); pass one budget")
         self.policy = choice("policy", policy, POLICIES)
         self._cache: tuple[int, Steps] | None = None  # another epoch's arrangement
         # the current epoch: what it began with, its changes (events) and its steps as they run

@@ -35,6 +35,9 @@ class PlanStats:
         fill_by_limit, min_fill_by_limit: with several limits (a budget per named size column),
             each limit's mean and smallest batch fill (the column's cost / its budget); ``None``
             for a plan of one budget, whose fills are ``mean_fill`` and ``max_fill``.
+        n_shapes, shape_efficiency: with ``max_shapes``, the distinct ``(rows, length)`` batch
+            shapes and real size units / sum of rows x length over the batches' shapes (the
+            padding a collate to the shapes leaves); ``None`` without ``max_shapes``.
 
     Get one from :meth:`fitbatch.BatchPlan.stats`; it is a frozen dataclass.
 
@@ -67,6 +70,8 @@ class PlanStats:
     loss_units: float = 0.0
     fill_by_limit: dict[str, float] | None = None
     min_fill_by_limit: dict[str, float] | None = None
+    n_shapes: int | None = None
+    shape_efficiency: float | None = None
 
     @property
     def batches_vs_lower_bound(self) -> float:
@@ -98,6 +103,8 @@ class PlanStats:
             parts.append(f"straggler ratio {self.straggler_ratio:.3f}")
         if self.fill_by_limit is not None:
             parts.append("fill by limit " + ", ".join(f"{n} {f:.3f}" for n, f in self.fill_by_limit.items()))
+        if self.n_shapes is not None:
+            parts.append(f"{self.n_shapes} shapes, efficiency {self.shape_efficiency:.3f}")
         if self.skipped or self.dropped or self.oversized_batches:
             parts.append(
                 f"skipped {self.skipped}, dropped {self.dropped} in {self.dropped_batches} batches, "
