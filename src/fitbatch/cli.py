@@ -478,8 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     exception propagates with its traceback.
     """
     args = build_parser().parse_args(argv)
+    before = set(logging.getLogger().handlers)  # handlers of an embedding program stay as they are
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:
+    for handler in set(logging.getLogger().handlers) - before:
         handler.addFilter(_Once())
     try:
         return int(args.func(args))
