@@ -51,6 +51,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,8 +198,28 @@ def save_npz(path: str, corpus: data.Corpus) -> None:
     np.savez(path, **arrays)
 
 
-def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float) -> dict[str, Any]:
-    """Train one mode in this (fresh) process; returns the row of the table."""
+@dataclass
+class Setup:
+    """One mode ready to train in this process: data, sampler, model and its endless batches."""
+
+    device: Any
+    dtype: Any
+    lengths: np.ndarray
+    heldout: list[np.ndarray]
+    sampler: Any
+    plan_s: float
+    layout: str
+    attention: str
+    model: Any
+    batches: Any
+
+
+def prepare(mode: str, args: dict[str, Any], corpus_path: str, budget: int | None = None) -> Setup | dict[str, Any]:
+    """Build ``mode``'s sampler (at ``budget``, default ``args["budget"]``), the model and its batches.
+
+    Every mode gets the same initial weights (``args["seed"]``). Returns the row of a peer
+    that does not import (``{"mode", "error"}``) instead of raising.
+    """
     import _lm_model as lm
     import torch
 
@@ -207,45 +228,68 @@ def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_
     dtype = getattr(torch, DTYPES[args["dtype"]]) if DTYPES[args["dtype"]] else None
     train, heldout = load_npz(corpus_path)
     lengths = np.asarray([len(s) for s in train], dtype=np.int64)
+    budget = args["budget"] if budget is None else budget
     t0 = time.perf_counter()
     try:
-        sampler = make_sampler(mode, lengths, args["budget"], args["seed"])
+        sampler = make_sampler(mode, lengths, budget, args["seed"])
     except ImportError as err:
         return {"mode": mode, "error": f"not importable: {err}"}
     plan_s = time.perf_counter() - t0
-    n_batches = len(sampler)
     layout = "packed" if mode in ("packed", "padding-free") else "padded"
     attention = lm.resolve_attention(args["attention"], device)
-    pad_to = args["budget"] if (layout == "packed" and attention == "flex") else None
-    lr = lm.mode_lr(args["lr"], float(lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"])
-
+    pad_to = budget if (layout == "packed" and attention == "flex") else None
     torch.manual_seed(args["seed"])
     cfg = lm.LMConfig.named(args["model_size"], vocab=args["vocab"], max_len=args["max_len"])
     model = lm.TinyLM(cfg).to(device)
-    worst = _worst_fill(sampler, lengths, args["budget"], layout)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     if mode == "padding-free":
         batches = varlen_batches(sampler, train)
     else:
         batches = data.iterate_batches(layout, sampler, train, pad_to=pad_to)
+    return Setup(device, dtype, lengths, heldout, sampler, plan_s, layout, attention, model, batches)
+
+
+def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float) -> dict[str, Any]:
+    """Train one mode in this (fresh) process; returns the row of the table."""
+    import _lm_model as lm
+    import torch
+
+    s = prepare(mode, args, corpus_path)
+    if isinstance(s, dict):
+        return s
+    n_batches = len(s.sampler)
+    lr = lm.mode_lr(args["lr"], float(s.lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"])
+    worst = _worst_fill(s.sampler, s.lengths, args["budget"], s.layout)
+    if s.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(s.device)
     res = lm.train_until(
-        model, batches,
-        tokens=args["tokens"], lr=lr, device=device, dtype=dtype, attention=args["attention"],
+        s.model, s.batches,
+        tokens=args["tokens"], lr=lr, device=s.device, dtype=s.dtype, attention=args["attention"],
     )
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+    if s.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(s.device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    loss = lm.evaluate(model, heldout, device=device, dtype=dtype, token_batch=min(args["budget"], 32768))
+    loss = lm.evaluate(s.model, s.heldout, device=s.device, dtype=s.dtype, token_batch=min(args["budget"], 32768))
     return {
-        "mode": mode, "batches_per_epoch": n_batches, "plan_s": plan_s, "steps": res.steps,
+        "mode": mode, "batches_per_epoch": n_batches, "plan_s": s.plan_s, "steps": res.steps,
         "real_tokens": res.real_tokens, "seconds": res.seconds, "tokens_per_s": res.real_tokens / res.seconds,
         "tokens_per_cpu_s": res.real_tokens / max(res.cpu_seconds, 1e-9),
         "padded_fraction": res.padded_fraction, "peak_bytes": int(peak), "ooms": res.ooms,
-        "heldout_loss": loss, "lr": lr, "max_fill": worst, "attention": attention if layout == "packed" else "sdpa",
-        "params": lm.n_params(model),
+        "heldout_loss": loss, "lr": lr, "max_fill": worst, "attention": s.attention if s.layout == "packed" else "sdpa",
+        "params": lm.n_params(s.model),
     }
+
+
+def in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` in a new spawned process: clean peak memory, no allocator or thread state carried over.
+
+    An exception becomes an ``{"error"}`` row, so a failing peer does not lose the other rows.
+    """
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        try:
+            return pool.submit(fn, *args).result()
+        except Exception as err:
+            return {"error": f"{type(err).__name__}: {err}"}
 
 
 def _worst_fill(sampler: Any, lengths: np.ndarray, budget: int, layout: str) -> float:
@@ -273,7 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--lr", type=float, default=None, help="the baseline's (default 3e-3; 6e-4 for 25M/100M)")
-    p.add_argument("--lr-rule", choices=("same", "sqrt"), default="sqrt")
+    p.add_argument("--lr-rule", choices=("same", "sqrt", "linear"), default="sqrt")
     p.add_argument("--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -307,12 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             runs = []
             for _ in range(max(1, args.repeats)):
-                # a fresh process per run: clean peak memory, no allocator or thread state carried over
-                with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-                    try:
-                        runs.append(pool.submit(run_mode, mode, vars(args), path, base_tokens_per_step).result())
-                    except Exception as err:  # a peer failing must not lose the other rows
-                        runs.append({"mode": mode, "error": f"{type(err).__name__}: {err}"})
+                runs.append({"mode": mode, **in_fresh_process(run_mode, mode, vars(args), path, base_tokens_per_step)})
                 if "error" in runs[-1]:
                     break
             row = max(runs, key=lambda r: r.get("tokens_per_s", 0.0))
