@@ -19,17 +19,19 @@ cosine to 10 %; ``_lm_model.token_lr``):
    step (``_lm_model.mode_lr``; the rules of ``fitbatch.GradientAccumulator(lr_rule=)``);
 3. ``padded`` at *equal tokens per step*: the budget whose plan carries the fixed batch's real
    tokens per step, at the baseline's rate: the speed-up of removing padding alone, without
-   larger steps.
+   larger steps;
+4. ``padded`` at each of ``--extra-budgets`` (``sqrt`` rule): budgets between the two.
 
 Every run evaluates the held-out loss on the same fixed subset of held-out samples
 (``--eval-tokens``) after each ``--eval-every`` real tokens; evaluation time is left out of the
-training clocks (and reported). The target is ``--target``, or by default the loss the
-baseline reaches after ``--target-fraction`` of its tokens, a quality every mode gets up to
-twice the baseline's tokens to reach. Per run the table gives the training time (wall and
-CPU-seconds of the process: the steadier clock on a shared machine), real tokens and steps to
-the first evaluation at or below the target, and the speed-up over the baseline; ``--out
-PREFIX`` writes ``PREFIX.json``, the table as ``PREFIX.md`` and the held-out loss against
-training time and tokens as ``PREFIX.png``.
+training clocks (and reported). Targets are ``--target``, or by default two: the highest final
+loss among the baseline and the budget runs (a quality every compared run reaches, so every row
+has a time to it) and, stricter, the loss the baseline reaches after ``--target-fraction`` of
+its tokens. Per target and run the table gives the training time (wall, and CPU-seconds of the
+process: the steadier clock on a shared machine), real tokens and steps to the first
+evaluation at or below the target, and the speed-up over the baseline; ``--out PREFIX`` writes
+``PREFIX.json``, the tables as ``PREFIX.md`` and the held-out loss against training time and
+against tokens as ``PREFIX.png``.
 """
 
 from __future__ import annotations
@@ -171,14 +173,33 @@ def summarize(runs: list[dict[str, Any]], baseline: dict[str, Any], target: floa
     return rows
 
 
-def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The markdown table of ``summarize``'s rows, under a line naming the machine and the run."""
+def choose_targets(
+    compared: list[dict[str, Any]], baseline: dict[str, Any], args: argparse.Namespace
+) -> list[tuple[float, str]]:
+    """``--target`` values, or two: the loss every compared run reaches, and the baseline's after a share of its tokens.
+
+    The first is the highest final loss among the baseline and the budget runs (runs that
+    diverged are left out), so every row has a time to it; the second, stricter, is the
+    baseline's loss after ``--target-fraction`` of ``--tokens``.
+    """
+    if args.target:
+        return [(t, "--target") for t in floats(args.target, "--target")]
+    finals = [r["final_loss"] for r in compared if "error" not in r and np.isfinite(r["final_loss"])]
+    strict = loss_at(baseline["curve"], args.target_fraction * args.tokens)
+    return [
+        (max(finals), "reached by every run: the highest final loss among them"),
+        (strict, f"the best fixed run's loss after {args.target_fraction:g} of its tokens"),
+    ]
+
+
+def table(rows: list[dict[str, Any]], meta: dict[str, Any], target: float, source: str) -> str:
+    """The markdown table of ``summarize``'s rows for one target, under a line naming the machine and the run."""
     lines = [
         f"{meta['date']} · {meta['device']} · torch {meta['torch']} · Python {meta['python']} · model "
         f"{meta['model_size']} ({meta['params'] / 1e6:.1f} M parameters) · budget {meta['budget']} tokens · "
-        f"up to {meta['tokens']:,} real tokens per run · target held-out loss **{meta['target']:.3f}** "
-        f"({meta['target_source']}) · evaluation every {meta['eval_every']:,} real tokens on "
-        f"{meta['eval_samples']} held-out samples ({meta['eval_tokens']:,} tokens)",
+        f"up to {meta['tokens']:,} real tokens per run · evaluation every {meta['eval_every']:,} real tokens on "
+        f"{meta['eval_samples']} held-out samples ({meta['eval_tokens']:,} tokens) · "
+        f"**target held-out loss {target:.3f}** ({source})",
         "",
         "| run | lr | tokens/step | time to target (CPU-s) | speed-up (CPU-s) | time to target (wall s) "
         "| speed-up (wall) | tokens to target | steps to target | final loss | tokens/CPU-s | padded fraction |",
@@ -204,7 +225,7 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[dict[str, Any]], target: float, path: str, baseline: str) -> None:
+def plot(runs: list[dict[str, Any]], targets: list[float], path: str, baseline: str) -> None:
     """Held-out loss against training CPU-seconds and against real tokens, one line per run."""
     from matplotlib.figure import Figure
 
@@ -221,16 +242,17 @@ def plot(runs: list[dict[str, Any]], target: float, path: str, baseline: str) ->
         by_time.plot(x_cpu, y, label=r["name"], **style)
         by_tokens.plot(x_tok, y, label=r["name"], **style)
     for ax, xlabel in ((by_time, "training CPU-seconds (evaluation excluded)"), (by_tokens, "real tokens trained")):
-        ax.axhline(target, color="black", lw=0.8, ls="--")
+        for target in targets:
+            ax.axhline(target, color="black", lw=0.8, ls="--")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     by_time.set_ylabel("held-out loss (nats / token)")
     by_time.set_title("held-out loss vs training time")
-    by_tokens.set_title("held-out loss vs real tokens (dashed: target)")
+    by_tokens.set_title("held-out loss vs real tokens (dashed: targets)")
     by_tokens.legend(fontsize=8)
     losses = [p["loss"] for r in runs if "curve" in r for p in r["curve"] if np.isfinite(p["loss"])]
     if losses:
-        by_time.set_ylim(min(losses) - 0.1, min(max(losses), target + 3.0))
+        by_time.set_ylim(min(losses) - 0.1, min(max(losses), max(targets) + 2.5))
     fig.savefig(path, dpi=110)
 
 
@@ -251,7 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-sweep", default="1.5e-3,3e-3,6e-3,1.2e-2", help="the fixed baseline's rates")
     p.add_argument("--lr-rules", default="sqrt,linear", help="rules from the baseline's rate to a budget mode's")
     p.add_argument("--no-equal-step", action="store_true", help="skip padded at the fixed batch's tokens per step")
-    p.add_argument("--target", type=float, default=None, help="held-out loss to reach (default: see --target-fraction)")
+    p.add_argument("--extra-budgets", default="1024", help="padded at these budgets too (sqrt rule); '' for none")
+    p.add_argument("--target", default=None, help="held-out losses to reach, comma-separated (default: two, see the docstring)")
     p.add_argument("--target-fraction", type=float, default=0.5,
                    help="default target: the baseline's loss after this share of --tokens")
     p.add_argument("--eval-every", type=int, default=6000, help="real tokens between evaluations")
@@ -313,13 +336,13 @@ def main(argv: list[str] | None = None) -> None:
             b = equal_step_budget(lengths, base_per_step, args.budget, args.seed)
             launch({"name": f"padded, equal tokens/step (budget {b})", "mode": "padded", "budget": b,
                     "lr": baseline["lr"], "rule": "equal-step"})
-    if args.target is not None:
-        target, source = args.target, "--target"
-    else:
-        target = loss_at(baseline["curve"], args.target_fraction * args.tokens)
-        source = f"the best fixed run's loss after {args.target_fraction:g} of its tokens"
+        for b in (int(v) for v in floats(args.extra_budgets, "--extra-budgets")):
+            per_step = float(lengths.sum()) / len(data.make_sampler("padded", lengths, b, seed=args.seed))
+            lr = lm.mode_lr(baseline["lr"], per_step, base_per_step, "sqrt")
+            launch({"name": f"padded, budget {b}, lr sqrt", "mode": "padded", "budget": b, "lr": lr, "rule": "sqrt"})
+    compared = [baseline] + [r for r in runs if r["mode"] != "fixed"]
+    targets = choose_targets(compared, baseline, args)
     order = [baseline] + [r for r in runs if r is not baseline]
-    rows = summarize(order, baseline, target)
     subset = eval_subset(corpus.heldout, args.eval_tokens)
     import torch
 
@@ -327,19 +350,21 @@ def main(argv: list[str] | None = None) -> None:
         "date": str(datetime.date.today()), "torch": torch.__version__, "python": platform.python_version(),
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)",
         "model_size": args.model_size, "params": next((r["params"] for r in runs if "params" in r), 0),
-        "budget": args.budget, "tokens": args.tokens, "target": target, "target_source": source,
-        "eval_every": args.eval_every, "eval_samples": len(subset), "eval_tokens": int(sum(len(s) for s in subset)),
+        "budget": args.budget, "tokens": args.tokens, "eval_every": args.eval_every,
+        "eval_samples": len(subset), "eval_tokens": int(sum(len(s) for s in subset)),
+        "targets": [{"loss": t, "source": src} for t, src in targets],
         "total_seconds": time.perf_counter() - t_start,
     }
-    text = table(rows, meta)
+    tables = {f"{t:.4f}": summarize(order, baseline, t) for t, _ in targets}
+    text = "\n\n".join(table(tables[f"{t:.4f}"], meta, t, src) for t, src in targets)
     print()
     print(text)
     print(f"\n# whole run: {meta['total_seconds']:.0f} s")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{args.out}.json").write_text(json.dumps({"args": cfg, "meta": meta, "rows": rows, "runs": order}, indent=1))
+        Path(f"{args.out}.json").write_text(json.dumps({"args": cfg, "meta": meta, "tables": tables, "runs": order}, indent=1))
         Path(f"{args.out}.md").write_text(text + "\n")
-        plot(order, target, f"{args.out}.png", baseline["name"])
+        plot(order, [t for t, _ in targets], f"{args.out}.png", baseline["name"])
 
 
 if __name__ == "__main__":

@@ -176,9 +176,9 @@ def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
     loader = DataLoader(data.TokenDataset(train), batch_sampler=sampler, collate_fn=collate)
     for epoch in itertools.count():
         sampler.set_epoch(epoch)
-        samples, units = sampler.step_totals()
+        totals = sampler.step_totals()
         for k, batch in enumerate(loader):
-            yield batch, int(units[k]), int(units[k] - samples[k])
+            yield batch, int(totals.units[k]), int(totals.loss_units[k])
 
 
 # ----------------------------------------------------------------------------- one mode

@@ -99,3 +99,50 @@ def test_bench_train(tmp_path: Path) -> None:
     # make_varlen_collate gives the model the example's packed batches: the same training run
     assert rows["padding-free"]["heldout_loss"] == pytest.approx(rows["packed"]["heldout_loss"], abs=1e-6)
     assert "tokens_per_s" in rows["lhotse"] or "lhotse" in rows["lhotse"]["error"]
+
+
+def test_bench_time_to_quality(tmp_path: Path) -> None:
+    """The time-to-quality run: an LR sweep, budget modes by rule, equal tokens per step, a plot."""
+    prefix = tmp_path / "ttq"
+    out = run(
+        [sys.executable, "bench/time_to_quality.py", *TINY, "--eval-every", "500", "--eval-tokens", "300",
+         "--lr-sweep", "3e-3,1e-2", "--modes", "padded", "--lr-rules", "sqrt,linear", "--extra-budgets", "256",
+         "--out", str(prefix)],
+        timeout=120,
+    )
+    assert "| run | lr | tokens/step | time to target (CPU-s) |" in out
+    result = json.loads(prefix.with_suffix(".json").read_text())
+    runs = {r["name"]: r for r in result["runs"]}
+    fixed = [r for r in result["runs"] if r["mode"] == "fixed"]
+    assert sorted(r["lr"] for r in fixed) == [3e-3, 1e-2]
+    baseline = result["runs"][0]  # the best-rate fixed run comes first
+    assert baseline["final_loss"] == min(r["final_loss"] for r in fixed)
+    # the budget modes' rates follow the documented rules from the baseline's rate
+    ratio = runs["padded, lr linear"]["lr"] / baseline["lr"]
+    assert runs["padded, lr sqrt"]["lr"] / baseline["lr"] == pytest.approx(ratio**0.5)
+    equal = next(r for r in result["runs"] if r["rule"] == "equal-step")
+    assert equal["lr"] == baseline["lr"] and equal["budget"] < 512
+    for r in result["runs"]:
+        curve = r["curve"]
+        assert curve[0]["tokens"] == 0 and curve[-1]["tokens"] >= 1500
+        assert all(b["tokens"] > a["tokens"] and b["cpu_seconds"] >= a["cpu_seconds"] for a, b in zip(curve, curve[1:]))
+        assert r["eval_cpu_seconds"] > 0  # evaluation is timed apart from training
+    targets = [t["loss"] for t in result["meta"]["targets"]]
+    assert len(targets) == 2 and set(result["tables"]) == {f"{t:.4f}" for t in targets}
+    for target in targets:
+        rows = {r["name"]: r for r in result["tables"][f"{target:.4f}"]}
+        assert rows[baseline["name"]]["reached"] == (min(p["loss"] for p in baseline["curve"]) <= target)
+        for row in rows.values():
+            hit = next((p for p in runs[row["name"]]["curve"] if p["loss"] <= target), None)
+            assert row["reached"] == (hit is not None)
+            if hit is not None:
+                assert row["tokens_to_target"] == hit["tokens"] and row["steps_to_target"] == hit["steps"]
+    # the first default target is reached by the baseline and every budget run
+    every = result["tables"][f"{targets[0]:.4f}"]
+    assert all(r["reached"] for r in every if r["name"] == baseline["name"] or not r["name"].startswith("fixed"))
+    assert prefix.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert prefix.with_suffix(".md").read_text().startswith(result["meta"]["date"])
+
+
+def test_time_to_quality_doctests() -> None:
+    assert run([sys.executable, "-m", "doctest", "bench/time_to_quality.py"]) == ""
