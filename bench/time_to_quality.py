@@ -85,26 +85,48 @@ def run_curve(spec: dict[str, Any], args: dict[str, Any], corpus_path: str) -> d
     subset = eval_subset(s.heldout, args["eval_tokens"])
 
     def evaluate() -> float:
-        return lm.evaluate(s.model, subset, device=s.device, dtype=s.dtype, token_batch=min(spec["budget"], 8192))
+        return lm.evaluate(
+            s.model, subset, device=s.device, dtype=s.dtype, token_batch=min(spec["budget"], 8192)
+        )
 
     curve = [{"tokens": 0, "steps": 0, "seconds": 0.0, "cpu_seconds": 0.0, "loss": evaluate()}]
 
     def checkpoint(res: Any, consumed: int) -> bool:
-        curve.append({
-            "tokens": consumed, "steps": res.steps, "seconds": res.seconds, "cpu_seconds": res.cpu_seconds,
-            "loss": evaluate(),
-        })
+        curve.append(
+            {
+                "tokens": consumed,
+                "steps": res.steps,
+                "seconds": res.seconds,
+                "cpu_seconds": res.cpu_seconds,
+                "loss": evaluate(),
+            }
+        )
         return res.cpu_seconds >= args["time_cap"] or not np.isfinite(curve[-1]["loss"])
 
     res = lm.train_until(
-        s.model, s.batches, tokens=args["tokens"], lr=spec["lr"], device=s.device, dtype=s.dtype,
-        attention=args["attention"], checkpoint=checkpoint, checkpoint_every=args["eval_every"],
+        s.model,
+        s.batches,
+        tokens=args["tokens"],
+        lr=spec["lr"],
+        device=s.device,
+        dtype=s.dtype,
+        attention=args["attention"],
+        checkpoint=checkpoint,
+        checkpoint_every=args["eval_every"],
     )
     return {
-        **spec, "curve": curve, "steps": res.steps, "real_tokens": res.real_tokens, "seconds": res.seconds,
-        "cpu_seconds": res.cpu_seconds, "eval_seconds": res.eval_seconds, "eval_cpu_seconds": res.eval_cpu_seconds,
-        "padded_fraction": res.padded_fraction, "tokens_per_step": res.real_tokens / max(res.steps, 1),
-        "final_loss": curve[-1]["loss"], "params": lm.n_params(s.model),
+        **spec,
+        "curve": curve,
+        "steps": res.steps,
+        "real_tokens": res.real_tokens,
+        "seconds": res.seconds,
+        "cpu_seconds": res.cpu_seconds,
+        "eval_seconds": res.eval_seconds,
+        "eval_cpu_seconds": res.eval_cpu_seconds,
+        "padded_fraction": res.padded_fraction,
+        "tokens_per_step": res.real_tokens / max(res.steps, 1),
+        "final_loss": curve[-1]["loss"],
+        "params": lm.n_params(s.model),
     }
 
 
@@ -139,14 +161,21 @@ def equal_step_budget(lengths: np.ndarray, tokens_per_step: float, budget: int, 
     import fitbatch
 
     candidates = np.unique(np.linspace(int(lengths.max()), budget, 48).astype(np.int64))
-    per_step = np.asarray([
-        lengths.sum() / len(fitbatch.plan_batches(lengths, int(b), cost="padded", strategy="pooled", seed=seed))
-        for b in candidates
-    ])
+    per_step = np.asarray(
+        [
+            lengths.sum()
+            / len(
+                fitbatch.plan_batches(lengths, int(b), cost="padded", strategy="pooled", seed=seed)
+            )
+            for b in candidates
+        ]
+    )
     return int(candidates[int(np.argmin(np.abs(per_step - tokens_per_step)))])
 
 
-def summarize(runs: list[dict[str, Any]], baseline: dict[str, Any], target: float) -> list[dict[str, Any]]:
+def summarize(
+    runs: list[dict[str, Any]], baseline: dict[str, Any], target: float
+) -> list[dict[str, Any]]:
     """Per run: time, tokens and steps to ``target`` and the speed-up over ``baseline`` (both clocks)."""
     base = first_reach(baseline["curve"], target)
     rows = []
@@ -157,9 +186,15 @@ def summarize(runs: list[dict[str, Any]], baseline: dict[str, Any], target: floa
             continue
         hit = first_reach(r["curve"], target)
         row.update(
-            reached=hit is not None, final_loss=r["final_loss"], steps=r["steps"], real_tokens=r["real_tokens"],
-            seconds=r["seconds"], cpu_seconds=r["cpu_seconds"], padded_fraction=r["padded_fraction"],
-            tokens_per_step=r["tokens_per_step"], tokens_per_cpu_s=r["real_tokens"] / max(r["cpu_seconds"], 1e-9),
+            reached=hit is not None,
+            final_loss=r["final_loss"],
+            steps=r["steps"],
+            real_tokens=r["real_tokens"],
+            seconds=r["seconds"],
+            cpu_seconds=r["cpu_seconds"],
+            padded_fraction=r["padded_fraction"],
+            tokens_per_step=r["tokens_per_step"],
+            tokens_per_cpu_s=r["real_tokens"] / max(r["cpu_seconds"], 1e-9),
             loss_at_baseline_tokens=loss_at(r["curve"], baseline["real_tokens"]),
         )
         if hit is not None:
@@ -184,7 +219,9 @@ def choose_targets(
     """
     if args.target:
         return [(t, "--target") for t in floats(args.target, "--target")]
-    finals = [r["final_loss"] for r in compared if "error" not in r and np.isfinite(r["final_loss"])]
+    finals = [
+        r["final_loss"] for r in compared if "error" not in r and np.isfinite(r["final_loss"])
+    ]
     strict = loss_at(baseline["curve"], args.target_fraction * args.tokens)
     return [
         (max(finals), "reached by every run: the highest final loss among them"),
@@ -216,8 +253,10 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any], target: float, sourc
                 f"{r['tokens_to_target']:,} | {r['steps_to_target']:,}"
             )
         else:
-            reach = f"not reached in {r['cpu_seconds']:.1f} | - | not reached in {r['seconds']:.1f} | - | " \
+            reach = (
+                f"not reached in {r['cpu_seconds']:.1f} | - | not reached in {r['seconds']:.1f} | - | "
                 f"> {r['real_tokens']:,} | > {r['steps']:,}"
+            )
         lines.append(
             f"| {r['name']} | {r['lr']:.3g} | {r['tokens_per_step']:,.0f} | {reach} | {r['final_loss']:.3f} | "
             f"{r['tokens_per_cpu_s']:,.0f} | {r['padded_fraction']:.3f} |"
@@ -241,7 +280,10 @@ def plot(runs: list[dict[str, Any]], targets: list[float], path: str, baseline: 
         style = {"lw": 1.0, "alpha": 0.45, "ls": ":"} if faint else {"lw": 1.8}
         by_time.plot(x_cpu, y, label=r["name"], **style)
         by_tokens.plot(x_tok, y, label=r["name"], **style)
-    for ax, xlabel in ((by_time, "training CPU-seconds (evaluation excluded)"), (by_tokens, "real tokens trained")):
+    for ax, xlabel in (
+        (by_time, "training CPU-seconds (evaluation excluded)"),
+        (by_tokens, "real tokens trained"),
+    ):
         for target in targets:
             ax.axhline(target, color="black", lw=0.8, ls="--")
         ax.set_xlabel(xlabel)
@@ -266,21 +308,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-size", default="tiny", choices=("tiny", "small", "25M", "100M"))
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--budget", type=int, default=4096, help="tokens per step (padded or summed)")
-    p.add_argument("--tokens", type=int, default=240_000, help="real tokens per run, the schedule's horizon")
-    p.add_argument("--files", type=int, default=200, help="standard-library files to tokenise (0: all)")
+    p.add_argument(
+        "--tokens", type=int, default=240_000, help="real tokens per run, the schedule's horizon"
+    )
+    p.add_argument(
+        "--files", type=int, default=200, help="standard-library files to tokenise (0: all)"
+    )
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--modes", default="padded,packed", help="budget modes to time")
-    p.add_argument("--lr-sweep", default="1.5e-3,3e-3,6e-3,1.2e-2", help="the fixed baseline's rates")
-    p.add_argument("--lr-rules", default="sqrt,linear", help="rules from the baseline's rate to a budget mode's")
-    p.add_argument("--no-equal-step", action="store_true", help="skip padded at the fixed batch's tokens per step")
-    p.add_argument("--extra-budgets", default="1024", help="padded at these budgets too (sqrt rule); '' for none")
-    p.add_argument("--target", default=None, help="held-out losses to reach, comma-separated (default: two, see the docstring)")
-    p.add_argument("--target-fraction", type=float, default=0.5,
-                   help="default target: the baseline's loss after this share of --tokens")
+    p.add_argument(
+        "--lr-sweep", default="1.5e-3,3e-3,6e-3,1.2e-2", help="the fixed baseline's rates"
+    )
+    p.add_argument(
+        "--lr-rules",
+        default="sqrt,linear",
+        help="rules from the baseline's rate to a budget mode's",
+    )
+    p.add_argument(
+        "--no-equal-step",
+        action="store_true",
+        help="skip padded at the fixed batch's tokens per step",
+    )
+    p.add_argument(
+        "--extra-budgets",
+        default="1024",
+        help="padded at these budgets too (sqrt rule); '' for none",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="held-out losses to reach, comma-separated (default: two, see the docstring)",
+    )
+    p.add_argument(
+        "--target-fraction",
+        type=float,
+        default=0.5,
+        help="default target: the baseline's loss after this share of --tokens",
+    )
     p.add_argument("--eval-every", type=int, default=6000, help="real tokens between evaluations")
-    p.add_argument("--eval-tokens", type=int, default=6000, help="held-out tokens evaluated (0: all)")
-    p.add_argument("--time-cap", type=float, default=300.0, help="training CPU-seconds per run at most")
-    p.add_argument("--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt"))
+    p.add_argument(
+        "--eval-tokens", type=int, default=6000, help="held-out tokens evaluated (0: all)"
+    )
+    p.add_argument(
+        "--time-cap", type=float, default=300.0, help="training CPU-seconds per run at most"
+    )
+    p.add_argument(
+        "--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt")
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write PREFIX.json, PREFIX.md (table) and PREFIX.png (plot)")
@@ -301,45 +375,94 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     rules = [r.strip() for r in args.lr_rules.split(",") if r.strip()]
     if set(modes) - {"padded", "packed"} or set(rules) - set(lm.LR_RULES):
-        raise SystemExit(f"--modes from padded,packed and --lr-rules from {','.join(lm.LR_RULES)}; got {modes}, {rules}")
+        raise SystemExit(
+            f"--modes from padded,packed and --lr-rules from {','.join(lm.LR_RULES)}; got {modes}, {rules}"
+        )
     sweep = floats(args.lr_sweep, "--lr-sweep")
     t_start = time.perf_counter()
-    corpus = data.load_corpus(files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed)
+    corpus = data.load_corpus(
+        files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed
+    )
     lengths = corpus.train_lengths
-    base_per_step = float(lengths.sum()) / len(data.make_sampler("fixed", lengths, args.budget, seed=args.seed))
+    base_per_step = float(lengths.sum()) / len(
+        data.make_sampler("fixed", lengths, args.budget, seed=args.seed)
+    )
     cfg = vars(args)
     runs: list[dict[str, Any]] = []
 
     def launch(spec: dict[str, Any]) -> dict[str, Any]:
         run = {**spec, **tb.in_fresh_process(run_curve, spec, cfg, path)}
         runs.append(run)
-        done = "error: " + run["error"] if "error" in run else f"final loss {run['final_loss']:.3f}, {run['cpu_seconds']:.0f} CPU-s"
-        print(f"# {spec['name']} (lr {spec['lr']:.3g}, budget {spec['budget']}): {done}", flush=True)
+        done = (
+            "error: " + run["error"]
+            if "error" in run
+            else f"final loss {run['final_loss']:.3f}, {run['cpu_seconds']:.0f} CPU-s"
+        )
+        print(
+            f"# {spec['name']} (lr {spec['lr']:.3g}, budget {spec['budget']}): {done}", flush=True
+        )
         return run
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.npz")
         tb.save_npz(path, corpus)
-        fixed = [launch({"name": f"fixed lr {lr:g}", "mode": "fixed", "budget": args.budget, "lr": lr, "rule": "sweep"})
-                 for lr in sweep]
+        fixed = [
+            launch(
+                {
+                    "name": f"fixed lr {lr:g}",
+                    "mode": "fixed",
+                    "budget": args.budget,
+                    "lr": lr,
+                    "rule": "sweep",
+                }
+            )
+            for lr in sweep
+        ]
         ok = [r for r in fixed if "error" not in r and np.isfinite(r["final_loss"])]
         if not ok:
             raise SystemExit("every fixed-batch run failed; see the lines above")
         baseline = min(ok, key=lambda r: r["final_loss"])
         baseline["name"] = f"fixed, best lr ({baseline['lr']:g})"
         for mode in modes:
-            plan_per_step = float(lengths.sum()) / len(data.make_sampler(mode, lengths, args.budget, seed=args.seed))
+            plan_per_step = float(lengths.sum()) / len(
+                data.make_sampler(mode, lengths, args.budget, seed=args.seed)
+            )
             for rule in rules:
                 lr = lm.mode_lr(baseline["lr"], plan_per_step, base_per_step, rule)
-                launch({"name": f"{mode}, lr {rule}", "mode": mode, "budget": args.budget, "lr": lr, "rule": rule})
+                launch(
+                    {
+                        "name": f"{mode}, lr {rule}",
+                        "mode": mode,
+                        "budget": args.budget,
+                        "lr": lr,
+                        "rule": rule,
+                    }
+                )
         if not args.no_equal_step:
             b = equal_step_budget(lengths, base_per_step, args.budget, args.seed)
-            launch({"name": f"padded, equal tokens/step (budget {b})", "mode": "padded", "budget": b,
-                    "lr": baseline["lr"], "rule": "equal-step"})
+            launch(
+                {
+                    "name": f"padded, equal tokens/step (budget {b})",
+                    "mode": "padded",
+                    "budget": b,
+                    "lr": baseline["lr"],
+                    "rule": "equal-step",
+                }
+            )
         for b in (int(v) for v in floats(args.extra_budgets, "--extra-budgets")):
-            per_step = float(lengths.sum()) / len(data.make_sampler("padded", lengths, b, seed=args.seed))
+            per_step = float(lengths.sum()) / len(
+                data.make_sampler("padded", lengths, b, seed=args.seed)
+            )
             lr = lm.mode_lr(baseline["lr"], per_step, base_per_step, "sqrt")
-            launch({"name": f"padded, budget {b}, lr sqrt", "mode": "padded", "budget": b, "lr": lr, "rule": "sqrt"})
+            launch(
+                {
+                    "name": f"padded, budget {b}, lr sqrt",
+                    "mode": "padded",
+                    "budget": b,
+                    "lr": lr,
+                    "rule": "sqrt",
+                }
+            )
     compared = [baseline] + [r for r in runs if r["mode"] != "fixed"]
     targets = choose_targets(compared, baseline, args)
     order = [baseline] + [r for r in runs if r is not baseline]
@@ -347,11 +470,19 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     meta = {
-        "date": str(datetime.date.today()), "torch": torch.__version__, "python": platform.python_version(),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)",
-        "model_size": args.model_size, "params": next((r["params"] for r in runs if "params" in r), 0),
-        "budget": args.budget, "tokens": args.tokens, "eval_every": args.eval_every,
-        "eval_samples": len(subset), "eval_tokens": int(sum(len(s) for s in subset)),
+        "date": str(datetime.date.today()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"CPU ({os.cpu_count()} cores)",
+        "model_size": args.model_size,
+        "params": next((r["params"] for r in runs if "params" in r), 0),
+        "budget": args.budget,
+        "tokens": args.tokens,
+        "eval_every": args.eval_every,
+        "eval_samples": len(subset),
+        "eval_tokens": int(sum(len(s) for s in subset)),
         "targets": [{"loss": t, "source": src} for t, src in targets],
         "total_seconds": time.perf_counter() - t_start,
     }
@@ -362,7 +493,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n# whole run: {meta['total_seconds']:.0f} s")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(f"{args.out}.json").write_text(json.dumps({"args": cfg, "meta": meta, "tables": tables, "runs": order}, indent=1))
+        Path(f"{args.out}.json").write_text(
+            json.dumps({"args": cfg, "meta": meta, "tables": tables, "runs": order}, indent=1)
+        )
         Path(f"{args.out}.md").write_text(text + "\n")
         plot(order, [t for t, _ in targets], f"{args.out}.png", baseline["name"])
 

@@ -97,7 +97,9 @@ def lhotse_sampler(lengths: np.ndarray, budget: int, seed: int) -> IndexBatches:
     def batches(epoch: int) -> list[list[int]]:
         with warnings.catch_warnings():  # "eagerly read CutSet": expected for in-memory cuts
             warnings.simplefilter("ignore")
-            sampler = DynamicBucketingSampler(cuts, max_duration=float(budget), shuffle=True, seed=seed)
+            sampler = DynamicBucketingSampler(
+                cuts, max_duration=float(budget), shuffle=True, seed=seed
+            )
         sampler.set_epoch(epoch)
         return [[int(c.id.rsplit("-", 1)[1]) for c in batch] for batch in sampler]
 
@@ -116,7 +118,11 @@ def speechbrain_sampler(lengths: np.ndarray, budget: int, seed: int) -> IndexBat
             return len(lengths)
 
     params = inspect.signature(DynamicBatchSampler).parameters
-    kwargs: dict[str, Any] = {"lengths_list": lengths.tolist(), "seed": seed, "batch_ordering": "random"}
+    kwargs: dict[str, Any] = {
+        "lengths_list": lengths.tolist(),
+        "seed": seed,
+        "batch_ordering": "random",
+    }
     if "num_buckets" in params:
         kwargs["num_buckets"] = 20
     if "left_bucket_length" in params:
@@ -143,7 +149,9 @@ def make_sampler(mode: str, lengths: np.ndarray, budget: int, seed: int) -> Any:
         mode = "packed"  # the same plan as ``packed``; only the collate differs
     if mode in data.MODES:
         return data.make_sampler(mode, lengths, budget, seed=seed)
-    return {"lhotse": lhotse_sampler, "speechbrain": speechbrain_sampler}[mode](lengths, budget, seed)
+    return {"lhotse": lhotse_sampler, "speechbrain": speechbrain_sampler}[mode](
+        lengths, budget, seed
+    )
 
 
 def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
@@ -214,7 +222,9 @@ class Setup:
     batches: Any
 
 
-def prepare(mode: str, args: dict[str, Any], corpus_path: str, budget: int | None = None) -> Setup | dict[str, Any]:
+def prepare(
+    mode: str, args: dict[str, Any], corpus_path: str, budget: int | None = None
+) -> Setup | dict[str, Any]:
     """Build ``mode``'s sampler (at ``budget``, default ``args["budget"]``), the model and its batches.
 
     Every mode gets the same initial weights (``args["seed"]``). Returns the row of a peer
@@ -245,10 +255,14 @@ def prepare(mode: str, args: dict[str, Any], corpus_path: str, budget: int | Non
         batches = varlen_batches(sampler, train)
     else:
         batches = data.iterate_batches(layout, sampler, train, pad_to=pad_to)
-    return Setup(device, dtype, lengths, heldout, sampler, plan_s, layout, attention, model, batches)
+    return Setup(
+        device, dtype, lengths, heldout, sampler, plan_s, layout, attention, model, batches
+    )
 
 
-def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float) -> dict[str, Any]:
+def run_mode(
+    mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float
+) -> dict[str, Any]:
     """Train one mode in this (fresh) process; returns the row of the table."""
     import _lm_model as lm
     import torch
@@ -257,25 +271,44 @@ def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_
     if isinstance(s, dict):
         return s
     n_batches = len(s.sampler)
-    lr = lm.mode_lr(args["lr"], float(s.lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"])
+    lr = lm.mode_lr(
+        args["lr"], float(s.lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"]
+    )
     worst = _worst_fill(s.sampler, s.lengths, args["budget"], s.layout)
     if s.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(s.device)
     res = lm.train_until(
-        s.model, s.batches,
-        tokens=args["tokens"], lr=lr, device=s.device, dtype=s.dtype, attention=args["attention"],
+        s.model,
+        s.batches,
+        tokens=args["tokens"],
+        lr=lr,
+        device=s.device,
+        dtype=s.dtype,
+        attention=args["attention"],
     )
     if s.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(s.device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    loss = lm.evaluate(s.model, s.heldout, device=s.device, dtype=s.dtype, token_batch=min(args["budget"], 32768))
+    loss = lm.evaluate(
+        s.model, s.heldout, device=s.device, dtype=s.dtype, token_batch=min(args["budget"], 32768)
+    )
     return {
-        "mode": mode, "batches_per_epoch": n_batches, "plan_s": s.plan_s, "steps": res.steps,
-        "real_tokens": res.real_tokens, "seconds": res.seconds, "tokens_per_s": res.real_tokens / res.seconds,
+        "mode": mode,
+        "batches_per_epoch": n_batches,
+        "plan_s": s.plan_s,
+        "steps": res.steps,
+        "real_tokens": res.real_tokens,
+        "seconds": res.seconds,
+        "tokens_per_s": res.real_tokens / res.seconds,
         "tokens_per_cpu_s": res.real_tokens / max(res.cpu_seconds, 1e-9),
-        "padded_fraction": res.padded_fraction, "peak_bytes": int(peak), "ooms": res.ooms,
-        "heldout_loss": loss, "lr": lr, "max_fill": worst, "attention": s.attention if s.layout == "packed" else "sdpa",
+        "padded_fraction": res.padded_fraction,
+        "peak_bytes": int(peak),
+        "ooms": res.ooms,
+        "heldout_loss": loss,
+        "lr": lr,
+        "max_fill": worst,
+        "attention": s.attention if s.layout == "packed" else "sdpa",
         "params": lm.n_params(s.model),
     }
 
@@ -313,12 +346,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--budget", type=int, default=4096, help="tokens per step (padded or summed)")
     p.add_argument("--tokens", type=int, default=60_000, help="real tokens each mode trains on")
-    p.add_argument("--files", type=int, default=0, help="standard-library files to tokenise (0: all)")
+    p.add_argument(
+        "--files", type=int, default=0, help="standard-library files to tokenise (0: all)"
+    )
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--lr", type=float, default=None, help="the baseline's (default 3e-3; 6e-4 for 25M/100M)")
+    p.add_argument(
+        "--lr", type=float, default=None, help="the baseline's (default 3e-3; 6e-4 for 25M/100M)"
+    )
     p.add_argument("--lr-rule", choices=("same", "sqrt", "linear"), default="sqrt")
-    p.add_argument("--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt"))
+    p.add_argument(
+        "--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt")
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; the fastest is kept")
@@ -335,7 +374,9 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise SystemExit(f"--modes: unknown {bad}; choose from {', '.join(MODES)}")
     t0 = time.perf_counter()
-    corpus = data.load_corpus(files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed)
+    corpus = data.load_corpus(
+        files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed
+    )
     lengths = corpus.train_lengths
     print(
         f"# {len(lengths)} train functions, {int(lengths.sum())} tokens (median {int(np.median(lengths))}, "
@@ -343,7 +384,9 @@ def main(argv: list[str] | None = None) -> None:
         f"tokenised in {time.perf_counter() - t0:.0f} s",
         flush=True,
     )
-    base_tokens_per_step = float(lengths.sum()) / len(data.make_sampler("fixed", lengths, args.budget, seed=args.seed))
+    base_tokens_per_step = float(lengths.sum()) / len(
+        data.make_sampler("fixed", lengths, args.budget, seed=args.seed)
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.npz")
@@ -351,7 +394,12 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             runs = []
             for _ in range(max(1, args.repeats)):
-                runs.append({"mode": mode, **in_fresh_process(run_mode, mode, vars(args), path, base_tokens_per_step)})
+                runs.append(
+                    {
+                        "mode": mode,
+                        **in_fresh_process(run_mode, mode, vars(args), path, base_tokens_per_step),
+                    }
+                )
                 if "error" in runs[-1]:
                     break
             row = max(runs, key=lambda r: r.get("tokens_per_s", 0.0))
@@ -368,7 +416,11 @@ def main(argv: list[str] | None = None) -> None:
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     import torch
 
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
+    device = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"CPU ({os.cpu_count()} cores)"
+    )
     params = next((r["params"] for r in rows if "params" in r), 0)
     fixed = next((r for r in rows if r["mode"] == "fixed" and "tokens_per_s" in r), None)
     lines = [

@@ -105,9 +105,25 @@ def test_bench_time_to_quality(tmp_path: Path) -> None:
     """The time-to-quality run: an LR sweep, budget modes by rule, equal tokens per step, a plot."""
     prefix = tmp_path / "ttq"
     out = run(
-        [sys.executable, "bench/time_to_quality.py", *TINY, "--eval-every", "500", "--eval-tokens", "300",
-         "--lr-sweep", "3e-3,1e-2", "--modes", "padded", "--lr-rules", "sqrt,linear", "--extra-budgets", "256",
-         "--out", str(prefix)],
+        [
+            sys.executable,
+            "bench/time_to_quality.py",
+            *TINY,
+            "--eval-every",
+            "500",
+            "--eval-tokens",
+            "300",
+            "--lr-sweep",
+            "3e-3,1e-2",
+            "--modes",
+            "padded",
+            "--lr-rules",
+            "sqrt,linear",
+            "--extra-budgets",
+            "256",
+            "--out",
+            str(prefix),
+        ],
         timeout=120,
     )
     assert "| run | lr | tokens/step | time to target (CPU-s) |" in out
@@ -125,21 +141,33 @@ def test_bench_time_to_quality(tmp_path: Path) -> None:
     for r in result["runs"]:
         curve = r["curve"]
         assert curve[0]["tokens"] == 0 and curve[-1]["tokens"] >= 1500
-        assert all(b["tokens"] > a["tokens"] and b["cpu_seconds"] >= a["cpu_seconds"] for a, b in zip(curve, curve[1:]))
+        assert all(
+            b["tokens"] > a["tokens"] and b["cpu_seconds"] >= a["cpu_seconds"]
+            for a, b in zip(curve, curve[1:])
+        )
         assert r["eval_cpu_seconds"] > 0  # evaluation is timed apart from training
     targets = [t["loss"] for t in result["meta"]["targets"]]
     assert len(targets) == 2 and set(result["tables"]) == {f"{t:.4f}" for t in targets}
     for target in targets:
         rows = {r["name"]: r for r in result["tables"][f"{target:.4f}"]}
-        assert rows[baseline["name"]]["reached"] == (min(p["loss"] for p in baseline["curve"]) <= target)
+        assert rows[baseline["name"]]["reached"] == (
+            min(p["loss"] for p in baseline["curve"]) <= target
+        )
         for row in rows.values():
             hit = next((p for p in runs[row["name"]]["curve"] if p["loss"] <= target), None)
             assert row["reached"] == (hit is not None)
             if hit is not None:
-                assert row["tokens_to_target"] == hit["tokens"] and row["steps_to_target"] == hit["steps"]
+                assert (
+                    row["tokens_to_target"] == hit["tokens"]
+                    and row["steps_to_target"] == hit["steps"]
+                )
     # the first default target is reached by the baseline and every budget run
     every = result["tables"][f"{targets[0]:.4f}"]
-    assert all(r["reached"] for r in every if r["name"] == baseline["name"] or not r["name"].startswith("fixed"))
+    assert all(
+        r["reached"]
+        for r in every
+        if r["name"] == baseline["name"] or not r["name"].startswith("fixed")
+    )
     assert prefix.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert prefix.with_suffix(".md").read_text().startswith(result["meta"]["date"])
 
