@@ -174,3 +174,23 @@ def test_bench_time_to_quality(tmp_path: Path) -> None:
 
 def test_time_to_quality_doctests() -> None:
     assert run([sys.executable, "-m", "doctest", "bench/time_to_quality.py"]) == ""
+
+
+def test_the_training_docs_equal_step_budget_snippet(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/training.md's "equal tokens per step" budget: its printed line is what it computes."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    block = text.split("<!-- equal-step-budget -->\n```python\n", 1)[1].split("```", 1)[0]
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        namespace: dict[str, object] = {}
+        exec(compile(block, "docs/training.md[equal-step-budget]", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    assert capsys.readouterr().out.split() == block.rsplit("# ", 1)[1].split()
+    import fitbatch
+
+    lengths, budget = namespace["lengths"], namespace["budget"]
+    plan = fitbatch.plan_batches(lengths, budget, seed=0)
+    # within one 64-token step of the fixed batch's tokens per step, and far below the 4096 cap
+    assert abs(lengths.sum() / len(plan) - namespace["per_step"]) < 64 and budget < 1024
