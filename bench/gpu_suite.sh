@@ -9,7 +9,8 @@
 #                                          # and data (bench/train.py --device cuda --dtype bf16)
 #   bash bench/gpu_suite.sh ttq    [OUT]   # time to a target held-out loss: fixed (lr sweep) vs padded /
 #                                          # packed budgets by lr rule, and at equal tokens per step
-#                                          # (bench/time_to_quality.py; 25M model, ~8 minutes)
+#                                          # (bench/time_to_quality.py; 25M model; sized for one
+#                                          # 10-minute call, not yet run on a GPU)
 #   bash bench/gpu_suite.sh all    [OUT]
 #   bash bench/gpu_suite.sh dry-run [OUT]  # the same code paths on CPU with tiny sizes (~2 min)
 #
