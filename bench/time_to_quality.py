@@ -390,79 +390,40 @@ def main(argv: list[str] | None = None) -> None:
     cfg = vars(args)
     runs: list[dict[str, Any]] = []
 
-    def launch(spec: dict[str, Any]) -> dict[str, Any]:
+    def launch(name: str, mode: str, budget: int, lr: float, rule: str) -> dict[str, Any]:
+        spec = {"name": name, "mode": mode, "budget": budget, "lr": lr, "rule": rule}
         run = {**spec, **tb.in_fresh_process(run_curve, spec, cfg, path)}
         runs.append(run)
         done = (
-            "error: " + run["error"]
-            if "error" in run
-            else f"final loss {run['final_loss']:.3f}, {run['cpu_seconds']:.0f} CPU-s"
+            run.get("error")
+            or f"final loss {run['final_loss']:.3f}, {run['cpu_seconds']:.0f} CPU-s"
         )
-        print(
-            f"# {spec['name']} (lr {spec['lr']:.3g}, budget {spec['budget']}): {done}", flush=True
-        )
+        print(f"# {name} (lr {lr:.3g}, budget {budget}): {done}", flush=True)
         return run
+
+    def per_step(mode: str, budget: int) -> float:
+        return float(lengths.sum()) / len(data.make_sampler(mode, lengths, budget, seed=args.seed))
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.npz")
         tb.save_npz(path, corpus)
-        fixed = [
-            launch(
-                {
-                    "name": f"fixed lr {lr:g}",
-                    "mode": "fixed",
-                    "budget": args.budget,
-                    "lr": lr,
-                    "rule": "sweep",
-                }
-            )
-            for lr in sweep
-        ]
+        fixed = [launch(f"fixed lr {lr:g}", "fixed", args.budget, lr, "sweep") for lr in sweep]
         ok = [r for r in fixed if "error" not in r and np.isfinite(r["final_loss"])]
         if not ok:
             raise SystemExit("every fixed-batch run failed; see the lines above")
         baseline = min(ok, key=lambda r: r["final_loss"])
         baseline["name"] = f"fixed, best lr ({baseline['lr']:g})"
+        best = baseline["lr"]
         for mode in modes:
-            plan_per_step = float(lengths.sum()) / len(
-                data.make_sampler(mode, lengths, args.budget, seed=args.seed)
-            )
             for rule in rules:
-                lr = lm.mode_lr(baseline["lr"], plan_per_step, base_per_step, rule)
-                launch(
-                    {
-                        "name": f"{mode}, lr {rule}",
-                        "mode": mode,
-                        "budget": args.budget,
-                        "lr": lr,
-                        "rule": rule,
-                    }
-                )
+                lr = lm.mode_lr(best, per_step(mode, args.budget), base_per_step, rule)
+                launch(f"{mode}, lr {rule}", mode, args.budget, lr, rule)
         if not args.no_equal_step:
             b = equal_step_budget(lengths, base_per_step, args.budget, args.seed)
-            launch(
-                {
-                    "name": f"padded, equal tokens/step (budget {b})",
-                    "mode": "padded",
-                    "budget": b,
-                    "lr": baseline["lr"],
-                    "rule": "equal-step",
-                }
-            )
+            launch(f"padded, equal tokens/step (budget {b})", "padded", b, best, "equal-step")
         for b in (int(v) for v in floats(args.extra_budgets, "--extra-budgets")):
-            per_step = float(lengths.sum()) / len(
-                data.make_sampler("padded", lengths, b, seed=args.seed)
-            )
-            lr = lm.mode_lr(baseline["lr"], per_step, base_per_step, "sqrt")
-            launch(
-                {
-                    "name": f"padded, budget {b}, lr sqrt",
-                    "mode": "padded",
-                    "budget": b,
-                    "lr": lr,
-                    "rule": "sqrt",
-                }
-            )
+            lr = lm.mode_lr(best, per_step("padded", b), base_per_step, "sqrt")
+            launch(f"padded, budget {b}, lr sqrt", "padded", b, lr, "sqrt")
     compared = [baseline] + [r for r in runs if r["mode"] != "fixed"]
     targets = choose_targets(compared, baseline, args)
     order = [baseline] + [r for r in runs if r is not baseline]
