@@ -194,3 +194,41 @@ def test_the_training_docs_equal_step_budget_snippet(capsys: pytest.CaptureFixtu
     plan = fitbatch.plan_batches(lengths, budget, seed=0)
     # within one 64-token step of the fixed batch's tokens per step, and far below the 4096 cap
     assert abs(lengths.sum() / len(plan) - namespace["per_step"]) < 64 and budget < 1024
+
+
+def test_train_until_checkpoints_leave_evaluation_off_the_clocks() -> None:
+    """``checkpoint`` runs after each ``checkpoint_every`` real tokens; its time is not training time."""
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import _lm_model as lm
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    torch.manual_seed(0)
+    model = lm.TinyLM(lm.LMConfig(vocab=32, dim=8, layers=1, heads=1, max_len=16))
+    seqs = [torch.randint(1, 32, (n,)) for n in (10, 6)]  # 16 real tokens, 14 predicted per step
+
+    def batches():  # endless, like data.iterate_batches
+        while True:
+            yield lm.collate_padded(seqs), 16, 14
+
+    seen: list[tuple[int, int, float]] = []
+
+    def checkpoint(res: lm.TrainResult, consumed: int) -> bool:
+        seen.append((consumed, res.steps, res.seconds))
+        time.sleep(0.2)  # an "evaluation"
+        return False
+
+    res = lm.train_until(model, batches(), tokens=160, checkpoint=checkpoint, checkpoint_every=48)
+    # after the first step reaching 48, 96, 144 real tokens, and after the last step
+    assert [(c, s) for c, s, _ in seen] == [(48, 3), (96, 6), (144, 9), (160, 10)]
+    assert res.steps == 10 and res.eval_seconds >= 0.8 and res.seconds < res.eval_seconds
+    assert [t for _, _, t in seen] == sorted(t for _, _, t in seen) and seen[-1][2] <= res.seconds
+    # returning True stops training at that checkpoint
+    stop = lm.train_until(
+        model, batches(), tokens=160, checkpoint=lambda r, c: c >= 96, checkpoint_every=48
+    )
+    assert stop.steps == 6 and stop.real_tokens == 96
