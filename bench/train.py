@@ -185,8 +185,9 @@ def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
     for epoch in itertools.count():
         sampler.set_epoch(epoch)
         totals = sampler.step_totals()
+        samples, units = totals.samples, totals.units
         for k, batch in enumerate(loader):
-            yield batch, int(totals.units[k]), int(totals.loss_units[k])
+            yield batch, int(units[k]), int(units[k] - samples[k])
 
 
 # ----------------------------------------------------------------------------- one mode
