@@ -51,6 +51,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,9 @@ def lhotse_sampler(lengths: np.ndarray, budget: int, seed: int) -> IndexBatches:
     def batches(epoch: int) -> list[list[int]]:
         with warnings.catch_warnings():  # "eagerly read CutSet": expected for in-memory cuts
             warnings.simplefilter("ignore")
-            sampler = DynamicBucketingSampler(cuts, max_duration=float(budget), shuffle=True, seed=seed)
+            sampler = DynamicBucketingSampler(
+                cuts, max_duration=float(budget), shuffle=True, seed=seed
+            )
         sampler.set_epoch(epoch)
         return [[int(c.id.rsplit("-", 1)[1]) for c in batch] for batch in sampler]
 
@@ -115,7 +118,11 @@ def speechbrain_sampler(lengths: np.ndarray, budget: int, seed: int) -> IndexBat
             return len(lengths)
 
     params = inspect.signature(DynamicBatchSampler).parameters
-    kwargs: dict[str, Any] = {"lengths_list": lengths.tolist(), "seed": seed, "batch_ordering": "random"}
+    kwargs: dict[str, Any] = {
+        "lengths_list": lengths.tolist(),
+        "seed": seed,
+        "batch_ordering": "random",
+    }
     if "num_buckets" in params:
         kwargs["num_buckets"] = 20
     if "left_bucket_length" in params:
@@ -142,7 +149,9 @@ def make_sampler(mode: str, lengths: np.ndarray, budget: int, seed: int) -> Any:
         mode = "packed"  # the same plan as ``packed``; only the collate differs
     if mode in data.MODES:
         return data.make_sampler(mode, lengths, budget, seed=seed)
-    return {"lhotse": lhotse_sampler, "speechbrain": speechbrain_sampler}[mode](lengths, budget, seed)
+    return {"lhotse": lhotse_sampler, "speechbrain": speechbrain_sampler}[mode](
+        lengths, budget, seed
+    )
 
 
 def varlen_batches(sampler: Any, train: list[np.ndarray]) -> Any:
@@ -198,8 +207,30 @@ def save_npz(path: str, corpus: data.Corpus) -> None:
     np.savez(path, **arrays)
 
 
-def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float) -> dict[str, Any]:
-    """Train one mode in this (fresh) process; returns the row of the table."""
+@dataclass
+class Setup:
+    """One mode ready to train in this process: data, sampler, model and its endless batches."""
+
+    device: Any
+    dtype: Any
+    lengths: np.ndarray
+    heldout: list[np.ndarray]
+    sampler: Any
+    plan_s: float
+    layout: str
+    attention: str
+    model: Any
+    batches: Any
+
+
+def prepare(
+    mode: str, args: dict[str, Any], corpus_path: str, budget: int | None = None
+) -> Setup | dict[str, Any]:
+    """Build ``mode``'s sampler (at ``budget``, default ``args["budget"]``), the model and its batches.
+
+    Every mode gets the same initial weights (``args["seed"]``). Returns the row of a peer
+    that does not import (``{"mode", "error"}``) instead of raising.
+    """
     import _lm_model as lm
     import torch
 
@@ -208,45 +239,91 @@ def run_mode(mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_
     dtype = getattr(torch, DTYPES[args["dtype"]]) if DTYPES[args["dtype"]] else None
     train, heldout = load_npz(corpus_path)
     lengths = np.asarray([len(s) for s in train], dtype=np.int64)
+    budget = args["budget"] if budget is None else budget
     t0 = time.perf_counter()
     try:
-        sampler = make_sampler(mode, lengths, args["budget"], args["seed"])
+        sampler = make_sampler(mode, lengths, budget, args["seed"])
     except ImportError as err:
         return {"mode": mode, "error": f"not importable: {err}"}
     plan_s = time.perf_counter() - t0
-    n_batches = len(sampler)
     layout = "packed" if mode in ("packed", "padding-free") else "padded"
     attention = lm.resolve_attention(args["attention"], device)
-    pad_to = args["budget"] if (layout == "packed" and attention == "flex") else None
-    lr = lm.mode_lr(args["lr"], float(lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"])
-
+    pad_to = budget if (layout == "packed" and attention == "flex") else None
     torch.manual_seed(args["seed"])
     cfg = lm.LMConfig.named(args["model_size"], vocab=args["vocab"], max_len=args["max_len"])
     model = lm.TinyLM(cfg).to(device)
-    worst = _worst_fill(sampler, lengths, args["budget"], layout)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     if mode == "padding-free":
         batches = varlen_batches(sampler, train)
     else:
         batches = data.iterate_batches(layout, sampler, train, pad_to=pad_to)
-    res = lm.train_until(
-        model, batches,
-        tokens=args["tokens"], lr=lr, device=device, dtype=dtype, attention=args["attention"],
+    return Setup(
+        device, dtype, lengths, heldout, sampler, plan_s, layout, attention, model, batches
     )
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
+
+
+def run_mode(
+    mode: str, args: dict[str, Any], corpus_path: str, base_tokens_per_step: float
+) -> dict[str, Any]:
+    """Train one mode in this (fresh) process; returns the row of the table."""
+    import _lm_model as lm
+    import torch
+
+    s = prepare(mode, args, corpus_path)
+    if isinstance(s, dict):
+        return s
+    n_batches = len(s.sampler)
+    lr = lm.mode_lr(
+        args["lr"], float(s.lengths.sum()) / n_batches, base_tokens_per_step, args["lr_rule"]
+    )
+    worst = _worst_fill(s.sampler, s.lengths, args["budget"], s.layout)
+    if s.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(s.device)
+    res = lm.train_until(
+        s.model,
+        s.batches,
+        tokens=args["tokens"],
+        lr=lr,
+        device=s.device,
+        dtype=s.dtype,
+        attention=args["attention"],
+    )
+    if s.device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(s.device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    loss = lm.evaluate(model, heldout, device=device, dtype=dtype, token_batch=min(args["budget"], 32768))
+    loss = lm.evaluate(
+        s.model, s.heldout, device=s.device, dtype=s.dtype, token_batch=min(args["budget"], 32768)
+    )
     return {
-        "mode": mode, "batches_per_epoch": n_batches, "plan_s": plan_s, "steps": res.steps,
-        "real_tokens": res.real_tokens, "seconds": res.seconds, "tokens_per_s": res.real_tokens / res.seconds,
+        "mode": mode,
+        "batches_per_epoch": n_batches,
+        "plan_s": s.plan_s,
+        "steps": res.steps,
+        "real_tokens": res.real_tokens,
+        "seconds": res.seconds,
+        "tokens_per_s": res.real_tokens / res.seconds,
         "tokens_per_cpu_s": res.real_tokens / max(res.cpu_seconds, 1e-9),
-        "padded_fraction": res.padded_fraction, "peak_bytes": int(peak), "ooms": res.ooms,
-        "heldout_loss": loss, "lr": lr, "max_fill": worst, "attention": attention if layout == "packed" else "sdpa",
-        "params": lm.n_params(model),
+        "padded_fraction": res.padded_fraction,
+        "peak_bytes": int(peak),
+        "ooms": res.ooms,
+        "heldout_loss": loss,
+        "lr": lr,
+        "max_fill": worst,
+        "attention": s.attention if s.layout == "packed" else "sdpa",
+        "params": lm.n_params(s.model),
     }
+
+
+def in_fresh_process(fn: Any, *args: Any) -> dict[str, Any]:
+    """``fn(*args)`` in a new spawned process: clean peak memory, no allocator or thread state carried over.
+
+    An exception becomes an ``{"error"}`` row, so a failing peer does not lose the other rows.
+    """
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        try:
+            return pool.submit(fn, *args).result()
+        except Exception as err:
+            return {"error": f"{type(err).__name__}: {err}"}
 
 
 def _worst_fill(sampler: Any, lengths: np.ndarray, budget: int, layout: str) -> float:
@@ -270,12 +347,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--budget", type=int, default=4096, help="tokens per step (padded or summed)")
     p.add_argument("--tokens", type=int, default=60_000, help="real tokens each mode trains on")
-    p.add_argument("--files", type=int, default=0, help="standard-library files to tokenise (0: all)")
+    p.add_argument(
+        "--files", type=int, default=0, help="standard-library files to tokenise (0: all)"
+    )
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--lr", type=float, default=None, help="the baseline's (default 3e-3; 6e-4 for 25M/100M)")
-    p.add_argument("--lr-rule", choices=("same", "sqrt"), default="sqrt")
-    p.add_argument("--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt"))
+    p.add_argument(
+        "--lr", type=float, default=None, help="the baseline's (default 3e-3; 6e-4 for 25M/100M)"
+    )
+    p.add_argument("--lr-rule", choices=("same", "sqrt", "linear"), default="sqrt")
+    p.add_argument(
+        "--attention", default="auto", choices=("auto", "dense", "flex", "grouped", "njt")
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="runs per mode; the fastest is kept")
@@ -292,7 +375,9 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         raise SystemExit(f"--modes: unknown {bad}; choose from {', '.join(MODES)}")
     t0 = time.perf_counter()
-    corpus = data.load_corpus(files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed)
+    corpus = data.load_corpus(
+        files=args.files or None, vocab_size=args.vocab, max_len=args.max_len, seed=args.seed
+    )
     lengths = corpus.train_lengths
     print(
         f"# {len(lengths)} train functions, {int(lengths.sum())} tokens (median {int(np.median(lengths))}, "
@@ -300,7 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         f"tokenised in {time.perf_counter() - t0:.0f} s",
         flush=True,
     )
-    base_tokens_per_step = float(lengths.sum()) / len(data.make_sampler("fixed", lengths, args.budget, seed=args.seed))
+    base_tokens_per_step = float(lengths.sum()) / len(
+        data.make_sampler("fixed", lengths, args.budget, seed=args.seed)
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "corpus.npz")
@@ -308,12 +395,12 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             runs = []
             for _ in range(max(1, args.repeats)):
-                # a fresh process per run: clean peak memory, no allocator or thread state carried over
-                with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-                    try:
-                        runs.append(pool.submit(run_mode, mode, vars(args), path, base_tokens_per_step).result())
-                    except Exception as err:  # a peer failing must not lose the other rows
-                        runs.append({"mode": mode, "error": f"{type(err).__name__}: {err}"})
+                runs.append(
+                    {
+                        "mode": mode,
+                        **in_fresh_process(run_mode, mode, vars(args), path, base_tokens_per_step),
+                    }
+                )
                 if "error" in runs[-1]:
                     break
             row = max(runs, key=lambda r: r.get("tokens_per_s", 0.0))
@@ -330,7 +417,11 @@ def main(argv: list[str] | None = None) -> None:
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     import torch
 
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({os.cpu_count()} cores)"
+    device = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"CPU ({os.cpu_count()} cores)"
+    )
     params = next((r["params"] for r in rows if "params" in r), 0)
     fixed = next((r for r in rows if r["mode"] == "fixed" and "tokens_per_s" in r), None)
     lines = [

@@ -32,7 +32,7 @@ import argparse
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,6 +341,8 @@ class TrainResult:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time: steadier than wall time on a shared machine
     ooms: int = 0
+    eval_seconds: float = 0.0  # time spent in ``checkpoint`` calls, left out of ``seconds``
+    eval_cpu_seconds: float = 0.0  # the same in CPU time, left out of ``cpu_seconds``
     losses: list[tuple[int, float]] | None = None  # (global real tokens so far, batch loss)
 
     @property
@@ -371,6 +373,9 @@ def train_until(
     world: int = 1,
     log_every: int = 0,
     optimizer: torch.optim.Optimizer | None = None,
+    checkpoint: Callable[[TrainResult, int], bool] | None = None,
+    checkpoint_every: int = 0,
+    schedule_tokens: int | None = None,
 ) -> TrainResult:
     """Train on ``batches`` until ``tokens`` real tokens (over all ranks) have been consumed.
 
@@ -378,8 +383,16 @@ def train_until(
     predicted tokens summed over all ranks, so every rank stops at the same step and the loss
     is the mean over the step's predicted tokens (gradients of ``world`` ranks are averaged by
     DDP, hence the factor ``world``). An out-of-memory error skips the batch and is counted.
+
+    ``checkpoint(result, consumed)`` is called after the first step that crosses each multiple
+    of ``checkpoint_every`` real tokens (and after the last step), with ``result.seconds`` /
+    ``cpu_seconds`` the training time so far; its own time goes to ``eval_seconds`` /
+    ``eval_cpu_seconds``, not to the training clocks. It returns True to stop training.
+    ``schedule_tokens`` (default ``tokens``) is the horizon of the learning-rate schedule.
     """
     device = torch.device(device)
+    horizon = tokens if schedule_tokens is None else schedule_tokens
+    next_check = checkpoint_every if checkpoint_every > 0 else tokens
     params = [p for p in model.parameters() if p.requires_grad]
     opt = optimizer or torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     res = TrainResult(losses=[])
@@ -390,7 +403,7 @@ def train_until(
     t0, c0 = time.perf_counter(), time.process_time()
     for batch, global_real, global_pred in batches:
         for group in opt.param_groups:
-            group["lr"] = token_lr(lr, consumed, tokens)
+            group["lr"] = token_lr(lr, consumed, horizon)
         batch = batch.to(device)
         try:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -413,27 +426,45 @@ def train_until(
         res.losses.append((consumed, float(total.detach()) / max(int(n_pred), 1)))
         if log_every and res.steps % log_every == 0:
             logger.info("step %d: %d tokens, loss %.3f", res.steps, consumed, res.losses[-1][1])
-        if consumed >= tokens:
+        done = consumed >= tokens
+        if checkpoint is not None and (done or consumed >= next_check):
+            sync()
+            res.seconds = time.perf_counter() - t0 - res.eval_seconds
+            res.cpu_seconds = time.process_time() - c0 - res.eval_cpu_seconds
+            e0, ec0 = time.perf_counter(), time.process_time()
+            done = checkpoint(res, consumed) or done
+            res.eval_seconds += time.perf_counter() - e0
+            res.eval_cpu_seconds += time.process_time() - ec0
+            while next_check <= consumed:
+                next_check += max(checkpoint_every, 1)
+        if done:
             break
     sync()
-    res.seconds, res.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    res.seconds = time.perf_counter() - t0 - res.eval_seconds
+    res.cpu_seconds = time.process_time() - c0 - res.eval_cpu_seconds
     return res
 
 
-LR_RULES = ("same", "sqrt")
+LR_RULES = ("same", "sqrt", "linear")
 
 
 def mode_lr(lr: float, tokens_per_step: float, baseline_tokens_per_step: float, rule: str = "sqrt") -> float:
     """The learning rate of a mode whose steps carry ``tokens_per_step`` real tokens.
 
     ``lr`` is the baseline's (fixed batch size) rate. ``"sqrt"`` scales it by the square root
-    of the tokens-per-step ratio, the usual rule for Adam when the batch grows; ``"same"``
-    keeps it. Budget batches hold several times the real tokens of the safe fixed batch.
+    of the tokens-per-step ratio, the usual rule for Adam when the batch grows; ``"linear"``
+    by the ratio itself (the SGD rule; ``fitbatch.GradientAccumulator`` offers the same two);
+    ``"same"`` keeps it. Budget batches hold several times the real tokens of the safe fixed batch.
+
+    >>> mode_lr(1e-3, 400.0, 100.0, "sqrt"), mode_lr(1e-3, 400.0, 100.0, "linear")
+    (0.002, 0.004)
     """
     if rule not in LR_RULES:
         raise ValueError(f"lr rule must be one of {LR_RULES}, got {rule!r}")
     if rule == "same":
         return lr
+    if rule == "linear":
+        return lr * tokens_per_step / max(baseline_tokens_per_step, 1.0)
     return lr * math.sqrt(tokens_per_step / max(baseline_tokens_per_step, 1.0))
 
 
