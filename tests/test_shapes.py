@@ -194,6 +194,15 @@ def test_float_sizes_caps_multiples_and_oversized(sizes, k, cap, multiple, overs
     assert np.all(plan.shape_set[:, 0] <= (cap or np.inf))
 
 
+def test_a_segments_uncut_last_batch_stays_within_its_shapes_rows():
+    """batch_size_multiple cuts batches but not a segment's last one; it must still fit its shape."""
+    values = np.array([1.0] * 6 + [45.0])
+    plan = fitbatch.plan_batches(values, 400.0, max_shapes=1, batch_size_multiple=3, oversized="single")
+    assert plan.shape_set.tolist() == [[6, 45]]  # 8 rows of 45 fit 400; cut to a multiple of 3
+    assert sorted(len(b) for b in plan) == [1, 6]
+    check_shapes(plan, values, 1, 400.0, COSTS["padded"])
+
+
 @given(
     sizes=st.lists(st.integers(1, 200), min_size=8, max_size=150),
     world=st.integers(1, 4),

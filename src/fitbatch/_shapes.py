@@ -253,9 +253,54 @@ class ShapeCost(CostModel):
         return self.model.max_count(max_size, budget)
 
 
-def planning_cost(model: CostModel) -> CostModel:
-    """The cost model to plan rounded sizes with: ``model`` itself when it ignores the sum."""
-    return model if isinstance(model, (PaddedCost, PaddedPolynomial)) else ShapeCost(model)
+@dataclasses.dataclass(frozen=True)
+class RowsCost(CostModel):
+    """``model``, over budget for a batch of more samples than the rows of its length's shape.
+
+    With ``batch_size_multiple`` the planner cuts batches to a multiple of it but leaves the last
+    batch of a segment uncut, which could then hold more samples than its shape's rows (cut to
+    the multiple). Planning against this model keeps every batch within its shape's rows.
+    ``lengths`` (ascending) and ``rows`` describe the shape set; a longer batch (a lone oversized
+    sample) may hold one sample.
+
+    >>> m = RowsCost(PaddedCost(), (5.0, 10.0), (6, 3))
+    >>> m.evaluate(np.array([6.0, 7.0, 3.0]), np.array([5.0, 5.0, 10.0]), np.zeros(3)).tolist()[0]
+    30.0
+    >>> bool(m.evaluate(np.array([7.0]), np.array([5.0]), np.zeros(1))[0] > 1e300)
+    True
+    """
+
+    model: CostModel
+    lengths: tuple[float, ...]
+    rows: tuple[int, ...]
+    name: ClassVar[str] = "shape-rows"
+    checked: ClassVar[bool] = False
+
+    def _limit(self, max_size: NDArray[Any]) -> FloatArray:
+        at = np.searchsorted(np.asarray(self.lengths), np.asarray(max_size, dtype=np.float64), side="left")
+        return np.append(np.asarray(self.rows, dtype=np.float64), 1.0)[at]
+
+    def evaluate(self, count: NDArray[Any], max_size: NDArray[Any], sum_size: NDArray[Any]) -> FloatArray:
+        base = np.asarray(self.model.evaluate(count, max_size, sum_size), dtype=np.float64)
+        return np.where(np.asarray(count, dtype=np.float64) > self._limit(max_size), np.finfo(np.float64).max, base)
+
+    def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray | None:
+        inner = self.model.max_count(max_size, budget)
+        return None if inner is None else np.minimum(inner, self._limit(max_size))
+
+
+def planning_cost(model: CostModel, shapes: IntArray | None = None, multiple: int = 1) -> CostModel:
+    """The cost model to plan rounded sizes with: ``model`` itself when it ignores the sum.
+
+    With ``batch_size_multiple > 1`` it also keeps every batch within its shape's rows
+    (:class:`RowsCost`).
+    """
+    out: CostModel = model if isinstance(model, (PaddedCost, PaddedPolynomial)) else ShapeCost(model)
+    if multiple > 1 and shapes is not None and len(shapes):
+        by_length = shapes[np.lexsort((-shapes[:, 0], shapes[:, 1]))]
+        lengths, first = np.unique(by_length[:, 1], return_index=True)
+        out = RowsCost(out, tuple(float(x) for x in lengths), tuple(int(r) for r in by_length[first, 0]))
+    return out
 
 
 def bounded(
@@ -291,7 +336,7 @@ def bounded(
             )
         top = np.array([[1, int(math.ceil(values[alone].max()))]], dtype=np.int64)
         shapes = np.concatenate([_shapes_of(values[~alone], k - 1, opts), top])
-    return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost)
+    return shapes, Sizes(rounded_sizes(sizes.values, shapes), True), planning_cost(opts.cost, shapes, opts.batch_size_multiple)
 
 
 def _shapes_of(values: FloatArray, k: int, opts: PlanOptions) -> IntArray:
