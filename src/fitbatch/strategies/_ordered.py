@@ -4,12 +4,13 @@ and packed (bin packing within pools)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
+from fitbatch import _sorting as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
@@ -20,9 +21,11 @@ from fitbatch.strategies._base import (
     _gather_into,
     _greedy,
     _pooled_layout,
+    _random_positions,
     _tails,
     replan,
 )
+from fitbatch.strategies._mixing import check_randomness, mixed_levels
 
 # Packed batches filled below this share of the budget are packed again with every pool's.
 LOOSE = 0.95
@@ -97,20 +100,43 @@ class _Pools(Strategy):
 class Pooled(_Pools):
     """Shuffle, sort within pools of ``pool_size`` samples, greedy, shuffle the batch order.
 
-    Larger pools pad less; smaller pools are more random (samples meet other partners each
-    epoch). The default (65536) reaches padding efficiency >= 0.98 with a co-batch repeat rate
-    <= 0.15 from about a million samples on; on smaller datasets, ``pool_size`` near n / 16
-    trades a few points of padding for fresh batch partners every epoch (or use ``buckets``).
+    Pools are sorted by size level, not by exact size: ``randomness`` is the co-batch repeat
+    rate aimed at (the share of pairs batched together in one epoch that meet again in the
+    next, :func:`fitbatch.repeat_rate`), and the levels are fitted for it as
+    :class:`Buckets` fits its buckets (wide levels for small sizes, whose batches hold many
+    pairs; levels as narrow as ``spread`` for large ones). Inside a level the order is random,
+    so batch partners change every epoch. ``"auto"`` (default) picks the target from the data
+    (about 24 / expected batches, clipped to [0.005, 0.2]); ``None`` sorts by exact size (the
+    tightest plan, and the same batches every epoch on small datasets). Larger pools pad less.
 
     >>> import fitbatch
-    >>> [len(fitbatch.plan_batches([9, 2, 8, 3, 7, 1, 6, 2], 18, strategy=fitbatch.Pooled(pool_size=p))) for p in (2, 8)]
+    >>> [len(fitbatch.plan_batches([9, 2, 8, 3, 7, 1, 6, 2], 18, strategy=fitbatch.Pooled(pool_size=p, randomness=None))) for p in (2, 8)]
     [4, 3]
+    >>> fitbatch.plan_batches([5, 1, 4, 2, 3, 3], 6, strategy=fitbatch.Pooled(randomness=0.5)).stats().max_fill <= 1
+    True
     """
 
+    randomness: float | Literal["auto"] | None = "auto"
+    spread: float = 0.02
     name: ClassVar[str] = "pooled"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_randomness(self.randomness)
+        if isinstance(self.spread, bool) or not 0.0 <= float(self.spread) < float("inf"):
+            raise ValueError(f"spread must be a number >= 0 (relative level width), got {self.spread!r}")
+
     def plan(self, ctx: Context) -> Result:
-        return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        if self.randomness is None or len(ctx.sizes) == 0:
+            return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        lut, tops = mixed_levels(ctx, self.spread, self.randomness)
+        level = lut[ctx.keys()[0]]
+        n = len(ctx.sizes)
+        base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        down = (tops.size - 1) - level[base]
+        order = _gather_into(base, SK.sort_within_segments(down.astype(np.uint16), self.pool_size))
+        seg_starts = np.arange(0, n, self.pool_size, dtype=np.int64)
+        return _greedy(ctx, order, seg_starts, (level[order], tops))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,191 @@
+"""Size levels fitted for a target co-batch repeat rate: wide where batches hold many samples.
+
+The repeat rate between two epochs (:func:`fitbatch.repeat_rate`) is pair-weighted, so it is
+decided by the batches of the smallest sizes: a batch of ``c`` samples holds ``c (c - 1) / 2``
+pairs. If samples are shuffled inside a level and cut into batches of ``c``, a pair meets again
+with probability about ``c / population``, so a level adds about ``c**2 / 2`` repeated pairs,
+however many batches it holds. Padding, on the other hand, costs in proportion to a level's
+tokens times its relative width. Minimising padding for a given sum of ``c_k**2`` gives levels
+whose batches times log-width reach ``kappa**2 * c_k**2``: wide levels for small sizes (large
+``c``), levels as narrow as ``spread`` for large ones. ``kappa`` is fitted (a few secant steps
+in log space) so that the predicted repeat rate meets the target.
+
+>>> import numpy as np
+>>> from fitbatch import _sorting as SK
+>>> from fitbatch.costs import PaddedCost
+>>> sizes = np.random.default_rng(0).lognormal(4, 1, 20000).round() + 1
+>>> keys, edges = SK.size_keys(sizes, True)
+>>> lut, tops = fit_mixed_buckets(keys, edges, 4096.0, PaddedCost(), None, 0.02, 0.05)
+>>> bool(np.all(np.diff(tops) > 0)), float(tops[-1]) == float(sizes.max())
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _sorting as SK
+from fitbatch.costs import CostModel
+
+if TYPE_CHECKING:
+    from fitbatch.strategies._base import Context
+
+FloatArray = NDArray[np.float64]
+
+# randomness="auto": the lowest repeat rate whose levels cost about AUTO_EXCESS more batches than
+# exact sorting would, clipped to [AUTO_LOW, AUTO_HIGH]
+AUTO_EXCESS = 0.02
+AUTO_LOW = 0.005
+AUTO_HIGH = 0.2
+_STEPS = 8  # secant steps on kappa
+
+
+def check_randomness(value: Any) -> None:
+    """``randomness`` is ``"auto"``, ``None`` or a number in (0, 1].
+
+    >>> check_randomness(0.1), check_randomness("auto"), check_randomness(None)
+    (None, None, None)
+    """
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"randomness must be a number in (0, 1], 'auto' or None, got {value!r}")
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(
+            f"randomness must be in (0, 1] (the co-batch repeat rate aimed at; lower is more random), "
+            f"got {value!r}; use 'auto' to pick it from the data or None for the narrowest buckets"
+        )
+
+
+def _per_batch(tops: FloatArray, budget: float, cost: CostModel, cap: int | None, ndim: int) -> FloatArray:
+    """Samples in a full batch whose largest sample is at each of ``tops``."""
+    if ndim == 1:
+        per_batch = cost.max_count(tops, budget)
+        if per_batch is None:
+            per_batch = budget / np.maximum(cost.sample_cost(tops), 1e-300)
+    else:
+        per_batch = budget / np.maximum(tops, 1e-300)
+    return np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
+
+
+def mixed_levels(ctx: Context, spread: float, randomness: float | str) -> tuple[NDArray[Any], FloatArray]:
+    """:func:`fit_mixed_buckets` over the epoch's size keys (the same for every epoch)."""
+    keys, edges = ctx.keys()
+    return fit_mixed_buckets(
+        keys, edges, ctx.budget, ctx.cost, ctx.cap, spread, randomness, ctx.sizes.values.ndim
+    )
+
+
+def fit_mixed_buckets(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    spread: float,
+    randomness: float | str,
+    ndim: int = 1,
+) -> tuple[NDArray[Any], FloatArray]:
+    """Bucket boundaries aiming at co-batch repeat rate ``randomness`` (or ``"auto"``).
+
+    Returns a lookup table key -> bucket id (0 = smallest sizes) and each bucket's upper edge,
+    like :func:`fitbatch.strategies.fit_buckets`.
+
+    >>> import numpy as np
+    >>> from fitbatch import _sorting as SK
+    >>> from fitbatch.costs import PaddedCost
+    >>> keys, edges = SK.size_keys(np.array([1.0, 2, 2, 3, 50, 60, 61]), True)
+    >>> lut, tops = fit_mixed_buckets(keys, edges, 128.0, PaddedCost(), None, 0.02, 0.5)
+    >>> lut[[1, 2, 3, 50, 60, 61]].tolist(), tops.tolist()
+    ([0, 0, 0, 0, 0, 0], [61.0])
+    """
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
+    present = np.flatnonzero(hist)[::-1]
+    h = hist[present].astype(np.float64)
+    c = np.minimum(_per_batch(edges[present], budget, cost, cap, ndim), max(float(h.sum()), 1.0))
+    lows = np.concatenate([[0.0], edges[:-1]])[present]
+    low_logs = np.log(np.maximum(lows, 1e-300))  # where the bucket would reach if it took the key
+    narrow_batches = float(np.sum(h / c))
+    if float(np.sum(h * (c - 1.0))) == 0.0:
+        return _lut_tops(np.zeros(present.size, np.int64), [float(edges[present[0]])], present)
+
+    def fit(x: float) -> tuple[NDArray[np.int64], list[float], float, float]:
+        bucket, tops = _fit_once(h, c, edges[present], low_logs, spread, math.exp(x))
+        ct = np.minimum(_per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0))
+        pairs = float(np.sum(h * (ct[bucket] - 1.0))) / 2.0
+        repeat = float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
+        return bucket, tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
+
+    x0 = math.log(0.05 / float(np.mean(c * c)))
+    if randomness == "auto":
+        # as random as AUTO_EXCESS extra batches allow, within [AUTO_LOW, AUTO_HIGH]
+        got = _solve(fit, x0, 3, AUTO_EXCESS, +1.0)
+        target = float(np.clip(got[2], AUTO_LOW, AUTO_HIGH))
+        if target == got[2]:
+            return _lut_tops(got[0], got[1], present)
+    else:
+        target = float(randomness)
+    got = _solve(fit, x0, 2, target, -1.0)
+    return _lut_tops(got[0], got[1], present)
+
+
+def _solve(fit: Any, x: float, index: int, target: float, sign: float) -> Any:
+    """Secant steps on ``x`` (log kappa**2) until ``fit(x)[index]`` is near ``target``."""
+    best: tuple[float, Any] | None = None
+    prev: tuple[float, float] | None = None
+    for _ in range(_STEPS):
+        got = fit(x)
+        err = math.log(max(got[index], 1e-12) / target)
+        if best is None or abs(err) < best[0]:
+            best = (abs(err), got)
+        if abs(err) < 0.05:
+            break
+        slope = sign  # repeat ~ 1 / kappa**2 while every level is at its need
+        if prev is not None and prev[0] != x and prev[1] != err:
+            slope = sign * min(max(sign * (err - prev[1]) / (x - prev[0]), 0.1), 4.0)
+        prev = (x, err)
+        x -= max(min(err / slope, 4.0), -4.0)
+    assert best is not None
+    return best[1]
+
+
+def _fit_once(
+    h: FloatArray, c: FloatArray, tops_all: FloatArray, low_logs: FloatArray, spread: float, kappa2: float
+) -> tuple[NDArray[np.int64], list[float]]:
+    bucket = np.zeros(h.size, np.int64)
+    tops: list[float] = []
+    hl, cl, tl, ll = h.tolist(), c.tolist(), tops_all.tolist(), low_logs.tolist()
+    batches = 0.0
+    top = top_log = need = ct = 0.0
+    widen = math.log1p(spread)
+    # Invariant: keys before j are assigned; the open bucket has upper edge `top`, holds `batches`
+    # batches of `ct` samples and may close once batches x log-width reaches `need`.
+    for j in range(len(hl)):
+        if batches and top_log - ll[j] > widen and batches * (top_log - ll[j]) >= need:
+            batches = 0.0
+        if batches == 0.0:
+            top = tl[j]
+            top_log = math.log(max(top, 1e-300))
+            ct = cl[j]
+            need = kappa2 * ct * ct
+            tops.append(top)
+        bucket[j] = len(tops) - 1
+        batches += hl[j] / ct
+    if len(tops) > 1 and batches * (top_log - ll[-1]) < need:
+        # the smallest sizes ran out before the bucket was wide and full enough: join the one above
+        bucket = np.minimum(bucket, len(tops) - 2)
+        tops.pop()
+    return bucket, tops
+
+
+def _lut_tops(bucket: NDArray[np.int64], tops: list[float], present: NDArray[Any]) -> tuple[NDArray[Any], FloatArray]:
+    bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
+    bucket_of[present] = bucket
+    n = len(tops)
+    lut = (n - 1 - bucket_of).astype(np.uint16 if n <= 1 << 16 else np.int64)
+    return lut, np.asarray(tops[::-1], dtype=np.float64)
