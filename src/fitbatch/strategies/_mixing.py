@@ -166,7 +166,9 @@ def _fit_once(
     # Invariant: keys before j are assigned; the open bucket has upper edge `top`, holds `batches`
     # batches of `ct` samples and may close once batches x log-width reaches `need`.
     for j in range(len(hl)):
-        if batches and top_log - ll[j] > widen and batches * (top_log - ll[j]) >= need:
+        # close once wide and full enough, at a key that widens it past ``spread`` or that would
+        # fit more samples per batch than the bucket's top (a count cliff: padding for nothing)
+        if batches and (top_log - ll[j] > widen or cl[j] != ct) and batches * (top_log - ll[j]) >= need:
             batches = 0.0
         if batches == 0.0:
             top = tl[j]

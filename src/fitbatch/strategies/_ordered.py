@@ -105,9 +105,11 @@ class Pooled(_Pools):
     next, :func:`fitbatch.repeat_rate`), and the levels are fitted for it as
     :class:`Buckets` fits its buckets (wide levels for small sizes, whose batches hold many
     pairs; levels as narrow as ``spread`` for large ones). Inside a level the order is random,
-    so batch partners change every epoch. ``"auto"`` (default) picks the target from the data
-    (about 24 / expected batches, clipped to [0.005, 0.2]); ``None`` sorts by exact size (the
-    tightest plan, and the same batches every epoch on small datasets). Larger pools pad less.
+    so batch partners change every epoch; the levels span the whole epoch (``pool_size`` only
+    applies to ``randomness=None``). ``"auto"`` (default) takes the lowest repeat rate whose
+    levels cost about 2 % more batches than exact sorting, clipped to [0.005, 0.2].
+    ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
+    a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
     >>> import fitbatch
     >>> [len(fitbatch.plan_batches([9, 2, 8, 3, 7, 1, 6, 2], 18, strategy=fitbatch.Pooled(pool_size=p, randomness=None))) for p in (2, 8)]
@@ -134,9 +136,12 @@ class Pooled(_Pools):
         n = len(ctx.sizes)
         base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
         down = (tops.size - 1) - level[base]
-        order = _gather_into(base, SK.sort_within_segments(down.astype(np.uint16), self.pool_size))
-        seg_starts = np.arange(0, n, self.pool_size, dtype=np.int64)
-        return _greedy(ctx, order, seg_starts, (level[order], tops))
+        # one pool: levels already draw partners at random, and pool borders only add padding
+        order = _gather_into(base, SK.stable_argsort_u16(down.astype(np.uint16)))
+        seg_starts = np.zeros(1, dtype=np.int64)
+        # greedy on the real sizes, not equal counts for each level's top: a random batch of a
+        # wide level often stays under the top (fewer batches at the same randomness)
+        return _greedy(ctx, order, seg_starts, None)
 
 
 @dataclasses.dataclass(frozen=True)
