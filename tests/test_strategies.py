@@ -216,16 +216,15 @@ TARGETS = {"efficiency": (">=", 0.98), "batches": ("<=", 1.02), "max_fill": ("<=
 # Measured at 200k samples with the default settings (update with the measured value when the
 # code changes; a gap that closes turns its strict xfail into a failure, so remove it then).
 # randomness="auto" (issue #18) closed the repeat-rate gaps of pooled (0.15-0.23 before, now
-# 0.05-0.07) and the batch-count gap of buckets; it spends the padding it needs for that:
-# * functions + pooled: the levels are cut into 4 pools, each with its own level transitions;
-# * functions + buckets: 0.979 padding efficiency, a hair under the 0.98 target.
+# 0.05-0.06) and the batch-count gap of buckets (1.02x now). It spends the padding it needs for
+# that: on the functions set the lowest repeat at 2 % extra batches costs 0.976-0.977 padding
+# efficiency, a hair under the 0.98 target (an "auto" at 1.6 % would meet it here, but would let
+# the repeat rate at 100k rise to lhotse's, issue #18).
 KNOWN_GAPS = {
-    ("functions", False, "pooled", "efficiency"): "0.972 at 200k (randomness='auto')",
-    ("functions", True, "pooled", "efficiency"): "0.972 at 200k (randomness='auto')",
-    ("functions", False, "pooled", "batches"): "1.027 x sorted at 200k (randomness='auto')",
-    ("functions", True, "pooled", "batches"): "1.027 x sorted at 200k (randomness='auto')",
-    ("functions", False, "buckets", "efficiency"): "0.979 at 200k",
-    ("functions", True, "buckets", "efficiency"): "0.979 at 200k",
+    ("functions", False, "pooled", "efficiency"): "0.976 at 200k (randomness='auto', repeat 0.05)",
+    ("functions", True, "pooled", "efficiency"): "0.976 at 200k (randomness='auto', repeat 0.06)",
+    ("functions", False, "buckets", "efficiency"): "0.977 at 200k (randomness='auto', repeat 0.05)",
+    ("functions", True, "buckets", "efficiency"): "0.977 at 200k (randomness='auto', repeat 0.06)",
 }
 
 

@@ -40,6 +40,8 @@ FloatArray = NDArray[np.float64]
 # randomness="auto": the lowest repeat rate whose levels cost about AUTO_EXCESS more batches than
 # exact sorting would, clipped to [AUTO_LOW, AUTO_HIGH]
 AUTO_EXCESS = 0.02
+AUTO_MAX_EXCESS = 0.06
+AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches keeps levels narrow
 AUTO_LOW = 0.005
 AUTO_HIGH = 0.2
 _STEPS = 8  # secant steps on kappa
@@ -122,27 +124,34 @@ def fit_mixed_buckets(
         return bucket, tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
 
     x0 = math.log(0.05 / float(np.mean(c * c)))
-    if randomness == "auto":
-        # as random as AUTO_EXCESS extra batches allow, within [AUTO_LOW, AUTO_HIGH]
-        got = _solve(fit, x0, 3, AUTO_EXCESS, +1.0)
-        target = float(np.clip(got[2], AUTO_LOW, AUTO_HIGH))
-        if target == got[2]:
-            return _lut_tops(got[0], got[1], present)
-    else:
-        target = float(randomness)
-    got = _solve(fit, x0, 2, target, -1.0)
+    if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
+        # a handful of batches cannot be mixed without whole extra batches: narrowest levels
+        return _lut_tops(*fit(-700.0)[:2], present)
+    if randomness != "auto":
+        return _lut_tops(*_solve(fit, x0, 2, float(randomness), -1.0)[:2], present)
+    # as random as AUTO_EXCESS extra batches allow; no more random than AUTO_LOW; at least as
+    # random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS extra batches
+    got = _solve(fit, x0, 3, AUTO_EXCESS, +1.0)
+    if got[2] < AUTO_LOW:
+        got = _solve(fit, x0, 2, AUTO_LOW, -1.0)
+    elif got[2] > AUTO_HIGH:
+        high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
+        got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
     return _lut_tops(got[0], got[1], present)
 
 
 def _solve(fit: Any, x: float, index: int, target: float, sign: float) -> Any:
-    """Secant steps on ``x`` (log kappa**2) until ``fit(x)[index]`` is near ``target``."""
-    best: tuple[float, Any] | None = None
+    """Secant steps on ``x`` (log kappa**2) towards ``fit(x)[index] == target``.
+
+    Returns the fit nearest the target (in log terms) among those at most 5 % over it, or the
+    nearest of all when none is.
+    """
+    tried: list[tuple[bool, float, Any]] = []
     prev: tuple[float, float] | None = None
     for _ in range(_STEPS):
         got = fit(x)
         err = math.log(max(got[index], 1e-12) / target)
-        if best is None or abs(err) < best[0]:
-            best = (abs(err), got)
+        tried.append((got[index] > 1.05 * target, abs(err), got))
         if abs(err) < 0.05:
             break
         slope = sign  # repeat ~ 1 / kappa**2 while every level is at its need
@@ -150,8 +159,7 @@ def _solve(fit: Any, x: float, index: int, target: float, sign: float) -> Any:
             slope = sign * min(max(sign * (err - prev[1]) / (x - prev[0]), 0.1), 4.0)
         prev = (x, err)
         x -= max(min(err / slope, 4.0), -4.0)
-    assert best is not None
-    return best[1]
+    return min(tried, key=lambda t: (t[0], t[1]))[2]
 
 
 def _fit_once(
