@@ -40,7 +40,9 @@ def test_contract_holds_for_every_randomness(sizes, frac, kind, randomness, cost
     strategy = _strategy(kind, randomness)
     kw = dict(cost=COSTS[cost], strategy=strategy, seed=seed, epoch=epoch, oversized="single")
     plan = fitbatch.plan_batches(values, 100.0, **kw)
-    check_plan(plan, values, 100.0, COSTS[cost], oversized="single")  # each sample once, every batch within budget
+    check_plan(
+        plan, values, 100.0, COSTS[cost], oversized="single"
+    )  # each sample once, every batch within budget
     again = fitbatch.plan_batches(values, 100.0, **kw)
     assert again.to_lists() == plan.to_lists(), "same (seed, epoch) -> same plan"
 
@@ -61,7 +63,9 @@ def test_resume_with_randomness(kind, k):
     assert list(fresh) == full[k:]
 
 
-@pytest.mark.parametrize("bad, err", [(0.0, ValueError), (1.5, ValueError), ("high", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, err", [(0.0, ValueError), (1.5, ValueError), ("high", TypeError), (True, TypeError)]
+)
 @pytest.mark.parametrize("cls", [fitbatch.Pooled, fitbatch.Buckets])
 def test_randomness_is_validated(cls, bad, err):
     with pytest.raises(err, match="randomness"):
@@ -76,20 +80,50 @@ def _quality(sizes, strategy):
 
 @pytest.mark.parametrize("kind", ["pooled", "buckets"])
 def test_knob_trades_padding_for_randomness(functions, kind):
-    sizes = functions[np.random.default_rng(0).integers(0, functions.size, 20_000)].astype(np.float64)
-    points = [_quality(sizes, _strategy(kind, r) if kind == "buckets" else fitbatch.Pooled(randomness=r))
-              for r in (None, 0.3, 0.05)]
+    sizes = functions[np.random.default_rng(0).integers(0, functions.size, 20_000)].astype(
+        np.float64
+    )
+    points = [
+        _quality(sizes, _strategy(kind, r) if kind == "buckets" else fitbatch.Pooled(randomness=r))
+        for r in (None, 0.3, 0.05)
+    ]
     effs, repeats, fills = zip(*points)
-    assert repeats[0] > 0.3, "randomness=None (narrowest levels) composes the same batches often at 20k"
+    assert repeats[0] > 0.3, (
+        "randomness=None (narrowest levels) composes the same batches often at 20k"
+    )
     assert repeats[0] > repeats[1] > repeats[2], repeats
-    assert effs[1] > effs[2], effs  # (buckets' None is the older min_batches fitting, not the tightest)
+    assert effs[1] > effs[2], (
+        effs
+    )  # (buckets' None is the older min_batches fitting, not the tightest)
     assert repeats[2] < 0.1 and max(fills) <= 1.0
 
 
 def test_auto_beats_lhotse_point_on_functions_20k(functions):
     """lhotse DynamicBucketingSampler (30 buckets), same sizes: eff 0.905, repeat 0.228, 1.185x."""
-    sizes = functions[np.random.default_rng(0).integers(0, functions.size, 20_000)].astype(np.float64)
+    sizes = functions[np.random.default_rng(0).integers(0, functions.size, 20_000)].astype(
+        np.float64
+    )
     eff, rep, fill = _quality(sizes, "buckets")
     ref = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
     n = len(fitbatch.plan_batches(sizes, 16384.0, strategy="buckets"))
     assert eff >= 0.905 and rep <= 0.228 and n <= 1.05 * ref and fill <= 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=60), seed=st.integers(0, 99))
+def test_repeat_rate_counts_pairs_like_brute_force(sizes, seed):
+    kw = dict(strategy=fitbatch.Pooled(randomness=0.3), seed=seed)
+    a = fitbatch.plan_batches(sizes, 40, **kw)
+    b = fitbatch.plan_batches(sizes, 40, epoch=1, **kw)
+    together_b = {
+        frozenset((i, j)) for batch in b.to_lists() for i in batch for j in batch if i < j
+    }
+    pairs_a = [frozenset((i, j)) for batch in a.to_lists() for i in batch for j in batch if i < j]
+    want = sum(p in together_b for p in pairs_a) / len(pairs_a) if pairs_a else 0.0
+    assert fitbatch.repeat_rate(a, b) == pytest.approx(want, abs=1e-12)
+    assert fitbatch.epoch_repeat_rate(sizes, 40, **kw) == pytest.approx(want, abs=1e-12)
+
+
+def test_epoch_repeat_rate_refuses_epoch():
+    with pytest.raises(TypeError, match="epochs="):
+        fitbatch.epoch_repeat_rate([1, 2, 3], 4, epoch=2)

@@ -12,7 +12,6 @@ from numpy.typing import NDArray
 from fitbatch import _sorting as SK
 from fitbatch._validate import fraction, positive_int
 from fitbatch.costs import CostModel
-from fitbatch.strategies._mixing import _per_batch, check_randomness, mixed_levels
 from fitbatch.strategies._base import (
     Context,
     FloatArray,
@@ -24,6 +23,7 @@ from fitbatch.strategies._base import (
     _random_positions,
     replan,
 )
+from fitbatch.strategies._mixing import _per_batch, check_randomness, mixed_levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,4 +168,3 @@ def fit_buckets(
     n_buckets = len(tops)
     lut = (n_buckets - 1 - bucket_of).astype(np.uint16 if n_buckets <= 1 << 16 else np.int64)
     return lut, np.asarray(tops[::-1], dtype=np.float64)
-

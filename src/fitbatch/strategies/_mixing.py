@@ -64,7 +64,9 @@ def check_randomness(value: Any) -> None:
         )
 
 
-def _per_batch(tops: FloatArray, budget: float, cost: CostModel, cap: int | None, ndim: int) -> FloatArray:
+def _per_batch(
+    tops: FloatArray, budget: float, cost: CostModel, cap: int | None, ndim: int
+) -> FloatArray:
     """Samples in a full batch whose largest sample is at each of ``tops``."""
     if ndim == 1:
         per_batch = cost.max_count(tops, budget)
@@ -75,7 +77,9 @@ def _per_batch(tops: FloatArray, budget: float, cost: CostModel, cap: int | None
     return np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
 
 
-def mixed_levels(ctx: Context, spread: float, randomness: float | str) -> tuple[NDArray[Any], FloatArray]:
+def mixed_levels(
+    ctx: Context, spread: float, randomness: float | str
+) -> tuple[NDArray[Any], FloatArray]:
     """:func:`fit_mixed_buckets` over the epoch's size keys (the same for every epoch)."""
     keys, edges = ctx.keys()
     return fit_mixed_buckets(
@@ -118,7 +122,9 @@ def fit_mixed_buckets(
 
     def fit(x: float) -> tuple[NDArray[np.int64], list[float], float, float]:
         bucket, tops = _fit_once(h, c, edges[present], low_logs, spread, math.exp(x))
-        ct = np.minimum(_per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0))
+        ct = np.minimum(
+            _per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0)
+        )
         pairs = float(np.sum(h * (ct[bucket] - 1.0))) / 2.0
         repeat = float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
         return bucket, tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
@@ -126,9 +132,11 @@ def fit_mixed_buckets(
     x0 = math.log(0.05 / float(np.mean(c * c)))
     if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
         # a handful of batches cannot be mixed without whole extra batches: narrowest levels
-        return _lut_tops(*fit(-700.0)[:2], present)
+        narrowest = fit(-700.0)
+        return _lut_tops(narrowest[0], narrowest[1], present)
     if randomness != "auto":
-        return _lut_tops(*_solve(fit, x0, 2, float(randomness), -1.0)[:2], present)
+        got = _solve(fit, x0, 2, float(randomness), -1.0)
+        return _lut_tops(got[0], got[1], present)
     # as random as AUTO_EXCESS extra batches allow; no more random than AUTO_LOW; at least as
     # random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS extra batches
     got = _solve(fit, x0, 3, AUTO_EXCESS, +1.0)
@@ -163,7 +171,12 @@ def _solve(fit: Any, x: float, index: int, target: float, sign: float) -> Any:
 
 
 def _fit_once(
-    h: FloatArray, c: FloatArray, tops_all: FloatArray, low_logs: FloatArray, spread: float, kappa2: float
+    h: FloatArray,
+    c: FloatArray,
+    tops_all: FloatArray,
+    low_logs: FloatArray,
+    spread: float,
+    kappa2: float,
 ) -> tuple[NDArray[np.int64], list[float]]:
     bucket = np.zeros(h.size, np.int64)
     tops: list[float] = []
@@ -176,7 +189,11 @@ def _fit_once(
     for j in range(len(hl)):
         # close once wide and full enough, at a key that widens it past ``spread`` or that would
         # fit more samples per batch than the bucket's top (a count cliff: padding for nothing)
-        if batches and (top_log - ll[j] > widen or cl[j] != ct) and batches * (top_log - ll[j]) >= need:
+        if (
+            batches
+            and (top_log - ll[j] > widen or cl[j] != ct)
+            and batches * (top_log - ll[j]) >= need
+        ):
             batches = 0.0
         if batches == 0.0:
             top = tl[j]
@@ -193,7 +210,9 @@ def _fit_once(
     return bucket, tops
 
 
-def _lut_tops(bucket: NDArray[np.int64], tops: list[float], present: NDArray[Any]) -> tuple[NDArray[Any], FloatArray]:
+def _lut_tops(
+    bucket: NDArray[np.int64], tops: list[float], present: NDArray[Any]
+) -> tuple[NDArray[Any], FloatArray]:
     bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
     bucket_of[present] = bucket
     n = len(tops)

@@ -126,7 +126,9 @@ class Pooled(_Pools):
         super().__post_init__()
         check_randomness(self.randomness)
         if isinstance(self.spread, bool) or not 0.0 <= float(self.spread) < float("inf"):
-            raise ValueError(f"spread must be a number >= 0 (relative level width), got {self.spread!r}")
+            raise ValueError(
+                f"spread must be a number >= 0 (relative level width), got {self.spread!r}"
+            )
 
     def plan(self, ctx: Context) -> Result:
         if self.randomness is None or len(ctx.sizes) == 0:
@@ -134,7 +136,9 @@ class Pooled(_Pools):
         lut, tops = mixed_levels(ctx, self.spread, self.randomness)
         level = lut[ctx.keys()[0]]
         n = len(ctx.sizes)
-        base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        base = (
+            _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        )
         down = (tops.size - 1) - level[base]
         # one pool: levels already draw partners at random, and pool borders only add padding
         order = _gather_into(base, SK.stable_argsort_u16(down.astype(np.uint16)))
