@@ -215,17 +215,9 @@ TARGETS = {"efficiency": (">=", 0.98), "batches": ("<=", 1.02), "max_fill": ("<=
 
 # Measured at 200k samples with the default settings (update with the measured value when the
 # code changes; a gap that closes turns its strict xfail into a failure, so remove it then).
-# randomness="auto" (issue #18) closed the repeat-rate gaps of pooled (0.15-0.23 before, now
-# 0.05-0.06) and the batch-count gap of buckets (1.02x now). It spends the padding it needs for
-# that: on the functions set the lowest repeat at 2 % extra batches costs 0.976-0.977 padding
-# efficiency, a hair under the 0.98 target (an "auto" at 1.6 % would meet it here, but would let
-# the repeat rate at 100k rise to lhotse's, issue #18).
-KNOWN_GAPS = {
-    ("functions", False, "pooled", "efficiency"): "0.976 at 200k (randomness='auto', repeat 0.05)",
-    ("functions", True, "pooled", "efficiency"): "0.976 at 200k (randomness='auto', repeat 0.06)",
-    ("functions", False, "buckets", "efficiency"): "0.977 at 200k (randomness='auto', repeat 0.05)",
-    ("functions", True, "buckets", "efficiency"): "0.977 at 200k (randomness='auto', repeat 0.06)",
-}
+# randomness="auto" (issue #18) closed every gap measured before it: the repeat rate of pooled
+# (0.15-0.23, now 0.005-0.09) and the padding and batch count of buckets on the functions set.
+KNOWN_GAPS: dict[tuple[str, bool, str, str], str] = {}
 
 
 def _cases():

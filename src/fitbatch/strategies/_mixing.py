@@ -37,10 +37,12 @@ if TYPE_CHECKING:
 
 FloatArray = NDArray[np.float64]
 
-# randomness="auto": the lowest repeat rate whose levels cost about AUTO_EXCESS more batches than
-# exact sorting would, clipped to [AUTO_LOW, AUTO_HIGH]
+# randomness="auto": the lowest repeat rate whose levels cost AUTO_EXCESS more batches than exact
+# sorting (scaled by sqrt(AUTO_FULL_EXCESS_UP_TO / n) above that many samples), within
+# [AUTO_LOW, AUTO_HIGH]
 AUTO_EXCESS = 0.02
-AUTO_MAX_EXCESS = 0.06
+AUTO_FULL_EXCESS_UP_TO = 100_000.0
+AUTO_MAX_EXCESS = 0.05
 AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches keeps levels narrow
 AUTO_LOW = 0.005
 AUTO_HIGH = 0.2
@@ -112,22 +114,26 @@ def fit_mixed_buckets(
     """
     hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
     present = np.flatnonzero(hist)[::-1]
-    h = hist[present].astype(np.float64)
-    c = np.minimum(_per_batch(edges[present], budget, cost, cap, ndim), max(float(h.sum()), 1.0))
-    lows = np.concatenate([[0.0], edges[:-1]])[present]
+    group = _groups(edges[present], spread)  # keys closer than spread / 8 are fitted together
+    firsts = np.flatnonzero(np.diff(group, prepend=-1))
+    h = np.add.reduceat(hist[present].astype(np.float64), firsts)
+    tops_all = edges[present[firsts]]
+    c = np.minimum(_per_batch(tops_all, budget, cost, cap, ndim), max(float(h.sum()), 1.0))
+    lasts = np.append(firsts[1:], present.size) - 1
+    lows = np.concatenate([[0.0], edges[:-1]])[present[lasts]]
     low_logs = np.log(np.maximum(lows, 1e-300))  # where the bucket would reach if it took the key
     narrow_batches = float(np.sum(h / c))
     if float(np.sum(h * (c - 1.0))) == 0.0:
         return _lut_tops(np.zeros(present.size, np.int64), [float(edges[present[0]])], present)
 
     def fit(x: float) -> tuple[NDArray[np.int64], list[float], float, float]:
-        bucket, tops = _fit_once(h, c, edges[present], low_logs, spread, math.exp(x))
+        bucket, tops = _fit_once(h, c, tops_all, low_logs, spread, math.exp(x))
         ct = np.minimum(
             _per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0)
         )
         pairs = float(np.sum(h * (ct[bucket] - 1.0))) / 2.0
         repeat = float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
-        return bucket, tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
+        return bucket[group], tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
 
     x0 = math.log(0.05 / float(np.mean(c * c)))
     if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
@@ -137,29 +143,38 @@ def fit_mixed_buckets(
     if randomness != "auto":
         got = _solve(fit, x0, 2, float(randomness), -1.0)
         return _lut_tops(got[0], got[1], present)
-    # as random as AUTO_EXCESS extra batches allow; no more random than AUTO_LOW; at least as
-    # random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS extra batches
-    got = _solve(fit, x0, 3, AUTO_EXCESS, +1.0)
-    if got[2] < AUTO_LOW:
-        got = _solve(fit, x0, 2, AUTO_LOW, -1.0)
+    # the lowest repeat rate at AUTO_EXCESS more batches (less on large sets, which mix anyway)
+    excess = AUTO_EXCESS * min(1.0, math.sqrt(AUTO_FULL_EXCESS_UP_TO / max(float(h.sum()), 1.0)))
+    got = _solve(fit, x0, 3, excess, +1.0)
+    if got[2] < AUTO_LOW:  # more random than needed: back off to AUTO_LOW, from either side
+        got = _solve(fit, x0, 2, AUTO_LOW, -1.0, strict=False)
     elif got[2] > AUTO_HIGH:
+        # at least as random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS
         high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
         got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
     return _lut_tops(got[0], got[1], present)
 
 
-def _solve(fit: Any, x: float, index: int, target: float, sign: float) -> Any:
+def _groups(tops: FloatArray, spread: float) -> NDArray[np.int64]:
+    """Group index of each key (descending): keys within ``spread / 8`` in log size share one."""
+    if spread <= 0 or tops.size == 0:
+        return np.arange(tops.size, dtype=np.int64)
+    cell = np.floor(np.log(np.maximum(tops, 1e-300)) / (spread / 8.0))
+    return np.cumsum(np.diff(cell, prepend=cell[0] + 1) != 0).astype(np.int64) - 1
+
+
+def _solve(fit: Any, x: float, index: int, target: float, sign: float, strict: bool = True) -> Any:
     """Secant steps on ``x`` (log kappa**2) towards ``fit(x)[index] == target``.
 
-    Returns the fit nearest the target (in log terms) among those at most 5 % over it, or the
-    nearest of all when none is.
+    Returns the fit nearest the target (in log terms) among those at most 5 % over it (with
+    ``strict``), or the nearest of all.
     """
     tried: list[tuple[bool, float, Any]] = []
     prev: tuple[float, float] | None = None
     for _ in range(_STEPS):
         got = fit(x)
         err = math.log(max(got[index], 1e-12) / target)
-        tried.append((got[index] > 1.05 * target, abs(err), got))
+        tried.append((strict and got[index] > 1.05 * target, abs(err), got))
         if abs(err) < 0.05:
             break
         slope = sign  # repeat ~ 1 / kappa**2 while every level is at its need
