@@ -253,8 +253,10 @@ def frontier_plot(points: list[tuple], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(p[1], p[0]) for p in points})
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
+    names, ns = sorted({p[1] for p in points}), sorted({p[0] for p in points})
+    fig, grid = plt.subplots(len(names), len(ns), figsize=(4.6 * len(ns), 3.6 * len(names)), squeeze=False)
+    axes = [[ax for row in grid for ax in row]]
+    panels = [(name, n) for name in names for n in ns]
     for ax, (name, n) in zip(axes[0], panels):
         for strategy, marker in (("pooled", "o-"), ("buckets", "s-"), ("lhotse", "k*")):
             for kind, alpha in (("integer", 1.0), ("continuous", 0.45)):

@@ -107,7 +107,7 @@ class Pooled(_Pools):
     pairs; levels as narrow as ``spread`` for large ones). Inside a level the order is random,
     so batch partners change every epoch; the levels span the whole epoch (``pool_size`` only
     applies to ``randomness=None``). ``"auto"`` (default) takes the lowest repeat rate whose
-    levels cost about 2 % more batches than exact sorting, clipped to [0.005, 0.2].
+    levels cost about 2 % more batches than exact sorting (less above 100k samples), within [0.005, 0.2].
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
