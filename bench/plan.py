@@ -5,6 +5,8 @@ Run from the repository root:
     python bench/plan.py                 # real size, 1M and 10M samples (a few minutes)
     python bench/plan.py --sizes 1000000 # one size only
     python bench/plan.py --quick         # real size and 1M, no 10M, no memory runs
+    python bench/plan.py --frontier      # randomness= frontier at 20k and 100k beside lhotse
+    python bench/plan.py --frontier --frontier-n 20000 100000 1000000 --plot docs/plan_quality.png
 
 It prints markdown tables:
 
@@ -205,6 +207,78 @@ def quality_table(n: int, with_lhotse: bool) -> str:
     return "\n".join([head, *rows])
 
 
+KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
+
+
+def frontier_table(ns: list[int], with_lhotse: bool) -> tuple[str, list[tuple]]:
+    """Padding efficiency, repeat rate and batches vs sorted for each randomness= value."""
+    rows, points = [], []
+    for n in ns:
+        for name in SETS:
+            base = resample(load(name), n)
+            for continuous in (False, True):
+                sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
+                keep = sizes[sizes <= BUDGET]
+                opt = optimal_padded_batches(keep, BUDGET)
+                kind = "continuous" if continuous else "integer"
+                for strategy in ("pooled", "buckets"):
+                    for knob in KNOBS:
+                        s = fitbatch.Pooled(randomness=knob) if strategy == "pooled" else fitbatch.Buckets(randomness=knob)
+                        p0 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=0)
+                        p1 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=1)
+                        st = p0.stats()
+                        rep = repeat_rate(p0, p1, keep.size)
+                        points.append((n, name, kind, strategy, knob, st.padding_efficiency, rep, len(p0) / opt))
+                        rows.append(f"| {n:,} | {name} | {kind} | {strategy} | {knob} | {st.padding_efficiency:.3f} | "
+                                    f"{rep:.3f} | {len(p0) / opt:.3f} | {st.max_fill:.3f} |")
+                got = lhotse_metrics(keep) if with_lhotse else None
+                if got is not None:
+                    eff, ratio, rep, _ = got
+                    points.append((n, name, kind, "lhotse", None, eff, rep, ratio))
+                    rows.append(f"| {n:,} | {name} | {kind} | lhotse DynamicBucketingSampler | 30 buckets | {eff:.3f} | "
+                                f"{rep:.3f} | {ratio:.3f} | – |")
+                print(rows[-1], flush=True, file=sys.stderr)
+    head = (
+        f"\n### randomness= frontier (budget {BUDGET:g}, padded cost; repeat = co-batch repeat rate epoch 0 -> 1)\n\n"
+        "| N | set | sizes | strategy | randomness | padding eff | repeat | batches vs sorted | max fill |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([head, *rows]), points
+
+
+def frontier_plot(points: list[tuple], path: str) -> None:
+    """One panel per (set, N), integer sizes: repeat vs padding efficiency per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, ns = sorted({p[1] for p in points}), sorted({p[0] for p in points})
+    fig, grid = plt.subplots(len(names), len(ns), figsize=(4.6 * len(ns), 3.6 * len(names)), squeeze=False)
+    axes = [[ax for row in grid for ax in row]]
+    panels = [(name, n) for name in names for n in ns]
+    for ax, (name, n) in zip(axes[0], panels):
+        for strategy, marker in (("pooled", "o-"), ("buckets", "s-"), ("lhotse", "k*")):
+            for kind, alpha in (("integer", 1.0), ("continuous", 0.45)):
+                pts = [p for p in points if p[1] == name and p[0] == n and p[3] == strategy and p[2] == kind]
+                curve = sorted((p for p in pts if p[4] not in (None, "auto")), key=lambda p: p[6])
+                if strategy == "lhotse":
+                    curve = pts
+                if curve:
+                    ax.plot([p[6] for p in curve], [p[5] for p in curve], marker, alpha=alpha, ms=10 if strategy == "lhotse" else 4,
+                            label=f"{strategy} {kind}")
+                auto = [p for p in pts if p[4] == "auto"]
+                if auto:
+                    ax.plot([auto[0][6]], [auto[0][5]], "r^", alpha=alpha, ms=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("co-batch repeat rate (lower = more random)")
+        ax.set_ylabel("padding efficiency")
+        ax.set_title(f"{name.replace('cpython_stdlib_', '')}, N={n:,}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=None, help="sample counts (0 = real size)")
@@ -212,8 +286,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-lhotse", action="store_true")
     parser.add_argument("--quality-n", type=int, default=1_000_000)
+    parser.add_argument("--frontier", action="store_true", help="only the randomness= frontier table")
+    parser.add_argument("--frontier-n", type=int, nargs="*", default=[20_000, 100_000])
+    parser.add_argument("--plot", default=None, help="save the frontier plot (matplotlib) here")
     args = parser.parse_args()
     logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
+    if args.frontier:
+        table, points = frontier_table(args.frontier_n, not args.no_lhotse)
+        print(table, flush=True)
+        if args.plot:
+            frontier_plot(points, args.plot)
+        return
     counts = args.sizes if args.sizes is not None else ([0, 1_000_000] if args.quick else [0, 1_000_000, 10_000_000])
     print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores")

@@ -32,6 +32,7 @@ STRATEGIES: dict[str, Any] = {
     "sorted": "sorted",
     "sorted-desc": fitbatch.Sorted(descending=True),
     "pooled": fitbatch.Pooled(pool_size=SMALL_POOL),
+    "pooled-exact": fitbatch.Pooled(pool_size=SMALL_POOL, randomness=None),
     "buckets": "buckets",
     "buckets-fixed": fitbatch.Buckets(boundaries=(4.0, 16.0, 64.0)),
     "packed": fitbatch.Packed(pool_size=SMALL_POOL),

@@ -381,7 +381,8 @@ def test_real_function_lengths_with_synthetic_image_counts():
         assert (images_full == 1.0).any() and (tokens_full > 0.95).any(), strategy
         assert stats.fill_by_limit["images"] == pytest.approx(images_full.mean())
         if strategy in ("sorted", "pooled", "packed"):
-            assert stats.padding_efficiency > 0.99, strategy  # sorted by tokens
+            # sorted by tokens; pooled's randomness="auto" spends about 2 % on fresh batch partners
+            assert stats.padding_efficiency > (0.97 if strategy == "pooled" else 0.99), strategy
     one = fitbatch.plan_batches(columns["tokens"], 16384, strategy="pooled", seed=0)
     two = fitbatch.plan_batches(columns, budgets, cost={"images": "sum"}, strategy="pooled", seed=0)
     assert len(two) > len(one)  # the images limit costs batches

@@ -49,7 +49,7 @@ from fitbatch.memory import (
     collect_peak_memory,
     measure_peak,
 )
-from fitbatch.metrics import position_size_correlation, repeat_rate
+from fitbatch.metrics import epoch_repeat_rate, position_size_correlation, repeat_rate
 from fitbatch.options import PlanOptions
 from fitbatch.plan import BatchPlan, plan_batches
 from fitbatch.sizes import (
@@ -166,6 +166,7 @@ __all__ = [
     "calibrate",
     "collect_peak_memory",
     "document_block_mask",
+    "epoch_repeat_rate",
     "equal_steps",
     "fixed_size_plan",
     "from_array",

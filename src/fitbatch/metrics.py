@@ -5,6 +5,7 @@ same batches every epoch, or batch sizes drift through the epoch. Two numbers ca
 
 * :func:`repeat_rate` — of the sample pairs that share a batch in one epoch, the share that
   share one again in the next (1.0 for a fixed global sort of distinct sizes);
+* :func:`epoch_repeat_rate` — the same, planning two epochs of ``plan_batches`` for you;
 * :func:`position_size_correlation` — the Spearman correlation between a batch's position in the
   epoch and its mean size (±1 for sorted batch orders, about 0 when batches are interleaved).
 
@@ -63,16 +64,54 @@ def repeat_rate(plan_a: BatchPlan, plan_b: BatchPlan, n: int | None = None) -> f
     """
     if n is None:
         n = 1 + max(int(plan_a.order.max(initial=-1)), int(plan_b.order.max(initial=-1)))
-    a, b = batch_of_sample(plan_a, n), batch_of_sample(plan_b, n)
     counts = plan_a.counts.astype(np.float64)
     pairs_a = float((counts * (counts - 1) / 2).sum())
     if pairs_a == 0:
         return 0.0
-    both = (a >= 0) & (b >= 0)
-    # pairs together in both plans = sum over (batch in a, batch in b) cells of C(cell, 2)
-    _, cell = np.unique(a[both] * (int(b.max()) + 1) + b[both], return_counts=True)
-    cell = cell.astype(np.float64)
+    # walk plan_a's order (grouped by its batch already): cells (batch in a, batch in b) are
+    # runs of one key once each a-batch's b-batches are sorted; pairs in both = sum C(run, 2)
+    in_b = batch_of_sample(plan_b, n)[plan_a.order]
+    in_a = np.repeat(np.arange(len(plan_a), dtype=np.int64), plan_a.counts)
+    both = in_b >= 0
+    key = in_a[both] * (len(plan_b) + 1) + in_b[both]
+    key.sort(kind="stable")  # already ordered by batch of a: long sorted runs
+    ends = np.append(np.flatnonzero(np.diff(key)), key.size - 1)
+    cell = np.diff(ends, prepend=-1).astype(np.float64)
     return float((cell * (cell - 1) / 2).sum()) / pairs_a
+
+
+def epoch_repeat_rate(
+    sizes: Any, budget: Any, *, epochs: tuple[int, int] = (0, 1), **options: Any
+) -> float:
+    """:func:`repeat_rate` between the plans of two epochs of :func:`fitbatch.plan_batches`.
+
+    Plans ``sizes`` for both epochs with the same ``options`` (``strategy``, ``seed``, ``cost``,
+    ...) and compares them: the share of sample pairs batched together in the first epoch that
+    are batched together again in the second. About 2 x one plan's time.
+
+    Args:
+        sizes: as for :func:`fitbatch.plan_batches`.
+        budget: as for :func:`fitbatch.plan_batches`.
+        epochs: the two epochs to compare.
+        **options: any keyword option of :func:`fitbatch.plan_batches` but ``epoch``.
+
+    Returns:
+        A share in [0, 1].
+
+    >>> import numpy as np, fitbatch
+    >>> sizes = np.random.default_rng(0).integers(1, 400, 20000)
+    >>> exact = epoch_repeat_rate(sizes, 4096, strategy=fitbatch.Pooled(randomness=None))
+    >>> mixed = epoch_repeat_rate(sizes, 4096, strategy=fitbatch.Pooled(randomness=0.05))
+    >>> exact > 0.5, mixed < 0.1
+    (True, True)
+    """
+    from fitbatch.plan import plan_batches
+
+    if "epoch" in options:
+        raise TypeError("epoch_repeat_rate takes epochs=(first, second), not epoch=")
+    first = plan_batches(sizes, budget, epoch=epochs[0], **options)
+    second = plan_batches(sizes, budget, epoch=epochs[1], **options)
+    return repeat_rate(first, second)
 
 
 def position_size_correlation(plan: BatchPlan, sizes: Any) -> float:

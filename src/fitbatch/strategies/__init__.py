@@ -2,9 +2,13 @@
 
 * :class:`Sequential` — greedy in the given order (or a shuffled one); the seed tools' behaviour.
 * :class:`Sorted` — greedy over samples sorted by size; for evaluation.
-* :class:`Pooled` — shuffle, cut into pools, sort each pool, greedy, shuffle the batch order.
+* :class:`Pooled` — shuffle, sort by size level (or, with ``randomness=None``, by exact size
+  within pools), greedy, shuffle the batch order.
 * :class:`Buckets` — size buckets fitted to the data; shuffle inside buckets, equal-count batches
   per bucket, the buckets' leftovers planned together; batches interleaved at random.
+
+``randomness=`` on both is the co-batch repeat rate aimed at (:func:`fitbatch.repeat_rate`
+between consecutive epochs); ``"auto"`` picks it from the data (docs/plan_quality.md).
 * :class:`Packed` — bin packing within pools: for costs that grow with the sum each batch takes
   the largest remaining samples and fills the rest with the smallest; other costs are already
   count-bound, so it plans like :class:`Pooled`.
@@ -15,7 +19,7 @@ Any strategy works with any cost model. A strategy is a frozen dataclass; the na
 ``"sequential"``, ``"sorted"``, ``"pooled"``, ``"buckets"`` and ``"packed"`` give the defaults.
 
 >>> resolve_strategy("pooled")
-Pooled(pool_size=65536)
+Pooled(pool_size=65536, randomness='auto', spread=0.02)
 >>> resolve_strategy(Buckets(spread=0.05)).spread
 0.05
 """
@@ -28,6 +32,7 @@ from fitbatch._validate import choice
 from fitbatch.strategies._base import Context, Result, Strategy
 from fitbatch.strategies._buckets import Buckets, fit_buckets
 from fitbatch.strategies._fixed import Fixed, fixed_counts
+from fitbatch.strategies._mixing import fit_mixed_buckets
 from fitbatch.strategies._ordered import Packed, Pooled, Sequential, Sorted
 
 __all__ = [
@@ -42,6 +47,7 @@ __all__ = [
     "Sorted",
     "Strategy",
     "fit_buckets",
+    "fit_mixed_buckets",
     "fixed_counts",
     "resolve_strategy",
     "strategy_names",

@@ -1,0 +1,235 @@
+"""Size levels fitted for a target co-batch repeat rate: wide where batches hold many samples.
+
+The repeat rate between two epochs (:func:`fitbatch.repeat_rate`) is pair-weighted, so it is
+decided by the batches of the smallest sizes: a batch of ``c`` samples holds ``c (c - 1) / 2``
+pairs. If samples are shuffled inside a level and cut into batches of ``c``, a pair meets again
+with probability about ``c / population``, so a level adds about ``c**2 / 2`` repeated pairs,
+however many batches it holds. Padding, on the other hand, costs in proportion to a level's
+tokens times its relative width. Minimising padding for a given sum of ``c_k**2`` gives levels
+whose batches times log-width reach ``kappa**2 * c_k**2``: wide levels for small sizes (large
+``c``), levels as narrow as ``spread`` for large ones. ``kappa`` is fitted (a few secant steps
+in log space) so that the predicted repeat rate meets the target.
+
+>>> import numpy as np
+>>> from fitbatch import _sorting as SK
+>>> from fitbatch.costs import PaddedCost
+>>> sizes = np.random.default_rng(0).lognormal(4, 1, 20000).round() + 1
+>>> keys, edges = SK.size_keys(sizes, True)
+>>> lut, tops = fit_mixed_buckets(keys, edges, 4096.0, PaddedCost(), None, 0.02, 0.05)
+>>> bool(np.all(np.diff(tops) > 0)), float(tops[-1]) == float(sizes.max())
+(True, True)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _sorting as SK
+from fitbatch.costs import CostModel
+
+if TYPE_CHECKING:
+    from fitbatch.strategies._base import Context
+
+FloatArray = NDArray[np.float64]
+
+# randomness="auto": the lowest repeat rate whose levels cost AUTO_EXCESS more batches than exact
+# sorting (scaled by sqrt(AUTO_FULL_EXCESS_UP_TO / n) above that many samples), within
+# [AUTO_LOW, AUTO_HIGH]
+AUTO_EXCESS = 0.02
+AUTO_FULL_EXCESS_UP_TO = 100_000.0
+AUTO_MAX_EXCESS = 0.05
+AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches keeps levels narrow
+AUTO_LOW = 0.005
+AUTO_HIGH = 0.2
+_STEPS = 8  # secant steps on kappa
+
+
+def check_randomness(value: Any) -> None:
+    """``randomness`` is ``"auto"``, ``None`` or a number in (0, 1].
+
+    >>> check_randomness(0.1), check_randomness("auto"), check_randomness(None)
+    (None, None, None)
+    """
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"randomness must be a number in (0, 1], 'auto' or None, got {value!r}")
+    if not 0.0 < float(value) <= 1.0:
+        raise ValueError(
+            f"randomness must be in (0, 1] (the co-batch repeat rate aimed at; lower is more random), "
+            f"got {value!r}; use 'auto' to pick it from the data or None for the narrowest buckets"
+        )
+
+
+def _per_batch(
+    tops: FloatArray, budget: float, cost: CostModel, cap: int | None, ndim: int
+) -> FloatArray:
+    """Samples in a full batch whose largest sample is at each of ``tops``."""
+    if ndim == 1:
+        per_batch = cost.max_count(tops, budget)
+        if per_batch is None:
+            per_batch = budget / np.maximum(cost.sample_cost(tops), 1e-300)
+    else:
+        per_batch = budget / np.maximum(tops, 1e-300)
+    return np.clip(np.floor(per_batch), 1, cap if cap is not None else np.inf)
+
+
+def mixed_levels(
+    ctx: Context, spread: float, randomness: float | str
+) -> tuple[NDArray[Any], FloatArray]:
+    """:func:`fit_mixed_buckets` over the epoch's size keys (the same for every epoch)."""
+    keys, edges = ctx.keys()
+    return fit_mixed_buckets(
+        keys, edges, ctx.budget, ctx.cost, ctx.cap, spread, randomness, ctx.sizes.values.ndim
+    )
+
+
+def fit_mixed_buckets(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    spread: float,
+    randomness: float | str,
+    ndim: int = 1,
+) -> tuple[NDArray[Any], FloatArray]:
+    """Bucket boundaries aiming at co-batch repeat rate ``randomness`` (or ``"auto"``).
+
+    Returns a lookup table key -> bucket id (0 = smallest sizes) and each bucket's upper edge,
+    like :func:`fitbatch.strategies.fit_buckets`.
+
+    >>> import numpy as np
+    >>> from fitbatch import _sorting as SK
+    >>> from fitbatch.costs import PaddedCost
+    >>> keys, edges = SK.size_keys(np.array([1.0, 2, 2, 3, 50, 60, 61]), True)
+    >>> lut, tops = fit_mixed_buckets(keys, edges, 128.0, PaddedCost(), None, 0.02, 0.5)
+    >>> lut[[1, 2, 3, 50, 60, 61]].tolist(), tops.tolist()
+    ([0, 0, 0, 0, 0, 0], [61.0])
+    """
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
+    present = np.flatnonzero(hist)[::-1]
+    group = _groups(edges[present], spread)  # keys closer than spread / 8 are fitted together
+    firsts = np.flatnonzero(np.diff(group, prepend=-1))
+    h = np.add.reduceat(hist[present].astype(np.float64), firsts)
+    tops_all = edges[present[firsts]]
+    c = np.minimum(_per_batch(tops_all, budget, cost, cap, ndim), max(float(h.sum()), 1.0))
+    lasts = np.append(firsts[1:], present.size) - 1
+    lows = np.concatenate([[0.0], edges[:-1]])[present[lasts]]
+    low_logs = np.log(np.maximum(lows, 1e-300))  # where the bucket would reach if it took the key
+    narrow_batches = float(np.sum(h / c))
+    if float(np.sum(h * (c - 1.0))) == 0.0:
+        return _lut_tops(np.zeros(present.size, np.int64), [float(edges[present[0]])], present)
+
+    def fit(x: float) -> tuple[NDArray[np.int64], list[float], float, float]:
+        bucket, tops = _fit_once(h, c, tops_all, low_logs, spread, math.exp(x))
+        ct = np.minimum(
+            _per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0)
+        )
+        pairs = float(np.sum(h * (ct[bucket] - 1.0))) / 2.0
+        repeat = float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
+        return bucket[group], tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
+
+    x0 = math.log(0.05 / float(np.mean(c * c)))
+    if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
+        # a handful of batches cannot be mixed without whole extra batches: narrowest levels
+        narrowest = fit(-700.0)
+        return _lut_tops(narrowest[0], narrowest[1], present)
+    if randomness != "auto":
+        got = _solve(fit, x0, 2, float(randomness), -1.0)
+        return _lut_tops(got[0], got[1], present)
+    # the lowest repeat rate at AUTO_EXCESS more batches (less on large sets, which mix anyway)
+    excess = AUTO_EXCESS * min(1.0, math.sqrt(AUTO_FULL_EXCESS_UP_TO / max(float(h.sum()), 1.0)))
+    got = _solve(fit, x0, 3, excess, +1.0)
+    if got[2] < AUTO_LOW:  # more random than needed: back off to AUTO_LOW, from either side
+        got = _solve(fit, x0, 2, AUTO_LOW, -1.0, strict=False)
+    elif got[2] > AUTO_HIGH:
+        # at least as random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS
+        high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
+        got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
+    return _lut_tops(got[0], got[1], present)
+
+
+def _groups(tops: FloatArray, spread: float) -> NDArray[np.int64]:
+    """Group index of each key (descending): keys within ``spread / 8`` in log size share one."""
+    if spread <= 0 or tops.size == 0:
+        return np.arange(tops.size, dtype=np.int64)
+    cell = np.floor(np.log(np.maximum(tops, 1e-300)) / (spread / 8.0))
+    return np.cumsum(np.diff(cell, prepend=cell[0] + 1) != 0).astype(np.int64) - 1
+
+
+def _solve(fit: Any, x: float, index: int, target: float, sign: float, strict: bool = True) -> Any:
+    """Secant steps on ``x`` (log kappa**2) towards ``fit(x)[index] == target``.
+
+    Returns the fit nearest the target (in log terms) among those at most 5 % over it (with
+    ``strict``), or the nearest of all.
+    """
+    tried: list[tuple[bool, float, Any]] = []
+    prev: tuple[float, float] | None = None
+    for _ in range(_STEPS):
+        got = fit(x)
+        err = math.log(max(got[index], 1e-12) / target)
+        tried.append((strict and got[index] > 1.05 * target, abs(err), got))
+        if abs(err) < 0.05:
+            break
+        slope = sign  # repeat ~ 1 / kappa**2 while every level is at its need
+        if prev is not None and prev[0] != x and prev[1] != err:
+            slope = sign * min(max(sign * (err - prev[1]) / (x - prev[0]), 0.1), 4.0)
+        prev = (x, err)
+        x -= max(min(err / slope, 4.0), -4.0)
+    return min(tried, key=lambda t: (t[0], t[1]))[2]
+
+
+def _fit_once(
+    h: FloatArray,
+    c: FloatArray,
+    tops_all: FloatArray,
+    low_logs: FloatArray,
+    spread: float,
+    kappa2: float,
+) -> tuple[NDArray[np.int64], list[float]]:
+    bucket = np.zeros(h.size, np.int64)
+    tops: list[float] = []
+    hl, cl, tl, ll = h.tolist(), c.tolist(), tops_all.tolist(), low_logs.tolist()
+    batches = 0.0
+    top = top_log = need = ct = 0.0
+    widen = math.log1p(spread)
+    # Invariant: keys before j are assigned; the open bucket has upper edge `top`, holds `batches`
+    # batches of `ct` samples and may close once batches x log-width reaches `need`.
+    for j in range(len(hl)):
+        # close once wide and full enough, at a key that widens it past ``spread`` or that would
+        # fit more samples per batch than the bucket's top (a count cliff: padding for nothing)
+        if (
+            batches
+            and (top_log - ll[j] > widen or cl[j] != ct)
+            and batches * (top_log - ll[j]) >= need
+        ):
+            batches = 0.0
+        if batches == 0.0:
+            top = tl[j]
+            top_log = math.log(max(top, 1e-300))
+            ct = cl[j]
+            need = kappa2 * ct * ct
+            tops.append(top)
+        bucket[j] = len(tops) - 1
+        batches += hl[j] / ct
+    if len(tops) > 1 and batches * (top_log - ll[-1]) < need:
+        # the smallest sizes ran out before the bucket was wide and full enough: join the one above
+        bucket = np.minimum(bucket, len(tops) - 2)
+        tops.pop()
+    return bucket, tops
+
+
+def _lut_tops(
+    bucket: NDArray[np.int64], tops: list[float], present: NDArray[Any]
+) -> tuple[NDArray[Any], FloatArray]:
+    bucket_of = np.zeros(SK.KEY_LEVELS, dtype=np.int64)
+    bucket_of[present] = bucket
+    n = len(tops)
+    lut = (n - 1 - bucket_of).astype(np.uint16 if n <= 1 << 16 else np.int64)
+    return lut, np.asarray(tops[::-1], dtype=np.float64)
