@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial
 from fitbatch.sizes import Sizes
+from fitbatch.strategies import Strategy
 
 if TYPE_CHECKING:
     from fitbatch.options import PlanOptions
@@ -343,6 +344,22 @@ def _shapes_of(values: FloatArray, k: int, opts: PlanOptions) -> IntArray:
     return shape_set(
         values, opts.budget, k, opts.cost, opts.max_batch_size, opts.batch_size_multiple
     )
+
+
+def grid_strategy(strategy: Strategy) -> Strategy:
+    """The strategy that plans sizes rounded to the shape grid: its size levels are the grid's.
+
+    On the grid every sample of a level has the same planning size, and samples of equal size
+    are ordered at random each epoch; a ``randomness`` level mixing grid lengths would pad short
+    samples to the next shape instead. So a strategy with ``randomness`` plans by exact size here.
+
+    >>> import fitbatch
+    >>> grid_strategy(fitbatch.Pooled()).randomness is None
+    True
+    """
+    if getattr(strategy, "randomness", None) is not None:
+        return dataclasses.replace(strategy, randomness=None)  # type: ignore[type-var]
+    return strategy
 
 
 def union(sets: list[IntArray | None]) -> IntArray | None:

@@ -109,9 +109,10 @@ def plan_with(
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else sizes.subset(kept)
-    shape_set, plan_model = None, model
+    shape_set, plan_model, strategy = None, model, opts.strategy
     if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
         shape_set, sub, plan_model = S.bounded(sub, opts, shapes_over or sizes)
+        strategy = S.grid_strategy(strategy)
     ctx = Context(
         sizes=sub,
         budget=planning_budget(budget, sub.integral),
@@ -122,7 +123,7 @@ def plan_with(
         seed=opts.seed,
         epoch=epoch,
     )
-    result = opts.strategy.plan(ctx)
+    result = strategy.plan(ctx)
     order = result.order if kept is None else kept[result.order]
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64)
@@ -132,7 +133,7 @@ def plan_with(
     if opts.drop_last:
         keep_batch = ~(result.tails & (costs < opts.saturation * budget))
     batch_ids = np.flatnonzero(keep_batch)
-    perm = opts.strategy.batch_order(ctx, batch_ids.size)
+    perm = strategy.batch_order(ctx, batch_ids.size)
     if perm is not None:
         batch_ids = batch_ids[perm]
     dropped_ids = np.flatnonzero(~keep_batch)
