@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,21 @@ import fitbatch
 from fitbatch.metrics import batch_of_sample as batch_ids  # noqa: E402, F401
 from fitbatch.metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
 from fitbatch.metrics import repeat_rate  # noqa: E402, F401
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    """The fastest of ``repeat`` calls of ``fn`` (after a garbage collection each) and its result.
+
+    The previous result is released before each call, so at most one is alive while timing.
+    """
+    best, out = float("inf"), None
+    for _ in range(max(repeat, 1)):
+        out = None
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
 
 
 def optimal_padded_batches(sizes: np.ndarray, budget: float, cost="padded", **kw) -> int:

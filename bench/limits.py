@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import load, resample  # noqa: E402
+from _common import best_time, load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
 
@@ -34,13 +33,14 @@ TOKENS, IMAGES = 16384, 48
 
 
 def best_of(repeat: int, plan_it) -> tuple[float, fitbatch.BatchPlan]:
-    best, plan = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+    """The fastest of ``repeat`` plans, each with its batch order materialised."""
+
+    def planned() -> fitbatch.BatchPlan:
         plan = plan_it()
         _ = plan.order, plan.offsets
-        best = min(best, time.perf_counter() - t0)
-    return best, plan
+        return plan
+
+    return best_time(planned, repeat)
 
 
 def main() -> None:

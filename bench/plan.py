@@ -29,7 +29,6 @@ import logging
 import os
 import platform
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    best_time,
     load,
     optimal_padded_batches,
     repeat_rate,
@@ -85,16 +85,6 @@ def _original_seed_samplers(sizes_list):
     except ImportError:
         pass
     return out
-
-
-def best_time(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        gc.collect()
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def peak_bytes(fn) -> int:

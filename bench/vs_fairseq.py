@@ -30,14 +30,13 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load, resample  # noqa: E402
+from _common import best_time, load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
 
@@ -77,19 +76,6 @@ def run_fairseq(fs: Any, sizes: np.ndarray, budget: int) -> list[Any]:
     return fs.batch_by_size_vec(idx, sizes[idx], budget, -1, 1)
 
 
-def best(fn: Any, repeat: int) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-        del out
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-    return min(times), out
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=10_000_000)
@@ -111,16 +97,16 @@ def main(argv: list[str] | None = None) -> None:
             sizes = resample(base[base <= args.budget], args.n).astype(np.int64)
             fs_time = None
             if fs is not None:
-                fs_time, batches = best(lambda x=sizes: run_fairseq(fs, x, args.budget), args.repeat)
+                fs_time, batches = best_time(lambda x=sizes: run_fairseq(fs, x, args.budget), args.repeat)
                 print(f"| {name.removeprefix('cpython_stdlib_')} | fairseq batch_by_size_vec (sorted) | {fs_time:.3f} | 1.00x | {len(batches):,} |")
                 del batches
             for strategy in STRATEGIES:
-                seconds, batches = best(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, args.budget, strategy=s)), args.repeat)
+                seconds, batches = best_time(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, args.budget, strategy=s)), args.repeat)
                 ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
                 print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch {strategy} | {seconds:.3f} | {ratio} | {len(batches):,} |")
                 del batches
             # the sum cost (packing; fairseq has no such budget: compared for time only)
-            seconds, batches = best(lambda x=sizes: list(fitbatch.plan_batches(x, args.budget, cost="sum", strategy="packed")), args.repeat)
+            seconds, batches = best_time(lambda x=sizes: list(fitbatch.plan_batches(x, args.budget, cost="sum", strategy="packed")), args.repeat)
             ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
             print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch packed, sum cost | {seconds:.3f} | {ratio} | {len(batches):,} |")
             del batches
