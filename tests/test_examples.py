@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,16 @@ def run(args: list[str], timeout: float = 60) -> str:
     return proc.stdout
 
 
+def lm_model() -> Any:
+    """``examples/_lm_model.py``, imported without leaving ``examples/`` on ``sys.path``."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import _lm_model
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return _lm_model
+
+
 def test_lm_data_and_model_doctests() -> None:
     out = run([sys.executable, "-m", "doctest", str(EXAMPLES / "_lm_data.py"), str(EXAMPLES / "_lm_model.py")])
     assert out == ""
@@ -41,11 +52,7 @@ def test_packed_attention_matches_padded() -> None:
     """Block-diagonal packed attention (every backend) equals padded causal attention."""
     import torch
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import _lm_model as lm
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    lm = lm_model()
     torch.manual_seed(0)
     model = lm.TinyLM(lm.LMConfig(vocab=64, dim=16, layers=2, heads=2, max_len=80))
     seqs = [torch.randint(1, 64, (int(n),)) for n in (3, 70, 17, 2, 33, 9)]
@@ -202,11 +209,7 @@ def test_train_until_checkpoints_leave_evaluation_off_the_clocks() -> None:
 
     import torch
 
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import _lm_model as lm
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    lm = lm_model()
     torch.manual_seed(0)
     model = lm.TinyLM(lm.LMConfig(vocab=32, dim=8, layers=1, heads=1, max_len=16))
     seqs = [torch.randint(1, 32, (n,)) for n in (10, 6)]  # 16 real tokens, 14 predicted per step
