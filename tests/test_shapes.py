@@ -136,39 +136,19 @@ def test_shape_rows_are_the_most_that_fit(name, cap, multiple):
 )
 def test_every_batch_fits_its_shape_and_the_budget(sizes, budget, k, strategy, cost, seed, epoch):
     values, model = np.array(sizes, dtype=np.float64), SHAPE_COSTS[cost]
-    plan = fitbatch.plan_batches(
-        values,
-        budget,
-        cost=model,
-        strategy=STRATEGIES[strategy],
-        max_shapes=k,
-        seed=seed,
-        epoch=epoch,
-        oversized="single",
-    )
+
+    def planned(e: int) -> fitbatch.BatchPlan:
+        return fitbatch.plan_batches(
+            values, budget, cost=model, strategy=STRATEGIES[strategy], max_shapes=k, seed=seed, epoch=e,
+            oversized="single",
+        )
+
+    plan = planned(epoch)
     check_plan(plan, values, budget, model, oversized="single")
     check_shapes(plan, values, k, budget, model)
-    again = fitbatch.plan_batches(
-        values,
-        budget,
-        cost=model,
-        strategy=STRATEGIES[strategy],
-        max_shapes=k,
-        seed=seed,
-        epoch=epoch,
-        oversized="single",
-    )
+    again = planned(epoch)
     assert again.to_lists() == plan.to_lists() and np.array_equal(again.shapes, plan.shapes)
-    other = fitbatch.plan_batches(
-        values,
-        budget,
-        cost=model,
-        strategy=STRATEGIES[strategy],
-        max_shapes=k,
-        seed=seed,
-        epoch=epoch + 1,
-        oversized="single",
-    )
+    other = planned(epoch + 1)
     assert np.array_equal(other.shape_set, plan.shape_set), "the same shapes every epoch"
 
 
