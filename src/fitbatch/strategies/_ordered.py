@@ -165,7 +165,6 @@ class Packed(_Pools):
             return _greedy(ctx, order, seg_starts, levels)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
-        loads = np.add.reduceat(values[inner], starts) if starts.size else np.zeros(0)
         del values
         order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
@@ -175,6 +174,7 @@ class Packed(_Pools):
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
         values = ctx.sizes.values
+        loads = np.add.reduceat(values[order], starts)  # one pool or more: starts is not empty
 
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]

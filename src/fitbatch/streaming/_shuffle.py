@@ -12,7 +12,7 @@ its source again replays the same shuffled order (the resume contract of
 
 >>> import numpy as np
 
-from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._rng import SeedLike, generator, resolve_seed
 from fitbatch._validate import non_negative_int, positive_int
 >>> from fitbatch import _rng
 >>> list(shuffled(range(8), 4, _rng.generator(0, 0, "stream-shuffle")))
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._rng import SeedLike, generator, resolve_seed
 from fitbatch._validate import non_negative_int, positive_int
 
 _MASK = (1 << 64) - 1
@@ -56,9 +56,7 @@ def shuffled(items: Iterable[Any], buffer: int, rng: np.random.Generator) -> Ite
 
 def emission_salt(seed: int, epoch: int) -> int:
     """The 64-bit salt of :func:`emission_key` for one (seed, epoch)."""
-    from fitbatch import _rng
-
-    return int(_rng.generator(seed, epoch, "stream-emission").integers(0, 1 << 63))
+    return int(generator(seed, epoch, "stream-emission").integers(0, 1 << 63))
 
 
 def emission_key(position: int, salt: int) -> int:
