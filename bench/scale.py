@@ -17,6 +17,11 @@ It prints two markdown tables:
    each run in a fresh subprocess: ``SizeIndex.open`` + ``plan_batches`` (sorted and
    sequential strategies) beside ``plan_batches`` on the same sizes loaded into memory with
    ``np.load``; best of 2 alternated runs (index, array, array, index), and the peak RSS.
+3. ``--windows 1e8,1e9``: windowed planning (``fitbatch.WindowedBatchSampler``) as one simulated
+   rank of ``--ranks`` (1,024): first batch, resume, census share, peak anonymous memory, and
+   the windowed epoch against the global plan up to ``--quality-upto`` (``bench/_scale_windows.py``):
+
+       python bench/scale.py --windows 1e8,1e9 --only-windows --work /tmp/fitbatch-windows
 """
 
 from __future__ import annotations
@@ -189,10 +194,26 @@ def main() -> None:
     parser.add_argument("--text-rows", type=int, default=50_000)
     parser.add_argument("--plan-n", type=int, default=100_000_000)
     parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--windows", default="", help="part 3: sample counts for windowed planning, e.g. 1e8,1e9")
+    parser.add_argument("--ranks", type=int, default=1024, help="part 3: simulated world size")
+    parser.add_argument("--rank", type=int, default=517, help="part 3: the simulated rank")
+    parser.add_argument("--quality-upto", type=float, default=1e8, help="part 3: compare with the global plan up to this size")
+    parser.add_argument("--work", default="", help="part 3: keep the indexes here (reused by a later run)")
+    parser.add_argument("--only-windows", action="store_true", help="run part 3 alone")
     args = parser.parse_args()
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}\n"
     )
+    if args.windows:
+        from _scale_windows import tables
+
+        keep = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="fitbatch-windows-"))
+        keep.mkdir(parents=True, exist_ok=True)
+        sizes = [int(float(x)) for x in args.windows.split(",")]
+        print(tables(keep, sizes, args.ranks, args.rank, int(args.quality_upto)))
+        print()
+        if args.only_windows:
+            return
     work = Path(tempfile.mkdtemp(prefix="fitbatch-scale-"))
     try:
         if not args.skip_build:

@@ -29,3 +29,15 @@ def test_the_stream_shuffling_snippet_runs() -> None:
     namespace: dict[str, object] = {}
     exec(compile(block, "docs/streaming.md[shuffling]", "exec"), namespace)
     assert len(namespace["batches"]) > 0
+
+
+def test_the_windowed_planning_example_runs() -> None:
+    """docs/scale.md's windowed planning example, as the doctest it is written as."""
+    import doctest
+
+    section = (DOCS / "scale.md").read_text().split("## Windowed planning", 1)[1]
+    (block,) = BLOCK.findall(section.split("\n## ", 1)[0])
+    test = doctest.DocTestParser().get_doctest(block, {}, "docs/scale.md[windowed]", "docs/scale.md", 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    runner.run(test)
+    assert runner.summarize().failed == 0 and test.examples

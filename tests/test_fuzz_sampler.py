@@ -69,9 +69,17 @@ class SamplerMachine(RuleBasedStateMachine):
         self.saved = None
         self.done = False
 
+    def planned_budget(self, sampler):
+        """The budget the batches now running were planned with (the rest keeps it when a change cannot re-plan it)."""
+        return sampler.steps().plan.budget
+
+    def world_event(self, state, world):
+        """The event a move to ``world`` ranks at the saved step records."""
+        return {"step": state["step"], "num_replicas": world}
+
     def fits(self, sampler, batch):
-        budget = sampler.steps().plan.budget  # what the batch was planned with (the rest keeps it
-        cost = len(batch) * int(self.sizes[batch].max())  # when a change cannot re-plan it)
+        budget = self.planned_budget(sampler)
+        cost = len(batch) * int(self.sizes[batch].max())
         lone_oversized = len(batch) == 1 and cost > budget and self.kw["oversized"] == "single"
         return cost <= budget or lone_oversized
 
@@ -183,7 +191,7 @@ class SamplerMachine(RuleBasedStateMachine):
         except TooFewSamples:  # too few samples left to give every new rank a batch: refused
             return
         assert len({len(s) for s in moved}) == 1
-        assert moved[0].state_dict()["events"][-1] == {"step": state["step"], "num_replicas": world}
+        assert moved[0].state_dict()["events"][-1] == self.world_event(state, world)
         assert moved[0].budget == self.current_budget()
         consumed = self.consumed
         self.world, self.ranks, self.ref = world, moved, None

@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
         equal_steps,
         per_chunk,
     )
+    from fitbatch.windowed import WindowedBatchSampler
 
 __version__ = "0.1.0"
 
@@ -109,6 +110,7 @@ _LAZY = {
     "StreamDataset": "fitbatch.streaming",
     "StreamShard": "fitbatch.streaming",
     "StreamSummary": "fitbatch.streaming",
+    "WindowedBatchSampler": "fitbatch.windowed",
     "batch_stream": "fitbatch.streaming",
     "equal_steps": "fitbatch.streaming",
     "per_chunk": "fitbatch.streaming",
@@ -158,6 +160,7 @@ __all__ = [
     "StreamShard",
     "StreamSummary",
     "SumCost",
+    "WindowedBatchSampler",
     "__version__",
     "as_sizes",
     "batch_stream",

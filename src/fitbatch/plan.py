@@ -93,9 +93,13 @@ def plan_batches(
 
 
 def plan_with(
-    sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: FloatArray | None = None, shapes_over: Sizes | None = None
+    sizes: Sizes, opts: PlanOptions, epoch: int = 0, *, loss_sizes: FloatArray | None = None, shapes_over: Sizes | None = None,
+    population: int | None = None,
 ) -> BatchPlan:
     """Plan with already validated sizes and options (the samplers' entry point; ``loss_sizes`` checked too).
+
+    ``population``: the samples of the epoch when ``sizes`` are one window of it (see
+    :attr:`fitbatch.strategies.Context.population`).
 
     ``shapes_over``: with ``max_shapes``, the samples the shape set is chosen over (default:
     ``sizes``; the rest of an epoch re-planned after a change passes all of the dataset).
@@ -122,6 +126,7 @@ def plan_with(
         shuffle=opts.effective_shuffle,
         seed=opts.seed,
         epoch=epoch,
+        population=population,
     )
     result = strategy.plan(ctx)
     order = result.order if kept is None else kept[result.order]

@@ -83,6 +83,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
+        window: ``"auto"`` (default): above :data:`fitbatch._windows.AUTO_ABOVE` samples (2**25),
+            with one budget, no ``loss_sizes``, ``drop_last`` or ``max_shapes``, the sampler
+            built is a :class:`~fitbatch.WindowedBatchSampler` that plans the epoch a window of
+            about a million samples at a time; an int plans in windows of that many samples at
+            any size; ``None`` never does.
         loss_sizes: optional, per sample, the tokens that carry loss (labels != -100): they do
             not change the batches; ``step_totals().loss_units`` sums them per step over all
             ranks, and they are part of the state's ``sizes_digest``.
@@ -121,6 +126,18 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         "in the state, replayed on load)"
     )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # window="auto" (or a window size): a BudgetBatchSampler over very many samples is a
+        # WindowedBatchSampler (fitbatch.windowed), which plans the epoch a window at a time
+        if cls is BudgetBatchSampler and args:
+            window = _window_for(args, kwargs)
+            if window is not None:
+                from fitbatch.windowed import WindowedBatchSampler
+
+                rest = {k: v for k, v in kwargs.items() if k != "window"}
+                return WindowedBatchSampler(*args, window=window or None, **rest)
+        return super().__new__(cls)
+
     def __init__(
         self,
         sizes: SizesLike,
@@ -133,8 +150,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         policy: str = "split",
         n: int | None = None,
         loss_sizes: Any = None,
+        window: int | str | None = "auto",
         **options: Unpack[PlanKeywords],
     ) -> None:
+        if window not in ("auto", None):
+            raise TypeError(f"window={window!r} plans in windows, which {type(self).__name__} does not; use fitbatch.WindowedBatchSampler")
         self._sizes = as_sizes(sizes, n)
         self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
         self.num_replicas, self.rank = world_info(num_replicas, rank)
@@ -366,6 +386,30 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             f"BudgetBatchSampler(n={len(self._sizes)}, budget={self.budget:g}, cost={self._opts.cost.name!r}, "
             f"strategy={self._opts.strategy.name!r}, rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
         )
+
+
+def _window_for(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+    """The window a ``BudgetBatchSampler(*args, **kwargs)`` plans in, or ``None`` for the whole epoch.
+
+    >>> _window_for(([1, 2, 3], 4), {}), _window_for(([1, 2, 3], 4), {"window": 2})
+    (None, 2)
+    """
+    from fitbatch import _windows as W
+
+    window = kwargs.get("window", "auto")
+    if window is None or isinstance(window, int) and not isinstance(window, bool):
+        return window
+    if window != "auto":
+        raise ValueError(f"window must be 'auto', None or a number of samples, got {window!r}")
+    sizes = args[0]
+    budget = args[1] if len(args) > 1 else kwargs.get("budget")
+    n = kwargs.get("n") if callable(sizes) else len(sizes) if hasattr(sizes, "__len__") else None
+    blocked = kwargs.get("loss_sizes") is not None or kwargs.get("drop_last") or kwargs.get("max_shapes")
+    per_rank = isinstance(budget, Sequence) and not isinstance(budget, str)
+    if not isinstance(n, int) or n <= W.AUTO_ABOVE or blocked or per_rank:
+        return None
+    logger.info("%d samples: planned in windows (pass window=None for one global plan)", n)
+    return 0  # the windowed sampler's own choice (fitbatch._windows.auto_window)
 
 
 def _options(opts: PlanOptions, budgets: Budgets) -> dict[str, Any]:

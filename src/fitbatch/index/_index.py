@@ -168,6 +168,22 @@ class SizeIndex:
         return copy.deepcopy(self._manifest)
 
     @property
+    def digest(self) -> str:
+        """A fingerprint of the column (blake2b, 128 bits): the manifest's, else hashed once in chunks.
+
+        What a windowed sampler's state carries (:mod:`fitbatch.windowed`): reading it costs
+        nothing on an index built by this release.
+        """
+        if "digest" not in self._manifest:  # an index written before digests
+            self._manifest["digest"] = _format.column_digest(self._column)
+        return str(self._manifest["digest"])
+
+    @property
+    def integral(self) -> bool:
+        """Whether every size is a whole number."""
+        return bool(self._manifest["integral"])
+
+    @property
     def num_shards(self) -> int:
         """How many shards the index was built from."""
         return len(self._manifest["shards"])

@@ -85,7 +85,7 @@ def mixed_levels(
     """:func:`fit_mixed_buckets` over the epoch's size keys (the same for every epoch)."""
     keys, edges = ctx.keys()
     return fit_mixed_buckets(
-        keys, edges, ctx.budget, ctx.cost, ctx.cap, spread, randomness, ctx.sizes.values.ndim
+        keys, edges, ctx.budget, ctx.cost, ctx.cap, spread, randomness, ctx.sizes.values.ndim, ctx.population
     )
 
 
@@ -98,8 +98,12 @@ def fit_mixed_buckets(
     spread: float,
     randomness: float | str,
     ndim: int = 1,
+    population: int | None = None,
 ) -> tuple[NDArray[Any], FloatArray]:
     """Bucket boundaries aiming at co-batch repeat rate ``randomness`` (or ``"auto"``).
+
+    ``population``: the samples of the epoch these keys are a window of (``None``: these), which
+    ``"auto"`` scales its batch excess by.
 
     Returns a lookup table key -> bucket id (0 = smallest sizes) and each bucket's upper edge,
     like :func:`fitbatch.strategies.fit_buckets`.
@@ -144,7 +148,8 @@ def fit_mixed_buckets(
         got = _solve(fit, x0, 2, float(randomness), -1.0)
         return _lut_tops(got[0], got[1], present)
     # the lowest repeat rate at AUTO_EXCESS more batches (less on large sets, which mix anyway)
-    excess = AUTO_EXCESS * min(1.0, math.sqrt(AUTO_FULL_EXCESS_UP_TO / max(float(h.sum()), 1.0)))
+    n = float(h.sum()) if population is None else float(population)
+    excess = AUTO_EXCESS * min(1.0, math.sqrt(AUTO_FULL_EXCESS_UP_TO / max(n, 1.0)))
     got = _solve(fit, x0, 3, excess, +1.0)
     if got[2] < AUTO_LOW:  # more random than needed: back off to AUTO_LOW, from either side
         got = _solve(fit, x0, 2, AUTO_LOW, -1.0, strict=False)

@@ -1,0 +1,352 @@
+"""Windowed planning: an epoch planned one window of samples at a time, in memory O(window).
+
+An epoch of ``n`` samples is cut into **blocks** of ``block`` consecutive indices; a keyed
+permutation of the blocks (``(seed, epoch)``; identity when the strategy does not shuffle) is cut
+into **windows** of ``window // block`` blocks. Each window is planned on its own, with any
+strategy and cost model, from its samples' sizes alone (gathered from a memory-mapped
+:class:`~fitbatch.SizeIndex` block by block), and arranged into equal steps for the ranks.
+
+Equal steps without a ragged step per window: window ``w`` arranges the batches it was handed
+(``carry`` in, fewer than a world's worth, from window ``w - 1``) and its own, and hands on
+``(carried + own) % world`` of its own batches, picked by a keyed permutation, to ``w + 1``. Only
+the last window splits or drops what is left over (``policy``), as an unwindowed epoch does once.
+A window's own batches never depend on what it was handed, so window ``w`` is rebuilt from the
+own plans of ``w - 1`` and ``w`` and the count ``carry`` (what a state saves): a resume plans two
+windows, whatever the epoch's length.
+
+A carried batch is re-measured under the options in force where it lands; one that a smaller
+budget no longer holds (a ``set_budget`` after an out-of-memory error in the window before) is
+planned again into batches that fit.
+
+>>> import numpy as np
+>>> from fitbatch.options import PlanOptions
+>>> windows = Windows.keyed(10, window=4, block=2, seed=0, epoch=0, shuffle=False)
+>>> windows.n_windows, [windows.ids(w).tolist() for w in range(windows.n_windows)]
+(3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+>>> column = Column.of([3, 1, 4, 1, 5, 9, 2, 6, 5, 3])
+>>> opts = PlanOptions.build(8, cost="sum", strategy="sequential")
+>>> first = build_window(column, windows, 0, opts, world=2, epoch=0, carry_in=())
+>>> first.steps.n_steps, [b.tolist() for b in first.carry]
+(1, [])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _rng
+from fitbatch._batch_plan import BatchPlan, measure_batches
+from fitbatch._rules import screen_oversized
+from fitbatch.costs._limits import check_limits, describer
+from fitbatch.distributed import Steps, arrange
+from fitbatch.options import PlanOptions
+from fitbatch.plan import plan_with
+from fitbatch.resume import sizes_digest
+from fitbatch.sizes import Sizes, SizesLike, as_sizes
+from fitbatch.strategies import Sorted
+
+logger = logging.getLogger(__name__)
+
+IntArray = NDArray[np.int64]
+
+#: samples per window by default (about 1 M: ~40 MB of plan per rank)
+WINDOW = 1 << 20
+#: samples per block, the unit the keyed permutation moves (a window holds window // block blocks)
+BLOCK = 1 << 12
+#: ``window="auto"``: plan in windows from this many samples on (a global plan of 2**25 samples
+#: peaks at about 1.2 GB per rank)
+AUTO_ABOVE = 1 << 25
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """The windows of one epoch: ``ids(w)`` are the sample indices of window ``w``.
+
+    Attributes:
+        n: samples in the epoch.
+        window: samples per window (a multiple of ``block``; the last window holds the rest).
+        block: samples per block.
+        blocks: the permutation of the blocks; window ``w`` holds ``blocks[w * k:(w + 1) * k]``
+            with ``k = window // block``.
+    """
+
+    n: int
+    window: int
+    block: int
+    blocks: IntArray
+
+    @classmethod
+    def keyed(cls, n: int, *, window: int, block: int, seed: int, epoch: int, shuffle: bool) -> Windows:
+        """The windows of epoch ``epoch``: blocks in a ``(seed, epoch)`` permutation when ``shuffle``."""
+        block = max(1, min(block, window))
+        window = max(block, window // block * block)
+        n_blocks = -(-n // block)
+        blocks = (
+            _rng.generator(seed, epoch, "window-blocks").permutation(n_blocks)
+            if shuffle
+            else np.arange(n_blocks, dtype=np.int64)
+        )
+        return cls(n, window, block, blocks.astype(np.int64))
+
+    @property
+    def per_window(self) -> int:
+        """Blocks per window."""
+        return self.window // self.block
+
+    @property
+    def n_windows(self) -> int:
+        return max(1, -(-self.blocks.size // self.per_window))
+
+    def ids(self, w: int) -> IntArray:
+        """The sample indices of window ``w``, block after block (ascending within a block)."""
+        starts = self.blocks[w * self.per_window : (w + 1) * self.per_window] * self.block
+        lengths = np.minimum(self.block, self.n - starts)
+        heads = np.cumsum(lengths) - lengths
+        # every index: its block's start plus its place in the block
+        return np.repeat(starts - heads, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """The sizes of every sample as planning reads them: one window's at a time.
+
+    ``values`` is a memory map (a :class:`~fitbatch.SizeIndex` column, int32 or int64 as
+    stored) or a validated float64 array; :meth:`take` gathers and converts one window's.
+    """
+
+    values: NDArray[Any]
+    integral: bool
+    columns: tuple[str, ...] | None
+    digest: str
+    #: the largest size (an index's manifest ``max``), for one-size columns; else ``None``
+    largest: float | None = None
+    #: the mean size (of the first column for several), for :func:`auto_window`
+    mean: float = 0.0
+
+    @classmethod
+    def of(cls, sizes: SizesLike, n: int | None = None) -> Column:
+        """The column of ``sizes``: an index is read through its memory map, anything else validated once.
+
+        >>> Column.of([3, 1, 4]).take(np.array([2, 0])).values.tolist()
+        [4.0, 3.0]
+        """
+        from fitbatch.index import SizeIndex
+
+        if isinstance(sizes, SizeIndex):
+            if n is not None and n != len(sizes):
+                raise ValueError(f"n={n} but the size index at {sizes.path} holds {len(sizes)} sizes; leave n out")
+            stats = sizes.stats
+            return cls(sizes.sizes, sizes.integral, None, sizes.digest, float(stats["max"]), float(stats["sum"]) / max(len(sizes), 1))
+        checked = as_sizes(sizes, n)
+        digest = sizes_digest(checked.values, None, checked.columns)
+        one = checked.values.ndim == 1 and len(checked) > 0
+        largest = float(checked.values.max()) if one else None
+        mean = float(checked.values.mean()) if one else 0.0
+        return cls(checked.values, checked.integral, checked.columns, digest, largest, mean)
+
+    def screen(self, opts: PlanOptions) -> None:
+        """Under ``oversized="error"``, refuse options that the largest sample exceeds alone (before a change).
+
+        Every sample is covered without reading the column: a sample's cost alone grows with its size.
+
+        >>> Column.of([3, 9, 4]).screen(PlanOptions.build(8))
+        Traceback (most recent call last):
+        ...
+        ValueError: the largest sample (size 9) costs 9 even alone, more than the budget 8; pass oversized='single' or 'skip', or a larger budget
+        """
+        if opts.oversized != "error" or self.largest is None or self.columns is not None:
+            return
+        alone = float(opts.cost.sample_cost(np.array([self.largest]))[0])
+        if alone > opts.budget:
+            raise ValueError(
+                f"the largest sample (size {self.largest:g}) costs {alone:g} even alone, more than the budget "
+                f"{opts.budget:g}; pass oversized='single' or 'skip', or a larger budget"
+            )
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+    def take(self, ids: IntArray) -> Sizes:
+        """The sizes of samples ``ids``, as the planner takes them (float64)."""
+        return Sizes(np.asarray(self.values[ids], dtype=np.float64), self.integral, self.columns)
+
+
+def auto_window(column: Column, opts: PlanOptions, world: int) -> int:
+    """Samples per window: :data:`WINDOW`, or enough for two batches per rank by the mean size.
+
+    A batch holds at most ``budget / cost(mean size)`` samples of the mean size, so a window of
+    ``2 * world * budget / cost(mean)`` samples makes about two batches per rank or more: what
+    handing leftovers on needs (a window with fewer own batches than it must hand on splits its
+    leftover instead). Rounded up to whole blocks.
+
+    >>> auto_window(Column.of([100] * 10), PlanOptions.build(16384), 8), auto_window(Column.of([100] * 10), PlanOptions.build(16384), 10_000)
+    (1048576, 3276800)
+    """
+    mean = column.mean
+    if not mean > 0:
+        return WINDOW
+    alone = float(opts.cost.sample_cost(np.array([mean]))[0]) if column.columns is None else mean
+    need = 2.0 * world * opts.budget / max(alone, 1e-300)
+    return max(WINDOW, -(-int(min(need, float(1 << 40))) // BLOCK) * BLOCK)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPlan:
+    """One window as arranged: its samples, its steps, and the batches it hands on.
+
+    Attributes:
+        index: the window.
+        ids: the dataset index of each local sample (the samples handed in first, then the
+            window's own); ``steps`` and every batch index local samples.
+        sizes: the local samples' sizes.
+        steps: the window's steps on every rank.
+        carry: the batches handed on to the next window, as dataset indices.
+        carried_in: how many batches it was handed.
+    """
+
+    index: int
+    ids: IntArray
+    sizes: Sizes
+    steps: Steps
+    carry: tuple[IntArray, ...]
+    carried_in: int
+
+
+def window_seed(opts: PlanOptions, epoch: int, w: int) -> int:
+    """The seed window ``w`` is planned with: a keyed stream of its own (no seed arithmetic)."""
+    return int(_rng.generator(opts.seed, epoch, "window", w).integers(1 << 62))
+
+
+def own_plan(column: Column, windows: Windows, w: int, opts: PlanOptions, epoch: int) -> tuple[IntArray, Sizes, BatchPlan]:
+    """Window ``w``'s own samples and their plan (local indices): what a census counts."""
+    ids = windows.ids(w)
+    sizes = column.take(ids)
+    if opts.oversized == "error":  # named by their dataset index, not their place in the window
+        model = check_limits(sizes.columns, opts.cost)
+        alone = model.sample_cost(sizes.values)
+        describe = describer(model, sizes.values)
+        screen_oversized(alone, opts.budget, "error", sizes=sizes.values, positions=ids, describe=describe)
+    plan = plan_with(sizes, dataclasses.replace(opts, seed=window_seed(opts, epoch, w)), epoch, population=windows.n)
+    return ids, sizes, plan
+
+
+def handed_on(plan: BatchPlan, count: int, opts: PlanOptions, epoch: int, w: int) -> IntArray:
+    """Which ``count`` of window ``w``'s own batches it hands on (a keyed pick, independent of what it got)."""
+    return _rng.generator(opts.seed, epoch, "window-carry", w).permutation(len(plan))[:count]
+
+
+def carry_count(carried: int, own: int, world: int) -> int:
+    """How many own batches a window that is not the last hands on (0: it splits its leftover instead).
+
+    >>> carry_count(3, 10, 4), carry_count(0, 2, 4), carry_count(3, 2, 8)
+    (1, 2, 0)
+    """
+    left = (carried + own) % world
+    return left if left <= own else 0
+
+
+def window_steps(counts: Sequence[int], world: int, policy: str, carried: int = 0) -> list[int]:
+    """The steps of each window from the own batch counts of it and the windows after it (the last last).
+
+    What :func:`build_window` arranges, without the batches: a window that is not the last runs
+    ``(carried + own) // world`` steps and hands on the rest, unless it has fewer own batches
+    than that rest (then it splits its leftover, like the last window under ``"split"``).
+
+    >>> window_steps([10, 10, 10], 4, "split"), window_steps([10, 10, 10], 4, "drop")
+    ([2, 3, 3], [2, 3, 2])
+    """
+    out = []
+    for i, own in enumerate(counts):
+        total = carried + int(own)
+        last = i == len(counts) - 1
+        carried = 0 if last else carry_count(carried, int(own), world)
+        if last or (carried == 0 and total % world):
+            out.append(-(-total // world) if policy == "split" else total // world)
+        else:
+            out.append(total // world)
+    return out
+
+
+def build_window(
+    column: Column,
+    windows: Windows,
+    w: int,
+    opts: PlanOptions,
+    *,
+    world: int,
+    epoch: int,
+    carry_in: Sequence[IntArray],
+    policy: str = "split",
+    own: tuple[IntArray, Sizes, BatchPlan] | None = None,
+) -> WindowPlan:
+    """Window ``w`` arranged for ``world`` ranks with the batches ``carry_in`` (dataset indices) it was handed.
+
+    ``own`` is window ``w``'s :func:`own_plan` when the caller has it already.
+    """
+    ids_w, sizes_w, mine = own if own is not None else own_plan(column, windows, w, opts, epoch)
+    handed = np.concatenate([np.zeros(0, np.int64), *carry_in])
+    ids = np.concatenate([handed, ids_w])
+    sizes = column.take(handed) if handed.size else None
+    local = sizes_w if sizes is None else Sizes(np.concatenate([sizes.values, sizes_w.values]), column.integral, column.columns)
+    nc = handed.size
+    last = w == windows.n_windows - 1
+    count = 0 if last else carry_count(len(carry_in), len(mine), world)
+    out = handed_on(mine, count, opts, epoch, w)
+    keep = np.setdiff1d(np.arange(len(mine)), out, assume_unique=True)
+    kept = mine.select(keep)
+    # the window's batches: those handed in (re-fitted to the options in force), then its own kept
+    handed_order, handed_offsets, handed_skipped = _refit(carry_in, nc, local, opts, epoch, w)
+    order = np.concatenate([handed_order, kept.order + nc])
+    offsets = np.concatenate([handed_offsets, handed_offsets[-1] + np.cumsum(kept.counts)]).astype(np.int64)
+    _, costs, real, padded = measure_batches(local, opts.cost, order, offsets)
+    plan = mine.rebatched(order, offsets, (costs, real, padded), index_map=np.arange(nc, nc + ids_w.size))
+    plan.skipped = np.concatenate([handed_skipped, plan.skipped])  # over a new budget alone, oversized="skip"
+    steps = arrange(plan, local, opts.cost, world, seed=opts.seed, epoch=epoch, policy=policy, purpose=f"window-steps-{w}")
+    carry = tuple(ids_w[b] for b in mine.select(out))
+    return WindowPlan(w, ids, local, steps, carry, len(carry_in))
+
+
+def _refit(
+    carry_in: Sequence[IntArray], nc: int, local: Sizes, opts: PlanOptions, epoch: int, w: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """The handed-in batches as (local order, offsets, skipped): as they came, unless one is over the budget now.
+
+    Planned again, a sample that a smaller budget cannot hold alone is skipped under
+    ``oversized="skip"`` (and counted in the window's ``skipped``).
+    """
+    none = np.zeros(0, np.int64)
+    if not carry_in:
+        return none, np.zeros(1, np.int64), none
+    offsets = np.concatenate([[0], np.cumsum([b.size for b in carry_in])]).astype(np.int64)
+    order = np.arange(nc, dtype=np.int64)
+    _, costs, _, _ = measure_batches(local, opts.cost, order, offsets)
+    if (costs <= opts.budget).all():
+        return order, offsets, none
+    # a smaller budget since they were planned: their samples planned again, sorted, to fit
+    sub = local.subset(order)
+    again = plan_with(sub, dataclasses.replace(opts, strategy=Sorted(), seed=window_seed(opts, epoch, w)), epoch)
+    logger.info("window %d: %d handed-in batches over the budget %g planned again as %d", w, len(carry_in), opts.budget, len(again))
+    return order[again.order], again.offsets, order[again.skipped]
+
+
+__all__ = [
+    "AUTO_ABOVE",
+    "BLOCK",
+    "WINDOW",
+    "Column",
+    "WindowPlan",
+    "Windows",
+    "auto_window",
+    "build_window",
+    "carry_count",
+    "handed_on",
+    "own_plan",
+    "window_seed",
+    "window_steps",
+]

@@ -1,0 +1,576 @@
+"""``WindowedBatchSampler``: an epoch of a billion samples planned one window at a time.
+
+A :class:`~fitbatch.BudgetBatchSampler` plans the whole epoch on every rank: about 36 bytes per
+sample at peak. This sampler plans it in windows of about a million samples (see
+:mod:`fitbatch._windows`): a rank holds one window's plan, reads one window's sizes from a
+memory-mapped :class:`~fitbatch.SizeIndex`, and never holds the epoch. It keeps the
+guarantees of the plan samplers: every sample once per epoch, equal steps on every rank with
+cost-balanced batches, exact ``len()``, ``set_budget``/``set_cost`` part-way, and an exact
+resume, also on another world size.
+
+* **First batch**: window 0 is planned (one window's time), nothing else.
+* **Resume**: the state is ``(epoch, window, its first step, carry, step)`` plus the epoch's
+  events; a resume plans the saved window and the one before it (whose handed-on batches it
+  needs), whatever the epoch's length.
+* **len()**: the steps of the windows not yet planned come from a *census*: each window's own
+  batch count under the options in force (its plan, counted and dropped). With an initialised
+  ``torch.distributed`` and ``census="collective"``, rank r counts windows r, r + world, ...
+  and one ``all_reduce`` sums them, so every rank must call ``len()`` (or
+  :meth:`step_totals`/``plan()``) together; ``census="local"`` counts them all on each rank.
+  Done once per epoch and options.
+* ``plan()`` and ``step_totals()`` walk the whole epoch window by window (time O(n), memory
+  O(window) plus what they return).
+
+``BudgetBatchSampler(..., window="auto")`` (the default) becomes this sampler above
+:data:`~fitbatch._windows.AUTO_ABOVE` samples; ``window=N`` asks for it at any size.
+
+>>> sampler = WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 10, window=4, block=2,
+...                                strategy="sorted", num_replicas=1, rank=0)
+>>> list(sampler), len(sampler)
+([[3, 1], [0, 2], [6, 4], [7], [5]], 5)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fitbatch import _windows as W
+from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
+from fitbatch._timeline import Planner, Timeline, _join, changed, check_step
+from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
+from fitbatch.costs import CostModel, Limits, resolve_cost, resolve_limits
+from fitbatch.distributed import POLICIES, world_info
+from fitbatch.options import PlanKeywords, PlanOptions
+from fitbatch.plan import BatchPlan
+from fitbatch.resume import (
+    BUDGET_KEY,
+    COST_KEY,
+    DIGEST,
+    EPOCH_KEY,
+    EVENTS_KEY,
+    N_SAMPLES_KEY,
+    NUM_REPLICAS_KEY,
+    OPTIONS_KEY,
+    SIZES_DIGEST_KEY,
+    STEP_KEY,
+    StateSchema,
+    _good_event,
+    _refuse,
+    integer,
+    mapping,
+)
+from fitbatch.sizes import SizesLike
+from fitbatch.strategies import Strategy
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+logger = logging.getLogger(__name__)
+
+WINDOW_KEY = "window"  # the window the saved step is in
+WINDOW_STEP_KEY = "window_step"  # the step of the epoch at which that window's first step runs
+CARRY_KEY = "carry"  # batches that window was handed by the one before it
+CENSUS = ("collective", "local")
+
+TorchBatchSampler = torch_class("BatchSampler")
+
+
+def window_events(name: str, value: Any) -> None:
+    """A check for a windowed epoch's events: each a sampler event with its ``window``.
+
+    >>> window_events("events", [{"window": 2, "step": 3, "budget": 100.0}])
+    >>> window_events("events", [{"step": 3, "budget": 100.0}])
+    Traceback (most recent call last):
+    ...
+    ValueError: events must be a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}; item 0 is {'step': 3, 'budget': 100.0}, got [{'step': 3, 'budget': 100.0}]; pass what state_dict() returned, unchanged
+    """
+    expected = "a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}"
+    if not isinstance(value, list):
+        _refuse(name, value, expected)
+    for i, event in enumerate(value):
+        w = event.get(WINDOW_KEY) if isinstance(event, Mapping) else None
+        ok = isinstance(w, int) and not isinstance(w, bool) and w >= 0
+        if not ok or not _good_event({k: v for k, v in event.items() if k != WINDOW_KEY}):
+            _refuse(name, value, f"{expected}; item {i} is {event!r}")
+
+
+@dataclasses.dataclass
+class _Live:
+    """A window as it runs: its arrangement, the step of the epoch its step 0 runs at, its timeline."""
+
+    plan: W.WindowPlan
+    first: int
+    timeline: Timeline
+    last: bool
+
+    @property
+    def end(self) -> int:
+        return self.first + self.timeline.total
+
+
+class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
+    """Yield budget-planned batches of an epoch planned window by window (see the module docstring).
+
+    Args:
+        sizes: a :class:`~fitbatch.SizeIndex` (read through its memory map, a window at a time)
+            or anything :func:`fitbatch.as_sizes` takes (validated and held once).
+        budget, cost, strategy, num_replicas, rank, policy, n: as for
+            :class:`~fitbatch.BudgetBatchSampler` (one budget for every rank).
+        window: samples per window (rounded down to whole blocks); each is planned alone.
+            ``None`` (default): :func:`fitbatch._windows.auto_window`, 2**20 samples, or more
+            when a window would hold fewer than two batches per rank (a resume adopts the
+            saved window).
+        block: samples per block, the unit the epoch's keyed permutation moves.
+        census: ``"collective"`` (share the census over ``torch.distributed`` when it is
+            initialised) or ``"local"``.
+        **options: the :class:`~fitbatch.PlanOptions` keywords but ``drop_last`` and
+            ``max_shapes`` (their per-window meaning would differ from the epoch's).
+
+    Raises:
+        ValueError, TypeError: invalid sizes, budget or options, naming the parameter.
+
+    >>> sizes = [5] * 8
+    >>> ranks = [WindowedBatchSampler(sizes, 5, window=3, block=1, cost="sum", strategy="sequential",
+    ...                               num_replicas=2, rank=r) for r in range(2)]
+    >>> [list(s) for s in ranks]  # window 0's third batch, [0], runs beside window 1's
+    [[[1], [3], [5], [7]], [[2], [0], [4], [6]]]
+    >>> state = ranks[0].state_dict(step=2)
+    >>> state["window"], state["window_step"], state["carry"]
+    (1, 1, 1)
+    """
+
+    STATE = StateSchema(
+        "windowed sampler",
+        version=1,
+        required={
+            EPOCH_KEY: integer(),
+            STEP_KEY: integer(),
+            NUM_REPLICAS_KEY: integer(1),
+            N_SAMPLES_KEY: integer(),
+            SIZES_DIGEST_KEY: DIGEST,
+            OPTIONS_KEY: mapping,
+            EVENTS_KEY: window_events,
+            WINDOW_KEY: integer(),
+            WINDOW_STEP_KEY: integer(),
+            CARRY_KEY: integer(),
+        },
+    )
+    CURSOR_KEY = STEP_KEY
+    CONFIG_KEY = OPTIONS_KEY
+    CONFIG_NAME = "set of planning options"
+    SHARES_PLAN = True
+
+    def __init__(
+        self,
+        sizes: SizesLike,
+        budget: float | str | Mapping[str, float | str],
+        *,
+        cost: str | CostModel | Any = "padded",
+        strategy: str | Strategy = "pooled",
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        policy: str = "split",
+        n: int | None = None,
+        window: int | None = None,
+        block: int = W.BLOCK,
+        census: str = "collective",
+        **options: Unpack[PlanKeywords],
+    ) -> None:
+        if isinstance(budget, Sequence) and not isinstance(budget, str):
+            raise ValueError("a windowed sampler takes one budget for every rank; pass one budget, or window=None")
+        for name in ("drop_last", "max_shapes"):
+            if options.get(name):
+                raise ValueError(f"{name} is not supported with windowed plans; leave it out, or pass window=None")
+        self._column = W.Column.of(sizes, n)
+        # the protocol's samples (it reads their len(); the digest is the column's, set here)
+        self._sizes = self._column  # type: ignore[assignment]
+        self._digest = self._column.digest
+        self._auto = window is None
+        if window is not None:
+            window = positive_int("window", window)
+        self.block = int(positive_int("block", block) or W.BLOCK)
+        self.census = choice("census", census, CENSUS)
+        self.num_replicas, self.rank = world_info(num_replicas, rank)
+        self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)  # type: ignore[arg-type]
+        self.window = int(window) if window is not None else W.auto_window(self._column, self._opts, self.num_replicas)
+        self.policy = choice("policy", policy, POLICIES)
+        self._begun, self._world0 = self._opts, self.num_replicas
+        self._events: list[dict[str, Any]] = []
+        self._live: _Live | None = None
+        self._from_row = 0  # the first step of the epoch this world runs
+        self._marks: dict[int, tuple[int, int]] = {}  # window -> (first step, batches handed in), this epoch
+        self._counts: dict[tuple[int, str], dict[int, int]] = {}  # census: (epoch, options) -> window -> own batches
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def options(self) -> PlanOptions:
+        return self._opts
+
+    @property
+    def budget(self) -> float:
+        return self._opts.budget
+
+    def windows(self, epoch: int | None = None) -> W.Windows:
+        """The windows of an epoch (default: the current one)."""
+        shuffle = self._begun.effective_shuffle
+        return W.Windows.keyed(
+            len(self._column), window=self.window, block=self.block, seed=self._begun.seed,
+            epoch=self._epoch(epoch), shuffle=shuffle,
+        )
+
+    def set_budget(self, budget: float | str | Mapping[str, float | str]) -> None:
+        """Change the budget from the next batch on (see :meth:`fitbatch.BudgetBatchSampler.set_budget`).
+
+        Part-way through a window, the rest of the window is planned again; later windows are
+        planned with the new budget, and batches handed on from the window that are over it are
+        planned again where they land. The state records ``{"window": w, "step": k, "budget": b}``.
+        """
+        if isinstance(budget, Mapping) and isinstance(self._opts.cost, Limits):
+            limits = self._opts.cost
+            self.set_cost(resolve_limits(budget, dict(zip(limits.names, limits.costs))))
+            return
+        value = parse_budget(budget)
+        if value != self._opts.budget:
+            self._change({BUDGET_KEY: value})
+
+    def set_cost(self, cost: Any) -> None:
+        """Change the cost model from the next batch on (like :meth:`set_budget`)."""
+        model = resolve_cost(cost)
+        if model != self._opts.cost:
+            self._change({COST_KEY: model.to_dict()}, model)
+
+    def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
+        known = () if model is None else (model,)
+        self._column.screen(changed(self._opts, None, {STEP_KEY: 0, **change}, known)[0])  # refused: nothing changes
+        if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
+            self._begun = self._opts = changed(self._opts, None, {STEP_KEY: 0, **change}, known)[0]
+            self._live, self._marks = None, {}
+            self._revision += 1
+            return
+        live = self._current()
+        event = {WINDOW_KEY: live.plan.index, STEP_KEY: self._position - live.first, **change}
+        self._apply(live, event, self._generation(live), known)
+        self._events.append(event)
+        logger.info("epoch %d: %s from step %d on (window %d); the rest re-planned", self.epoch, change, self._position, live.plan.index)
+        self._revision += 1
+
+    def _generation(self, live: _Live) -> int:
+        """The number of the next event of ``live``'s window (1 for its first): it keys the re-plan's stream."""
+        return 1 + sum(e[WINDOW_KEY] == live.plan.index for e in self._events)
+
+    def _apply(self, live: _Live, event: Mapping[str, Any], generation: int, known: Sequence[CostModel] = ()) -> None:
+        """Apply the ``generation``-th event of ``live``'s window to its timeline, and to the options in force."""
+        local = {k: v for k, v in event.items() if k != WINDOW_KEY}
+        planner = Planner(live.plan.sizes, self.policy, self.epoch)
+        live.timeline, self._opts, _ = planner.apply(live.timeline, local, generation, self._opts, None, (*known, self._opts.cost))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration plans (every rank must call it alike)."""
+        before = self.epoch
+        super().set_epoch(epoch)
+        if self.epoch != before:
+            self._begun, self._world0 = self._opts, self.num_replicas
+            self._events, self._live, self._marks, self._from_row = [], None, {}, 0
+            self._revision += 1
+
+    # ------------------------------------------------------------------ windows
+
+    def _options_at(self, w: int) -> tuple[PlanOptions, int]:
+        """The options and the world in force when window ``w`` of the current epoch began (events replayed)."""
+        opts, world = self._begun, self._world0
+        for event in self._events:
+            if event[WINDOW_KEY] >= w:
+                break
+            if NUM_REPLICAS_KEY in event:
+                world = int(event[NUM_REPLICAS_KEY])
+            else:
+                opts = changed(opts, None, event, (self._opts.cost, opts.cost))[0]
+        return opts, world
+
+    def _build(self, w: int, first: int, carry_in: Sequence[np.ndarray]) -> _Live:
+        """Window ``w`` planned with the options of its start, handed ``carry_in``; its saved events replayed.
+
+        Leaves ``self._opts`` at the options in force after the window's events.
+        """
+        windows = self.windows()
+        self._opts, world = self._options_at(w)
+        plan = W.build_window(
+            self._column, windows, w, self._opts, world=world, epoch=self.epoch, carry_in=carry_in, policy=self.policy,
+        )
+        self._marks[w] = (first, len(carry_in))
+        live = _Live(plan, first, Timeline.start(plan.steps, self._opts.cost, self._opts.budget), w == windows.n_windows - 1)
+        mine = [event for event in self._events if event[WINDOW_KEY] == w]
+        for generation, event in enumerate(mine, 1):
+            check_step(f"event {event!r}", int(event[STEP_KEY]), live.timeline, self.epoch)
+            self._apply(live, event, generation)
+        self._live = live
+        return live
+
+    def _rebuild(self, w: int, first: int, carried: int) -> _Live:
+        """Window ``w`` rebuilt on its own (a resume): the window before it planned for what it handed on."""
+        carry: tuple[np.ndarray, ...] = ()
+        if carried:
+            before, _ = self._options_at(w - 1)
+            ids, _, own = W.own_plan(self._column, self.windows(), w - 1, before, self.epoch)
+            carry = tuple(ids[b] for b in own.select(W.handed_on(own, carried, before, self.epoch, w - 1)))
+        return self._build(w, first, carry)
+
+    def _current(self) -> _Live:
+        if self._live is None:
+            self._build(0, 0, ())
+            assert self._live is not None
+            if self.rank == 0:
+                logger.info("epoch %d: %d windows of %d samples; window 0: %s", self.epoch, self.windows().n_windows,
+                            self.window, self._live.timeline.steps.plan.stats().summary())
+        return self._live
+
+    def _next(self, live: _Live) -> _Live:
+        """The window after ``live``, handed ``live``'s batches."""
+        return self._build(live.plan.index + 1, live.end, live.plan.carry)
+
+    def _at(self, row: int) -> _Live:
+        """The window that runs step ``row``: the live one, or one this epoch passed, rebuilt (then walked on)."""
+        live = self._current()
+        if live.first <= row < live.end or row == live.first or (row >= live.end and live.last and row == live.end):
+            return live
+        known = [w for w, (first, _) in self._marks.items() if first <= row]
+        w = max(known) if known else 0
+        first, carried = self._marks.get(w, (0, 0))
+        live = self._rebuild(w, first, carried)
+        while row >= live.end and not live.last:
+            live = self._next(live)
+        return live
+
+    # ------------------------------------------------------------------ iteration and len
+
+    def _rank_batches(self, live: _Live) -> tuple[BatchPlan, int]:
+        """This rank's batches of a window (dataset indices) and the step of the epoch its first runs at."""
+        tl = live.timeline
+        local = tl.rank_plan(self.rank, live.plan.sizes)
+        ids = live.plan.ids
+        per = (local.costs, local.real_units, local.padded_units)
+        plan = local.rebatched(ids[local.order], local.offsets, per, index_map=ids)
+        return plan, live.first + tl.base
+
+    def _generate(self) -> Iterator[tuple[int, list[int]]]:
+        row, self._start = self._start, 0
+        epoch, seen = self.epoch, None
+        live = self._at(row)
+        while self.epoch == epoch:
+            if seen != (self._revision, live.plan.index):
+                seen = (self._revision, live.plan.index)
+                plan, first = self._rank_batches(live)
+                order, bounds = plan.order, plan.offsets.tolist()
+                row = max(row, first)
+                self._position = row
+            if row >= live.end:
+                if live.last:
+                    return
+                live, seen = self._next(live), None
+                continue
+            k = row - first
+            batch = order[bounds[k] : bounds[k + 1]].tolist()
+            row += 1
+            self._position = row
+            yield row - 1, batch
+
+    def _generate_world(self, world: int) -> Iterator[list[int]]:
+        """Every rank's batches, step by step (under accelerate's sharding; see the base class)."""
+        start, self._start = self._start, 0
+        live = self._at(start)
+        row = start
+        while True:
+            plans = []
+            for rank in range(world):
+                view = copy.copy(self)
+                view.rank = rank
+                plans.append(view._rank_batches(live))
+            first = plans[0][1]
+            for r in range(max(row, first), live.end):
+                self._position = r + 1
+                for plan, _ in plans:
+                    lo, hi = plan.offsets[r - first : r - first + 2].tolist()
+                    yield plan.order[lo:hi].tolist()
+            row = live.end
+            if live.last:
+                return
+            live = self._next(live)
+
+    def __len__(self) -> int:
+        """The batches the next iteration yields: the epoch's steps from the resume cursor on.
+
+        The steps of windows not planned yet come from the census (see the module docstring).
+        """
+        return max(0, self._end() - max(self._start, self._from())) * self._outer()
+
+    def _outer(self) -> int:
+        import sys
+
+        from fitbatch.integrations._sharding import outer_world
+
+        return outer_world(self, sys._getframe(2))
+
+    def _from(self) -> int:
+        """The first step this world runs (after a resume on another world size: where it took over)."""
+        return self._from_row
+
+    def _end(self) -> int:
+        """Steps in the epoch as it runs now: the live window's end, then the census's steps."""
+        live = self._current()
+        if live.last:
+            return live.end
+        todo = list(range(live.plan.index + 1, self.windows().n_windows))
+        counts = self._census(todo)
+        steps = W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry))
+        return live.end + sum(steps)
+
+    def _census(self, todo: list[int]) -> dict[int, int]:
+        """Own batch counts of windows ``todo`` under the options in force (computed once per epoch and options)."""
+        import json
+
+        key = (self.epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str))
+        known = self._counts.setdefault(key, {})
+        missing = [w for w in todo if w not in known]
+        if not missing:
+            return known
+        windows, group = self.windows(), _group(self.census, self.num_replicas)
+        share = missing[self.rank :: self.num_replicas] if group else missing
+        counts = np.zeros(len(missing), np.int64)
+        for w in share:
+            counts[missing.index(w)] = len(W.own_plan(self._column, windows, w, self._opts, self.epoch)[2])
+        if group:
+            import torch
+            import torch.distributed as dist
+
+            t = torch.from_numpy(counts)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            counts = t.numpy()
+        known.update(zip(missing, counts.tolist()))
+        logger.info("epoch %d: census of %d windows (%d here)", self.epoch, len(missing), len(share))
+        return known
+
+    def _layout(self, epoch: int) -> RankLayout:
+        """The whole epoch as this rank runs it, walked window by window from window 0 (time O(n))."""
+        if epoch != self.epoch:
+            other = copy.copy(self)
+            other.set_epoch(epoch)
+            return other._layout(epoch)
+        saved = (self._live, dict(self._marks), self._opts)
+        parts, totals, left_out = [], [], []
+        live = self._build(0, 0, ())
+        while True:
+            if live.end > self._from_row:  # windows before a change of world size ran on other ranks
+                parts.append(self._rank_batches(live)[0])
+            totals.append(live.timeline.step_totals())
+            whole = live.timeline.steps.plan  # the epoch's samples left out, as dataset indices
+            left_out.append((live.plan.ids[whole.skipped], live.plan.ids[whole.dropped], whole.dropped_batches))
+            if live.last:
+                break
+            live = self._next(live)
+        self._live, self._marks, self._opts = saved
+        if not parts:  # an epoch of no steps (every batch dropped)
+            parts.append(self._rank_batches(live)[0])
+        joined = _join(parts, parts[-1], lower_bound=sum(p.lower_bound for p in parts), straggler=None)
+        joined.skipped = np.concatenate([s for s, _, _ in left_out])
+        joined.dropped = np.concatenate([d for _, d, _ in left_out])
+        joined.dropped_batches = sum(k for _, _, k in left_out)
+        samples, units, loss = (np.concatenate([getattr(t, f) for t in totals]) for f in ("samples", "units", "loss_units"))
+        return RankLayout(joined, samples, units, self._from_row, loss)
+
+    # ------------------------------------------------------------------ state
+
+    def _config(self) -> dict[str, Any]:
+        return {**self._begun.to_dict(), "window": self.window, "block": self.block}
+
+    def state_dict(self, *, step: int | None = None) -> dict[str, Any]:
+        """A JSON-able state: ``epoch``, ``step``, the window it is in, and the epoch's events.
+
+        ``window``, ``window_step`` (the step of the epoch that window began at) and ``carry``
+        (batches it was handed) let a resume plan two windows only. ``step`` defaults to the
+        batches handed out; pass the loop's own count with a prefetching ``DataLoader``
+        (a step in a window this epoch has passed is fine).
+        """
+        cursor = self._position if step is None else non_negative_int(STEP_KEY, step)
+        live = self._current()
+        if not self._from() <= cursor <= live.end:
+            raise ValueError(
+                f"step {cursor} is outside the steps of epoch {self.epoch} this sampler knows "
+                f"({self._from()}..{live.end}); pass the steps of the epoch completed"
+            )
+        w = self._window_of(cursor, live)
+        first, carried = self._marks[w]
+        return self.STATE.envelope(
+            epoch=self.epoch, step=cursor, num_replicas=self._world0, n_samples=len(self._column),
+            sizes_digest=self._digest, options=self._config(), events=copy.deepcopy(self._events),
+            window=w, window_step=first, carry=carried,
+        )
+
+    def _window_of(self, cursor: int, live: _Live) -> int:
+        """The first window this epoch passed whose steps reach ``cursor`` (a window's end is the next one's start)."""
+        for w in sorted(self._marks):
+            first = self._marks[w][0]
+            end = self._marks[w + 1][0] if w + 1 in self._marks else live.end if w == live.plan.index else None
+            if end is not None and first <= cursor <= end:
+                return w
+        return live.plan.index
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken: plan its window (and the one before it), replay its events.
+
+        On another world size the rest of the saved window is arranged for the new ranks, and
+        the windows after it are planned for them.
+
+        Raises:
+            ValueError: a state of another kind or version, other samples or options, or a
+                window or step outside the epoch.
+        """
+        saved = state.get(OPTIONS_KEY)
+        if self._auto and isinstance(saved, Mapping) and isinstance(saved.get("window"), int):
+            self.window = saved["window"]  # chosen for the world the epoch began on
+        epoch, step = self._check_state(state, self._config())
+        w, first, carried = int(state[WINDOW_KEY]), int(state[WINDOW_STEP_KEY]), int(state[CARRY_KEY])
+        self.set_epoch(epoch)
+        self._begun, self._world0, self._events = self._opts, int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))
+        n_windows = self.windows().n_windows
+        if w >= n_windows or (w == 0 and carried) or step < first:
+            raise ValueError(f"state's window {w} (step {first}, carry {carried}) is not in epoch {epoch} of {n_windows} windows at step {step}; pass what state_dict() returned, unchanged")
+        self._marks, self._from_row = {}, first if any(NUM_REPLICAS_KEY in e for e in self._events) else 0
+        live = self._rebuild(w, first, carried)
+        if live.timeline.world != self.num_replicas:
+            event = {WINDOW_KEY: w, STEP_KEY: step - first, NUM_REPLICAS_KEY: self.num_replicas}
+            check_step(f"step {step}", step - first, live.timeline, epoch)
+            self._apply(live, event, self._generation(live))
+            self._events.append(event)
+            self._from_row = step
+            logger.info("resumed epoch %d at step %d (window %d): the rest re-arranged for %d ranks", epoch, step, w, self.num_replicas)
+        self._live = live
+        if step > live.end:
+            raise ValueError(f"state's step {step} is beyond window {w}, which ends at step {live.end}; pass what state_dict() returned, unchanged")
+        self._seek(step)
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowedBatchSampler(n={len(self._column)}, budget={self.budget:g}, window={self.window}, "
+            f"strategy={self._opts.strategy.name!r}, rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
+        )
+
+
+def _group(census: str, world: int) -> bool:
+    """Whether to share the census over ``torch.distributed`` (initialised, several ranks)."""
+    if census != "collective" or world == 1:
+        return False
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - without torch
+        return False
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() == world)
+
+
+__all__ = ["WindowedBatchSampler", "window_events"]
