@@ -290,12 +290,17 @@ def results(out: Path, name: str, world: int) -> list[dict]:
     return [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(world)]
 
 
-def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path):
-    """The issue's code under torchrun; then prepare() with save_state/load_state mid-epoch (2 and 1 processes)."""
+@pytest.mark.parametrize("window", [0, 512], ids=["global", "windowed"])
+def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, window):
+    """The issue's code under torchrun; then prepare() with save_state/load_state mid-epoch (2 and 1 processes).
+
+    ``windowed``: the same with a ``WindowedBatchSampler`` (``window=512``: six windows).
+    """
     worker = WORKERS / "accelerate_worker.py"
     n = 3000
-    torchrun(worker, "--out", str(tmp_path), "--phase", "naive")
+    torchrun(worker, "--out", str(tmp_path), "--phase", "naive", "--window", str(window))
     naive = results(tmp_path, "naive-w2", 2)
+    assert {r["kind"] for r in naive} == {"WindowedBatchSampler" if window else "BudgetBatchSampler"}
     for epoch in range(2):
         for r in naive:
             assert r["sampler_world"] == [2, r["rank"]]
@@ -310,8 +315,8 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path):
         assert r["skip5"] == r["batches1"][5:], "accelerator.skip_first_batches resumes at the step"
 
     stop = 7
-    torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--stop-step", str(stop))
-    torchrun(worker, "--out", str(tmp_path), "--phase", "resume")
+    torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--stop-step", str(stop), "--window", str(window))
+    torchrun(worker, "--out", str(tmp_path), "--phase", "resume", "--window", str(window))
     full, resumed = results(tmp_path, "full-w2", 2), results(tmp_path, "resume-w2", 2)
     for f, r in zip(full, resumed):
         assert f["end"] == [2, 0] and r["resumed_at"] == [1, stop]
@@ -320,7 +325,7 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path):
     for epoch in range(2):
         assert flat(x[2] for f in full for x in f["log"] if x[0] == epoch) == list(range(n))
 
-    torchrun(worker, "--out", str(tmp_path), "--phase", "resume", nproc=1)  # the same checkpoint, 1 process
+    torchrun(worker, "--out", str(tmp_path), "--phase", "resume", "--window", str(window), nproc=1)  # the same checkpoint, 1 process
     alone = results(tmp_path, "resume-w1", 1)[0]
     assert alone["resumed_at"] == [1, 0], "the rest of the epoch, re-arranged for 1 process"
     before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < stop]

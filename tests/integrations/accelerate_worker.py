@@ -14,6 +14,8 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
   ``--stop-step`` of epoch 1, then on to the end.
 * ``resume``: the same objects, ``load_state`` of that checkpoint, on to the end (any world).
 
+``--window N`` plans the epochs in windows of N samples (a ``WindowedBatchSampler``).
+
 Each process writes ``{phase}-w{world}-rank{r}.json``: its batches (``[epoch, step, ids]``), what it
 checked, and its final parameters.
 """
@@ -35,6 +37,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--phase", choices=("naive", "full", "resume"), required=True)
     p.add_argument("--stop-step", type=int, default=7)
+    p.add_argument("--window", type=int, default=0, help="plan in windows of this many samples (0: one plan)")
     args = p.parse_args()
 
     import torch
@@ -59,9 +62,9 @@ def main() -> None:
         return (batch.values[:, 0] - 1).tolist()
 
     # built after Accelerator(): it reads the world from torch.distributed
-    sampler = fitbatch.BudgetBatchSampler(lengths, BUDGET, cost="padded", seed=0)
+    sampler = fitbatch.BudgetBatchSampler(lengths, BUDGET, cost="padded", seed=0, window=args.window or "auto")
     out: dict = {"rank": acc.process_index, "world": acc.num_processes,
-                 "sampler_world": [sampler.num_replicas, sampler.rank]}
+                 "sampler_world": [sampler.num_replicas, sampler.rank], "kind": type(sampler).__name__}
     if args.phase == "naive":
         loader = acc.prepare(DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate))
         for epoch in range(EPOCHS):
