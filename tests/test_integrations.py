@@ -371,8 +371,10 @@ def test_hf_trainer_two_processes_each_sample_once_and_resume_mid_epoch(tmp_path
     assert (saved["epoch"], saved["step"], saved["num_replicas"]) == (1, 6, 2)
 
 
-def test_hf_trainer_packed_batches(tmp_path):
-    torchrun(WORKERS / "trainer_worker.py", "--out", str(tmp_path), "--phase", "packed")
+@pytest.mark.parametrize("window", [0, 64], ids=["global", "windowed"])
+def test_hf_trainer_packed_batches(tmp_path, window):
+    """Packed batches through FitbatchTrainer; ``windowed``: planned in windows of 64 samples."""
+    torchrun(WORKERS / "trainer_worker.py", "--out", str(tmp_path), "--phase", "packed", "--window", str(window))
     packed = results(tmp_path, "packed", 2)
     lengths = packed[0]["lengths"]
     assert len(packed[0]["log"]) == len(packed[1]["log"])

@@ -327,3 +327,10 @@ def test_auto_window_holds_two_batches_per_rank_and_a_resume_adopts_it():
     moved = WindowedBatchSampler(sizes, 131072, num_replicas=2, rank=1)
     moved.load_state_dict(state)
     assert moved.window == wide.window and len(moved) == len(list(moved))
+
+
+def test_n_steps_counts_without_planning_the_epoch():
+    sizes = FUNCTIONS[:20000]
+    s = WindowedBatchSampler(sizes, 8192, window=4096, block=256, num_replicas=3, rank=2, seed=4)
+    assert s.n_steps() == len(s) == len(list(s)) == len(s.plan())
+    assert s.n_steps(1) == len(s.plan(1)) and s._live.plan.index == s.windows().n_windows - 1

@@ -210,6 +210,17 @@ class PlanSampler:
         """
         return self._layout(self._epoch(epoch)).plan
 
+    def n_steps(self, epoch: int | None = None) -> int:
+        """How many batches this rank runs in the epoch (default: the current one): ``len(plan(epoch))``.
+
+        A :class:`~fitbatch.WindowedBatchSampler` counts them without planning the epoch.
+
+        >>> from fitbatch import BudgetBatchSampler
+        >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).n_steps()
+        3
+        """
+        return len(self.plan(epoch))
+
     @property
     def shapes(self) -> NDArray[np.int64] | None:
         """With ``max_shapes``: the (K, 2) ``(rows, length)`` shapes every batch fits, else ``None``.

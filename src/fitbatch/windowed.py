@@ -427,24 +427,40 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         if live.last:
             return live.end
         todo = list(range(live.plan.index + 1, self.windows().n_windows))
-        counts = self._census(todo)
+        counts = self._census(todo, self.epoch)
         steps = W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry))
         return live.end + sum(steps)
 
-    def _census(self, todo: list[int]) -> dict[int, int]:
-        """Own batch counts of windows ``todo`` under the options in force (computed once per epoch and options)."""
+    def n_steps(self, epoch: int | None = None) -> int:
+        """How many batches this rank runs in the epoch (default: the current one), from the census.
+
+        ``len(plan(epoch))`` without planning the epoch: the windows planned so far, then each
+        later window's batch count (see the module docstring; collective like ``len()``).
+
+        >>> WindowedBatchSampler([5] * 8, 5, window=3, block=1, cost="sum", num_replicas=2, rank=0).n_steps()
+        4
+        """
+        epoch = self._epoch(epoch)
+        if epoch == self.epoch:
+            return self._end() - self._from_row
+        todo = list(range(self.windows(epoch).n_windows))
+        counts = self._census(todo, epoch)
+        return sum(W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy))
+
+    def _census(self, todo: list[int], epoch: int) -> dict[int, int]:
+        """Own batch counts of an epoch's windows ``todo`` under the options in force (computed once per epoch and options)."""
         import json
 
-        key = (self.epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str))
+        key = (epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str))
         known = self._counts.setdefault(key, {})
         missing = [w for w in todo if w not in known]
         if not missing:
             return known
-        windows, group = self.windows(), _group(self.census, self.num_replicas)
+        windows, group = self.windows(epoch), _group(self.census, self.num_replicas)
         share = missing[self.rank :: self.num_replicas] if group else missing
         counts = np.zeros(len(missing), np.int64)
         for w in share:
-            counts[missing.index(w)] = len(W.own_plan(self._column, windows, w, self._opts, self.epoch)[2])
+            counts[missing.index(w)] = len(W.own_plan(self._column, windows, w, self._opts, epoch)[2])
         if group:
             import torch
             import torch.distributed as dist
@@ -453,7 +469,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             counts = t.numpy()
         known.update(zip(missing, counts.tolist()))
-        logger.info("epoch %d: census of %d windows (%d here)", self.epoch, len(missing), len(share))
+        logger.info("epoch %d: census of %d windows (%d here)", epoch, len(missing), len(share))
         return known
 
     def _layout(self, epoch: int) -> RankLayout:

@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--phase", choices=("full", "resume", "packed"), required=True)
     p.add_argument("--save-steps", type=int, default=13)
     p.add_argument("--resume-step", type=int, default=13)
+    p.add_argument("--window", type=int, default=0, help="plan in windows of this many samples (0: one plan)")
     args = p.parse_args()
 
     import torch
@@ -90,7 +91,8 @@ def main() -> None:
         # count would lose a batch of epoch 1; 19 leaves a last step of one micro-batch)
         collate, options = pad, {"cost": "padded", "strategy": "sequential", "shuffle": True}
     sampler = fitbatch.BudgetBatchSampler(
-        lengths, BUDGET, seed=0, num_replicas=targs.world_size, rank=targs.process_index, **options
+        lengths, BUDGET, seed=0, num_replicas=targs.world_size, rank=targs.process_index,
+        window=args.window or "auto", **options,
     )
     totals = {e: [t.tolist() for t in sampler.step_totals(e)] for e in range(2)}
     log: list = []

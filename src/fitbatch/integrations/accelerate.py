@@ -182,7 +182,7 @@ class ResumableLoader:
 
     def _first_step(self) -> int:
         # the sampler's resume cursor: the step its next iteration starts at
-        return len(self.sampler.plan()) - len(self.sampler)
+        return int(self.sampler.n_steps()) - len(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
         self._done = self._first_step()

@@ -17,7 +17,7 @@ What changes against a plain ``Trainer``:
   ``per_device_train_batch_size``, ``train_sampling_strategy="group_by_length"`` and
   ``dataloader_drop_last`` do not apply (the sampler groups by size itself).
 * **Epochs of their own length.** A budget plan has a different number of batches each epoch;
-  the Trainer assumes one. Here each epoch runs its own count (``len(sampler.plan(epoch))``),
+  the Trainer assumes one. Here each epoch runs its own count (``sampler.n_steps(epoch)``),
   ``max_steps`` is the sum over the epochs, and a ``global_step`` maps back to (epoch, batches
   done) through those counts.
 * **Loss normalisation.** Unchanged, and exact: with ``average_tokens_across_devices=True``
@@ -134,7 +134,7 @@ class FitbatchTrainerMixin:
     # ------------------------------------------------------------------ epochs of their own length
 
     def _epoch_batches(self, epoch: int) -> int:
-        return len(self.batch_sampler.plan(epoch))
+        return int(self.batch_sampler.n_steps(epoch))
 
     def _epoch_updates(self, epoch: int) -> int:
         return max(math.ceil(self._epoch_batches(epoch) / self.args.gradient_accumulation_steps), 1)
