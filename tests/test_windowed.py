@@ -60,8 +60,9 @@ def test_windows_partition_the_samples(n, window, block, seed, shuffle):
     windows = W.Windows.keyed(n, window=window, block=block, seed=seed, epoch=1, shuffle=shuffle)
     ids = [windows.ids(w) for w in range(windows.n_windows)]
     assert sorted(np.concatenate(ids).tolist()) == list(range(n))
-    # every window is full but the last and the one holding the partial last block
-    assert all(i.size <= windows.window for i in ids) and sum(i.size < windows.window for i in ids[:-1]) <= 1
+    # every window is full but the last (up to 1.5 windows) and the one holding the partial last block
+    assert all(i.size <= windows.window for i in ids[:-1]) and sum(i.size < windows.window for i in ids[:-1]) <= 1
+    assert ids[-1].size < 1.5 * windows.window + windows.block or len(ids) == 1
     if not shuffle:
         assert np.concatenate(ids).tolist() == list(range(n))
 
@@ -207,7 +208,7 @@ def test_resume_on_another_world_size(old, new):
 
 def test_set_budget_part_way_replans_the_window_and_resumes():
     sizes = FUNCTIONS[:20000]
-    kw = {"window": 8192, "block": 256, "num_replicas": 2, "rank": 0, "cost": "padded"}
+    kw = {"window": 4096, "block": 256, "num_replicas": 2, "rank": 0, "cost": "padded"}
     s = WindowedBatchSampler(sizes, 8192, **kw)
     it = iter(s)
     head = [next(it) for _ in range(60)]

@@ -70,7 +70,8 @@ class Windows:
 
     Attributes:
         n: samples in the epoch.
-        window: samples per window (a multiple of ``block``; the last window holds the rest).
+        window: samples per window (a multiple of ``block``; the last window holds the rest, up to
+            one and a half windows: a small last window could not give every rank a batch).
         block: samples per block.
         blocks: the permutation of the blocks; window ``w`` holds ``blocks[w * k:(w + 1) * k]``
             with ``k = window // block``.
@@ -101,11 +102,14 @@ class Windows:
 
     @property
     def n_windows(self) -> int:
-        return max(1, -(-self.blocks.size // self.per_window))
+        """Windows in the epoch: a last part of less than half a window joins the window before it."""
+        full, rest = divmod(self.blocks.size, self.per_window)
+        return max(1, full + (1 if 2 * rest >= self.per_window else 0))
 
     def ids(self, w: int) -> IntArray:
         """The sample indices of window ``w``, block after block (ascending within a block)."""
-        starts = self.blocks[w * self.per_window : (w + 1) * self.per_window] * self.block
+        hi = (w + 1) * self.per_window if w < self.n_windows - 1 else self.blocks.size
+        starts = self.blocks[w * self.per_window : hi] * self.block
         lengths = np.minimum(self.block, self.n - starts)
         heads = np.cumsum(lengths) - lengths
         # every index: its block's start plus its place in the block

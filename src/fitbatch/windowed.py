@@ -338,12 +338,10 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     def _at(self, row: int) -> _Live:
         """The window that runs step ``row``: the live one, or one this epoch passed, rebuilt (then walked on)."""
         live = self._current()
-        if live.first <= row < live.end or row == live.first or (row >= live.end and live.last and row == live.end):
-            return live
-        known = [w for w, (first, _) in self._marks.items() if first <= row]
-        w = max(known) if known else 0
-        first, carried = self._marks.get(w, (0, 0))
-        live = self._rebuild(w, first, carried)
+        if row < live.first:  # a window this epoch passed (a restart of the epoch, say): rebuilt
+            w = max([w for w, (first, _) in self._marks.items() if first <= row], default=0)
+            first, carried = self._marks.get(w, (0, 0))
+            live = self._rebuild(w, first, carried)
         while row >= live.end and not live.last:
             live = self._next(live)
         return live
