@@ -60,8 +60,8 @@ def test_windows_partition_the_samples(n, window, block, seed, shuffle):
     windows = W.Windows.keyed(n, window=window, block=block, seed=seed, epoch=1, shuffle=shuffle)
     ids = [windows.ids(w) for w in range(windows.n_windows)]
     assert sorted(np.concatenate(ids).tolist()) == list(range(n))
-    # every window is full but the last (up to 1.5 windows) and the one holding the partial last block
-    assert all(i.size <= windows.window for i in ids[:-1]) and sum(i.size < windows.window for i in ids[:-1]) <= 1
+    # every window is full but the last, which holds the rest: up to 1.5 windows and a block
+    assert all(i.size == windows.window for i in ids[:-1])
     assert ids[-1].size < 1.5 * windows.window + windows.block or len(ids) == 1
     if not shuffle:
         assert np.concatenate(ids).tolist() == list(range(n))

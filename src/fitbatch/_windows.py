@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,11 +43,13 @@ from numpy.typing import NDArray
 from fitbatch import _rng
 from fitbatch._batch_plan import BatchPlan, measure_batches
 from fitbatch._rules import screen_oversized
+from fitbatch._timeline import Timeline, changed
+from fitbatch.costs import CostModel
 from fitbatch.costs._limits import check_limits, describer
 from fitbatch.distributed import Steps, arrange
 from fitbatch.options import PlanOptions
 from fitbatch.plan import plan_with
-from fitbatch.resume import sizes_digest
+from fitbatch.resume import NUM_REPLICAS_KEY, _good_event, _refuse, sizes_digest
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.strategies import Sorted
 
@@ -59,6 +61,11 @@ IntArray = NDArray[np.int64]
 WINDOW = 1 << 20
 #: samples per block, the unit the keyed permutation moves (a window holds window // block blocks)
 BLOCK = 1 << 12
+WINDOW_KEY = "window"  # a state's window: the one its step is in
+WINDOW_STEP_KEY = "window_step"  # the step of the epoch at which that window's first step runs
+CARRY_KEY = "carry"  # batches that window was handed by the one before it
+CENSUS = ("collective", "local")
+
 #: ``window="auto"``: plan in windows from this many samples on (a global plan of 2**25 samples
 #: peaks at about 1.2 GB per rank)
 AUTO_ABOVE = 1 << 25
@@ -70,11 +77,12 @@ class Windows:
 
     Attributes:
         n: samples in the epoch.
-        window: samples per window (a multiple of ``block``; the last window holds the rest, up to
-            one and a half windows: a small last window could not give every rank a batch).
+        window: samples per window (a multiple of ``block``); the last window holds the rest, up
+            to one and a half windows, so that no window is much smaller than the others.
         block: samples per block.
-        blocks: the permutation of the blocks; window ``w`` holds ``blocks[w * k:(w + 1) * k]``
-            with ``k = window // block``.
+        blocks: the permutation of the whole blocks; window ``w`` holds ``blocks[w * k:(w + 1) *
+            k]`` with ``k = window // block``, and the last window also the samples after the
+            last whole block.
     """
 
     n: int
@@ -87,7 +95,7 @@ class Windows:
         """The windows of epoch ``epoch``: blocks in a ``(seed, epoch)`` permutation when ``shuffle``."""
         block = max(1, min(block, window))
         window = max(block, window // block * block)
-        n_blocks = -(-n // block)
+        n_blocks = n // block  # whole blocks; the samples after them go to the last window
         blocks = (
             _rng.generator(seed, epoch, "window-blocks").permutation(n_blocks)
             if shuffle
@@ -108,12 +116,11 @@ class Windows:
 
     def ids(self, w: int) -> IntArray:
         """The sample indices of window ``w``, block after block (ascending within a block)."""
-        hi = (w + 1) * self.per_window if w < self.n_windows - 1 else self.blocks.size
-        starts = self.blocks[w * self.per_window : hi] * self.block
-        lengths = np.minimum(self.block, self.n - starts)
-        heads = np.cumsum(lengths) - lengths
+        last = w == self.n_windows - 1
+        starts = self.blocks[w * self.per_window : self.blocks.size if last else (w + 1) * self.per_window] * self.block
         # every index: its block's start plus its place in the block
-        return np.repeat(starts - heads, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+        out = np.repeat(starts, self.block) + np.tile(np.arange(self.block, dtype=np.int64), starts.size)
+        return np.concatenate([out, np.arange(self.blocks.size * self.block, self.n, dtype=np.int64)]) if last else out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,18 +346,133 @@ def _refit(
     return order[again.order], again.offsets, order[again.skipped]
 
 
+def window_events(name: str, value: Any) -> None:
+    """A check for a windowed epoch's events: each a sampler event with its ``window``.
+
+    >>> window_events("events", [{"window": 2, "step": 3, "budget": 100.0}])
+    >>> window_events("events", [{"step": 3, "budget": 100.0}])
+    Traceback (most recent call last):
+    ...
+    ValueError: events must be a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}; item 0 is {'step': 3, 'budget': 100.0}, got [{'step': 3, 'budget': 100.0}]; pass what state_dict() returned, unchanged
+    """
+    expected = "a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}"
+    if not isinstance(value, list):
+        _refuse(name, value, expected)
+    for i, event in enumerate(value):
+        w = event.get(WINDOW_KEY) if isinstance(event, Mapping) else None
+        ok = isinstance(w, int) and not isinstance(w, bool) and w >= 0
+        if not ok or not _good_event({k: v for k, v in event.items() if k != WINDOW_KEY}):
+            _refuse(name, value, f"{expected}; item {i} is {event!r}")
+
+
+@dataclasses.dataclass
+class Live:
+    """A window as it runs: its arrangement, the step of the epoch its step 0 runs at, its timeline."""
+
+    plan: WindowPlan
+    first: int
+    timeline: Timeline
+    last: bool
+
+    @property
+    def end(self) -> int:
+        return self.first + self.timeline.total
+
+
+def options_at(
+    begun: PlanOptions, world0: int, events: Sequence[Mapping[str, Any]], w: int, known: CostModel
+) -> tuple[PlanOptions, int]:
+    """The options and the world in force when window ``w`` began: the epoch's, with the events of earlier windows.
+
+    >>> opts, world = options_at(PlanOptions.build(100), 2, [{"window": 0, "step": 3, "budget": 80.0}], 1, PlanOptions.build(100).cost)
+    >>> opts.budget, world
+    (80.0, 2)
+    """
+    opts, world = begun, world0
+    for event in events:
+        if event[WINDOW_KEY] >= w:
+            break
+        if NUM_REPLICAS_KEY in event:
+            world = int(event[NUM_REPLICAS_KEY])
+        else:
+            opts = changed(opts, None, event, (known, opts.cost))[0]
+    return opts, world
+
+
+def window_of(marks: Mapping[int, tuple[int, int]], cursor: int, live: Live) -> int:
+    """The first window passed (``marks``: window -> first step, batches handed in) whose steps reach ``cursor``.
+
+    A window's end is the next one's first step; ``live`` is the window running now.
+    """
+    for w in sorted(marks):
+        first = marks[w][0]
+        end = marks[w + 1][0] if w + 1 in marks else live.end if w == live.plan.index else None
+        if end is not None and first <= cursor <= end:
+            return w
+    return live.plan.index
+
+
+def census(
+    column: Column, windows: Windows, opts: PlanOptions, epoch: int, todo: list[int], rank: int, world: int, shared: bool
+) -> list[int]:
+    """The own batch counts of windows ``todo`` (what ``len()`` needs of the windows not planned yet).
+
+    ``shared``: rank ``rank`` of ``world`` counts every ``world``-th of them and one
+    ``all_reduce`` over ``torch.distributed`` sums the counts (every rank must call it together);
+    else this process counts them all.
+
+    >>> windows = Windows.keyed(10, window=4, block=2, seed=0, epoch=0, shuffle=False)
+    >>> census(Column.of([3, 1, 4, 1, 5, 9, 2, 6, 5, 3]), windows, PlanOptions.build(9, cost="sum"), 0, [0, 1], 0, 1, False)
+    [1, 3]
+    """
+    share = todo[rank::world] if shared else todo
+    counts = np.zeros(len(todo), np.int64)
+    for w in share:
+        counts[todo.index(w)] = len(own_plan(column, windows, w, opts, epoch)[2])
+    if shared:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.from_numpy(counts)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        counts = t.numpy()
+    logger.info("epoch %d: census of %d windows (%d here)", epoch, len(todo), len(share))
+    return [int(c) for c in counts]
+
+
+def shared_world(world: int) -> bool:
+    """Whether an initialised ``torch.distributed`` of ``world`` ranks can share a census."""
+    if world == 1:
+        return False
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - without torch
+        return False
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() == world)
+
+
 __all__ = [
     "AUTO_ABOVE",
     "BLOCK",
+    "CARRY_KEY",
+    "CENSUS",
     "WINDOW",
     "Column",
+    "Live",
+    "WINDOW_KEY",
+    "WINDOW_STEP_KEY",
     "WindowPlan",
     "Windows",
     "auto_window",
     "build_window",
+    "census",
     "carry_count",
     "handed_on",
+    "options_at",
     "own_plan",
+    "shared_world",
     "window_seed",
+    "window_events",
+    "window_of",
     "window_steps",
 ]

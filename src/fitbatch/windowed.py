@@ -8,18 +8,12 @@ guarantees of the plan samplers: every sample once per epoch, equal steps on eve
 cost-balanced batches, exact ``len()``, ``set_budget``/``set_cost`` part-way, and an exact
 resume, also on another world size.
 
-* **First batch**: window 0 is planned (one window's time), nothing else.
-* **Resume**: the state is ``(epoch, window, its first step, carry, step)`` plus the epoch's
-  events; a resume plans the saved window and the one before it (whose handed-on batches it
-  needs), whatever the epoch's length.
-* **len()**: the steps of the windows not yet planned come from a *census*: each window's own
-  batch count under the options in force (its plan, counted and dropped). With an initialised
-  ``torch.distributed`` and ``census="collective"``, rank r counts windows r, r + world, ...
-  and one ``all_reduce`` sums them, so every rank must call ``len()`` (or
-  :meth:`step_totals`/``plan()``) together; ``census="local"`` counts them all on each rank.
-  Done once per epoch and options.
-* ``plan()`` and ``step_totals()`` walk the whole epoch window by window (time O(n), memory
-  O(window) plus what they return).
+* **First batch**: window 0 is planned, nothing else. **Resume**: the state is ``(epoch, window,
+  its first step, carry, step)`` plus the epoch's events; a resume plans two windows.
+* **len()**: the windows not planned yet are counted by a *census* (each window's batch count),
+  shared over ``torch.distributed`` with ``census="collective"`` (rank r counts windows r, r +
+  world, ...; one ``all_reduce``): every rank must call ``len()`` together. Once per epoch.
+* ``plan()`` and ``step_totals()`` walk the epoch window by window (time O(n)).
 
 ``BudgetBatchSampler(..., window="auto")`` (the default) becomes this sampler above
 :data:`~fitbatch._windows.AUTO_ABOVE` samples; ``window=N`` asks for it at any size.
@@ -33,7 +27,7 @@ resume, also on another world size.
 from __future__ import annotations
 
 import copy
-import dataclasses
+import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,6 +38,7 @@ from fitbatch import _windows as W
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._timeline import Planner, Timeline, _join, changed, check_step
 from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
+from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
 from fitbatch.costs import CostModel, Limits, resolve_cost, resolve_limits
 from fitbatch.distributed import POLICIES, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
@@ -60,8 +55,6 @@ from fitbatch.resume import (
     SIZES_DIGEST_KEY,
     STEP_KEY,
     StateSchema,
-    _good_event,
-    _refuse,
     integer,
     mapping,
 )
@@ -73,45 +66,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WINDOW_KEY = "window"  # the window the saved step is in
-WINDOW_STEP_KEY = "window_step"  # the step of the epoch at which that window's first step runs
-CARRY_KEY = "carry"  # batches that window was handed by the one before it
-CENSUS = ("collective", "local")
 
 TorchBatchSampler = torch_class("BatchSampler")
-
-
-def window_events(name: str, value: Any) -> None:
-    """A check for a windowed epoch's events: each a sampler event with its ``window``.
-
-    >>> window_events("events", [{"window": 2, "step": 3, "budget": 100.0}])
-    >>> window_events("events", [{"step": 3, "budget": 100.0}])
-    Traceback (most recent call last):
-    ...
-    ValueError: events must be a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}; item 0 is {'step': 3, 'budget': 100.0}, got [{'step': 3, 'budget': 100.0}]; pass what state_dict() returned, unchanged
-    """
-    expected = "a list of events {'window': int >= 0, 'step': int >= 0 (of the window), and one change}"
-    if not isinstance(value, list):
-        _refuse(name, value, expected)
-    for i, event in enumerate(value):
-        w = event.get(WINDOW_KEY) if isinstance(event, Mapping) else None
-        ok = isinstance(w, int) and not isinstance(w, bool) and w >= 0
-        if not ok or not _good_event({k: v for k, v in event.items() if k != WINDOW_KEY}):
-            _refuse(name, value, f"{expected}; item {i} is {event!r}")
-
-
-@dataclasses.dataclass
-class _Live:
-    """A window as it runs: its arrangement, the step of the epoch its step 0 runs at, its timeline."""
-
-    plan: W.WindowPlan
-    first: int
-    timeline: Timeline
-    last: bool
-
-    @property
-    def end(self) -> int:
-        return self.first + self.timeline.total
 
 
 class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
@@ -199,15 +155,15 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)  # type: ignore[arg-type]
         self.window = int(window) if window is not None else W.auto_window(self._column, self._opts, self.num_replicas)
+        if self.window < self.num_replicas:  # a window's samples must give every rank a batch
+            raise ValueError(f"window={self.window} is smaller than num_replicas={self.num_replicas}; pass a larger window")
         self.policy = choice("policy", policy, POLICIES)
         self._begun, self._world0 = self._opts, self.num_replicas
         self._events: list[dict[str, Any]] = []
-        self._live: _Live | None = None
+        self._live: Live | None = None
         self._from_row = 0  # the first step of the epoch this world runs
         self._marks: dict[int, tuple[int, int]] = {}  # window -> (first step, batches handed in), this epoch
         self._counts: dict[tuple[int, str], dict[int, int]] = {}  # census: (epoch, options) -> window -> own batches
-
-    # ------------------------------------------------------------------ configuration
 
     @property
     def options(self) -> PlanOptions:
@@ -261,11 +217,11 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         logger.info("epoch %d: %s from step %d on (window %d); the rest re-planned", self.epoch, change, self._position, live.plan.index)
         self._revision += 1
 
-    def _generation(self, live: _Live) -> int:
+    def _generation(self, live: Live) -> int:
         """The number of the next event of ``live``'s window (1 for its first): it keys the re-plan's stream."""
         return 1 + sum(e[WINDOW_KEY] == live.plan.index for e in self._events)
 
-    def _apply(self, live: _Live, event: Mapping[str, Any], generation: int, known: Sequence[CostModel] = ()) -> None:
+    def _apply(self, live: Live, event: Mapping[str, Any], generation: int, known: Sequence[CostModel] = ()) -> None:
         """Apply the ``generation``-th event of ``live``'s window to its timeline, and to the options in force."""
         local = {k: v for k, v in event.items() if k != WINDOW_KEY}
         planner = Planner(live.plan.sizes, self.policy, self.epoch)
@@ -280,21 +236,11 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             self._events, self._live, self._marks, self._from_row = [], None, {}, 0
             self._revision += 1
 
-    # ------------------------------------------------------------------ windows
-
     def _options_at(self, w: int) -> tuple[PlanOptions, int]:
-        """The options and the world in force when window ``w`` of the current epoch began (events replayed)."""
-        opts, world = self._begun, self._world0
-        for event in self._events:
-            if event[WINDOW_KEY] >= w:
-                break
-            if NUM_REPLICAS_KEY in event:
-                world = int(event[NUM_REPLICAS_KEY])
-            else:
-                opts = changed(opts, None, event, (self._opts.cost, opts.cost))[0]
-        return opts, world
+        """The options and the world in force when window ``w`` of the current epoch began."""
+        return W.options_at(self._begun, self._world0, self._events, w, self._opts.cost)
 
-    def _build(self, w: int, first: int, carry_in: Sequence[np.ndarray]) -> _Live:
+    def _build(self, w: int, first: int, carry_in: Sequence[np.ndarray]) -> Live:
         """Window ``w`` planned with the options of its start, handed ``carry_in``; its saved events replayed.
 
         Leaves ``self._opts`` at the options in force after the window's events.
@@ -305,7 +251,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             self._column, windows, w, self._opts, world=world, epoch=self.epoch, carry_in=carry_in, policy=self.policy,
         )
         self._marks[w] = (first, len(carry_in))
-        live = _Live(plan, first, Timeline.start(plan.steps, self._opts.cost, self._opts.budget), w == windows.n_windows - 1)
+        live = Live(plan, first, Timeline.start(plan.steps, self._opts.cost, self._opts.budget), w == windows.n_windows - 1)
         mine = [event for event in self._events if event[WINDOW_KEY] == w]
         for generation, event in enumerate(mine, 1):
             check_step(f"event {event!r}", int(event[STEP_KEY]), live.timeline, self.epoch)
@@ -313,7 +259,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         self._live = live
         return live
 
-    def _rebuild(self, w: int, first: int, carried: int) -> _Live:
+    def _rebuild(self, w: int, first: int, carried: int) -> Live:
         """Window ``w`` rebuilt on its own (a resume): the window before it planned for what it handed on."""
         carry: tuple[np.ndarray, ...] = ()
         if carried:
@@ -322,7 +268,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             carry = tuple(ids[b] for b in own.select(W.handed_on(own, carried, before, self.epoch, w - 1)))
         return self._build(w, first, carry)
 
-    def _current(self) -> _Live:
+    def _current(self) -> Live:
         if self._live is None:
             self._build(0, 0, ())
             assert self._live is not None
@@ -331,11 +277,11 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
                             self.window, self._live.timeline.steps.plan.stats().summary())
         return self._live
 
-    def _next(self, live: _Live) -> _Live:
+    def _next(self, live: Live) -> Live:
         """The window after ``live``, handed ``live``'s batches."""
         return self._build(live.plan.index + 1, live.end, live.plan.carry)
 
-    def _at(self, row: int) -> _Live:
+    def _at(self, row: int) -> Live:
         """The window that runs step ``row``: the live one, or one this epoch passed, rebuilt (then walked on)."""
         live = self._current()
         if row < live.first:  # a window this epoch passed (a restart of the epoch, say): rebuilt
@@ -346,9 +292,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             live = self._next(live)
         return live
 
-    # ------------------------------------------------------------------ iteration and len
-
-    def _rank_batches(self, live: _Live) -> tuple[BatchPlan, int]:
+    def _rank_batches(self, live: Live) -> tuple[BatchPlan, int]:
         """This rank's batches of a window (dataset indices) and the step of the epoch its first runs at."""
         tl = live.timeline
         local = tl.rank_plan(self.rank, live.plan.sizes)
@@ -446,28 +390,13 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         return sum(W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy))
 
     def _census(self, todo: list[int], epoch: int) -> dict[int, int]:
-        """Own batch counts of an epoch's windows ``todo`` under the options in force (computed once per epoch and options)."""
-        import json
-
-        key = (epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str))
-        known = self._counts.setdefault(key, {})
+        """Own batch counts of an epoch's windows ``todo`` under the options in force (once per epoch and options)."""
+        known = self._counts.setdefault((epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str)), {})
         missing = [w for w in todo if w not in known]
-        if not missing:
-            return known
-        windows, group = self.windows(epoch), _group(self.census, self.num_replicas)
-        share = missing[self.rank :: self.num_replicas] if group else missing
-        counts = np.zeros(len(missing), np.int64)
-        for w in share:
-            counts[missing.index(w)] = len(W.own_plan(self._column, windows, w, self._opts, epoch)[2])
-        if group:
-            import torch
-            import torch.distributed as dist
-
-            t = torch.from_numpy(counts)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            counts = t.numpy()
-        known.update(zip(missing, counts.tolist()))
-        logger.info("epoch %d: census of %d windows (%d here)", epoch, len(missing), len(share))
+        if missing:
+            group = self.census == "collective" and W.shared_world(self.num_replicas)
+            counts = W.census(self._column, self.windows(epoch), self._opts, epoch, missing, self.rank, self.num_replicas, group)
+            known.update(zip(missing, counts))
         return known
 
     def _layout(self, epoch: int) -> RankLayout:
@@ -498,8 +427,6 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         samples, units, loss = (np.concatenate([getattr(t, f) for t in totals]) for f in ("samples", "units", "loss_units"))
         return RankLayout(joined, samples, units, self._from_row, loss)
 
-    # ------------------------------------------------------------------ state
-
     def _config(self) -> dict[str, Any]:
         return {**self._begun.to_dict(), "window": self.window, "block": self.block}
 
@@ -518,7 +445,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
                 f"step {cursor} is outside the steps of epoch {self.epoch} this sampler knows "
                 f"({self._from()}..{live.end}); pass the steps of the epoch completed"
             )
-        w = self._window_of(cursor, live)
+        w = W.window_of(self._marks, cursor, live)
         first, carried = self._marks[w]
         return self.STATE.envelope(
             epoch=self.epoch, step=cursor, num_replicas=self._world0, n_samples=len(self._column),
@@ -526,14 +453,6 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             window=w, window_step=first, carry=carried,
         )
 
-    def _window_of(self, cursor: int, live: _Live) -> int:
-        """The first window this epoch passed whose steps reach ``cursor`` (a window's end is the next one's start)."""
-        for w in sorted(self._marks):
-            first = self._marks[w][0]
-            end = self._marks[w + 1][0] if w + 1 in self._marks else live.end if w == live.plan.index else None
-            if end is not None and first <= cursor <= end:
-                return w
-        return live.plan.index
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where ``state`` was taken: plan its window (and the one before it), replay its events.
@@ -570,21 +489,8 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         self._seek(step)
 
     def __repr__(self) -> str:
-        return (
-            f"WindowedBatchSampler(n={len(self._column)}, budget={self.budget:g}, window={self.window}, "
-            f"strategy={self._opts.strategy.name!r}, rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
-        )
+        where = f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch}"
+        return f"WindowedBatchSampler(n={len(self._column)}, budget={self.budget:g}, window={self.window}, {where})"
 
 
-def _group(census: str, world: int) -> bool:
-    """Whether to share the census over ``torch.distributed`` (initialised, several ranks)."""
-    if census != "collective" or world == 1:
-        return False
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - without torch
-        return False
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() == world)
-
-
-__all__ = ["WindowedBatchSampler", "window_events"]
+__all__ = ["WindowedBatchSampler"]
