@@ -87,6 +87,7 @@ def _warm(module: ModuleType) -> None:
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
+    module.two_ended(one, np.zeros(1, np.int64), 1.0, 2)
 
 
 def _kernels(work: int) -> ModuleType | None:
@@ -170,6 +171,20 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
     if module is None:
         return None
     result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
+    return result
+
+
+def two_ended(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int | None) -> tuple[IntArray, IntArray] | None:
+    """:func:`fitbatch._packing.two_ended_starts` compiled, or ``None`` when not compiled."""
+    module = _kernels(sizes.shape[0])
+    if module is None:
+        return None
+    n = sizes.shape[0]
+    # a cap of n or more never binds (a batch holds at most n samples): n keeps it in int64
+    room = n if cap is None else min(int(cap), n)
+    result: tuple[IntArray, IntArray] = module.two_ended(
+        np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), room
+    )
     return result
 
 

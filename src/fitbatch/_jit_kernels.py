@@ -182,3 +182,78 @@ def all_integral(sizes: np.ndarray) -> bool:  # pragma: no cover - compiled; che
         if not x == np.floor(x):
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def _bisect_right(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
+    """``bisect.bisect_right(a, x, lo, hi)``: the same comparisons in the same order."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _bisect_left(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
+    """``bisect.bisect_left(a, x, lo, hi)``: the same comparisons in the same order."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def two_ended(  # pragma: no cover - compiled; checked against the Python walk in tests/test_jit.py
+    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fitbatch._packing.two_ended_starts` (``cap``: at most ``n``) as one compiled walk.
+
+    The prefix sums are added in order as ``np.cumsum`` adds them, and the searches are
+    ``bisect``'s, so every batch is the same; the order is written batch by batch.
+    """
+    n = sizes.shape[0]
+    csum = np.empty(n + 1, dtype=np.float64)
+    csum[0] = 0.0
+    acc = 0.0
+    for i in range(n):
+        acc += sizes[i]
+        csum[i + 1] = acc
+    order = np.empty(n, dtype=np.int64)
+    starts = np.empty(n, dtype=np.int64)
+    k = 0  # batches written
+    w = 0  # positions written
+    m = seg_starts.shape[0]
+    for s in range(m):
+        hi = seg_starts[s]
+        lo = seg_starts[s + 1] if s + 1 < m else n
+        # Invariant: positions [hi, lo) of the segment are not yet in any batch.
+        while hi < lo:
+            smallest = sizes[lo - 1]
+            reach = lo
+            if smallest > 0.0:
+                q = budget / smallest  # no batch holds more than budget / smallest samples
+                if q < lo - hi:
+                    reach = min(lo, hi + int(q) + 2)
+            big_end = _bisect_right(csum, csum[hi] + budget, hi, reach + 1) - 1
+            big_end = max(hi + 1, min(big_end, lo, hi + cap))
+            left = budget - (csum[big_end] - csum[hi])
+            small_start = lo
+            if left > 0 and big_end < lo and big_end - hi < cap:
+                small_start = _bisect_left(csum, csum[lo] - left, big_end, lo)
+                small_start = max(small_start, lo - (cap - (big_end - hi)))
+            starts[k] = w
+            k += 1
+            for p in range(hi, big_end):
+                order[w] = p
+                w += 1
+            for p in range(small_start, lo):
+                order[w] = p
+                w += 1
+            hi, lo = big_end, small_start
+    return order, starts[:k].copy()
