@@ -163,14 +163,21 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
 
 
-def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
-    """Shuffle (if asked), cut into pools, sort each pool by descending size key."""
+def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:
+    """Shuffle (if asked), cut into pools, sort each pool by descending size key: (order, pool starts)."""
     n = len(ctx.sizes)
-    keys, edges = ctx.keys()
+    keys, _ = ctx.keys()
     base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
     down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
     order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
+    return order, seg_starts
+
+
+def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
+    """:func:`_pooled_order` and the levels of its positions (each pool's keys, descending)."""
+    order, seg_starts = _pooled_order(ctx, pool_size)
+    keys, edges = ctx.keys()
     return order, seg_starts, (keys[order], edges)
 
 

@@ -21,6 +21,7 @@ from fitbatch.strategies._base import (
     _gather_into,
     _greedy,
     _pooled_layout,
+    _pooled_order,
     _random_positions,
     _tails,
     replan,
@@ -160,21 +161,23 @@ class Packed(_Pools):
     name: ClassVar[str] = "packed"
 
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
-            return _greedy(ctx, order, seg_starts, levels)
+            return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        order, seg_starts = _pooled_order(ctx, self.pool_size)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        # the batch loads when pools are re-packed (one pool or more: starts is not empty),
+        # gathered from the laid-out sizes: runs of positions, cheaper than by sample index
+        loads = np.add.reduceat(values[inner], starts) if seg_starts.size > 1 else None
         del values
         order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         first = Result(order, starts, _tails(starts, seg_starts, order.size))
-        if seg_starts.size <= 1:
+        if loads is None:
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
         values = ctx.sizes.values
-        loads = np.add.reduceat(values[order], starts)  # one pool or more: starts is not empty
 
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]
