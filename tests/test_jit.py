@@ -26,6 +26,7 @@ from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._kernels import sum_starts
 from fitbatch._packing import two_ended_starts
+from fitbatch.strategies._base import _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
 
@@ -193,6 +194,30 @@ def test_packed_sum_plans_are_the_same(cap):
 
     def run():
         plan = fitbatch.plan_batches(sizes, 4096, cost="sum", strategy=fitbatch.Packed(pool_size=4096), max_batch_size=cap)
+        return plan.order.tolist(), plan.offsets.tolist()
+
+    plain, compiled = both(run)
+    assert compiled == plain
+
+
+@pytest.mark.parametrize(("top", "dtype"), [(0, np.uint16), (5, np.int64), (311, np.uint16), (65535, np.uint16), (1 << 16, np.int64)])
+def test_shuffle_by_level_matches_numpy(top, dtype):
+    n = 70_000 + top % 7  # over 2**16 positions: the radix-sorted shuffle
+    rng = np.random.default_rng(top)
+    level = np.minimum(rng.geometric(0.02, n) - 1, top).astype(dtype)  # skewed: long runs of one level
+    plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), level, top))
+    assert compiled.dtype == np.int64
+    assert compiled.tolist() == plain.tolist()
+    assert np.all(np.diff(top - level[compiled].astype(np.int64)) >= 0)
+
+
+@pytest.mark.parametrize("strategy", ["pooled", "buckets"])
+@pytest.mark.parametrize(("epoch", "shuffle"), [(0, True), (3, True), (0, False)])
+def test_level_mixing_plans_are_the_same(strategy, epoch, shuffle):
+    sizes = np.minimum(np.random.default_rng(4).lognormal(4, 1.3, 100_000).round() + 1, 4000.0)
+
+    def run():
+        plan = fitbatch.plan_batches(sizes, 4096, strategy=strategy, epoch=epoch, shuffle=shuffle, seed=2)
         return plan.order.tolist(), plan.offsets.tolist()
 
     plain, compiled = both(run)

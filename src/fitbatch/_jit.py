@@ -88,6 +88,9 @@ def _warm(module: ModuleType) -> None:
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
     module.two_ended(one, np.zeros(1, np.int64), 1.0, 2)
+    draws = np.zeros(2, np.uint16)
+    module.shuffle_by_level(draws, draws, 0)
+    module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
 
 
 def _kernels(work: int) -> ModuleType | None:
@@ -185,6 +188,18 @@ def two_ended(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int |
     result: tuple[IntArray, IntArray] = module.two_ended(
         np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), room
     )
+    return result
+
+
+def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -> IntArray | None:
+    """Positions stably sorted by ``draws``, then stably by ``top - level`` (one compiled radix
+    sort), or ``None`` when not compiled (or ``top`` not below ``2**16``, or ``2**32`` positions or more)."""
+    module = _kernels(draws.shape[0]) if 0 <= top < 1 << 16 and draws.shape[0] < 1 << 32 else None
+    if module is None:
+        return None
+    if level.dtype != np.uint16:
+        level = level.astype(np.int64, copy=False)
+    result: IntArray = module.shuffle_by_level(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
     return result
 
 

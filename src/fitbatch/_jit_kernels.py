@@ -257,3 +257,66 @@ def two_ended(  # pragma: no cover - compiled; checked against the Python walk i
                 w += 1
             hi, lo = big_end, small_start
     return order, starts[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, level: np.ndarray, top: int
+) -> np.ndarray:
+    """Positions stably sorted by their 16-bit random draw (a shuffle), then stably by
+    descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
+
+    One stable sort by the key ``(top - level) * 2**16 + draw``: an LSD radix sort in three
+    counting passes (the draw's low byte, its high byte, the level) over ``key * 2**32 + position``.
+    """
+    n = draws.shape[0]
+    low = np.uint64(32)
+    # pass 1: the draw's low byte; entries are made as they are read
+    count = np.zeros(256, dtype=np.int64)
+    for i in range(n):
+        count[draws[i] & 255] += 1
+    _starts(count)
+    a = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        d = draws[i] & 255
+        p = count[d]
+        count[d] = p + 1
+        a[p] = (np.uint64(((top - level[i]) << 16) | draws[i]) << low) | np.uint64(i)
+    # pass 2: the draw's high byte
+    high, byte = np.uint64(40), np.uint64(255)
+    count[:] = 0
+    for j in range(n):
+        count[(a[j] >> high) & byte] += 1
+    _starts(count)
+    b = np.empty(n, dtype=np.uint64)
+    for j in range(n):
+        c = a[j]
+        d = (c >> high) & byte
+        p = count[d]
+        count[d] = p + 1
+        b[p] = c
+    # pass 3: the level, descending; positions written over the first buffer (read no more)
+    shift = np.uint64(48)
+    first = np.zeros(top + 1, dtype=np.int64)
+    for j in range(n):
+        first[b[j] >> shift] += 1
+    _starts(first)
+    out = a.view(np.int64)
+    positions = np.uint64(0xFFFFFFFF)
+    for j in range(n):
+        c = b[j]
+        d = c >> shift
+        p = first[d]
+        first[d] = p + 1
+        out[p] = np.int64(c & positions)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _starts(count: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Counts to the first position of each digit, in place (an exclusive running sum)."""
+    acc = 0
+    for k in range(count.shape[0]):
+        c = count[k]
+        count[k] = acc
+        acc += c

@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit, _rng
 from fitbatch import _kernels as K
-from fitbatch import _rng
 from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
@@ -160,7 +160,32 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
         return rng.permutation(n).astype(np.int64)
-    return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+    return SK.stable_argsort_u16(_draws(n, rng))
+
+
+def _draws(n: int, rng: np.random.Generator) -> NDArray[np.uint16]:
+    """The 16 random bits per position that :func:`_random_positions` sorts by (``n > 2**16``)."""
+    return rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+
+
+def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[Any], top: int) -> IntArray:
+    """Positions shuffled as :func:`_random_positions` shuffles them (``rng=None``: in index
+    order), then stably sorted by descending ``level`` (every level in ``[0, top]``).
+
+    With the ``fast`` extra both stable sorts run as one compiled pair of counting sorts.
+    """
+    if rng is not None and n > 1 << 16:
+        draws = _draws(n, rng)
+        compiled = _jit.shuffle_by_level(draws, level, top)
+        if compiled is not None:
+            return compiled
+        base = SK.stable_argsort_u16(draws)
+        del draws
+    else:
+        base = np.arange(n, dtype=np.int64) if rng is None else _random_positions(n, rng)
+    down = top - level[base]
+    idx = np.argsort(down.astype(np.uint16) if top < 1 << 16 else down, kind="stable")
+    return _gather_into(base, idx.astype(np.int64, copy=False))
 
 
 def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:

@@ -10,7 +10,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
@@ -22,7 +21,7 @@ from fitbatch.strategies._base import (
     _greedy,
     _pooled_layout,
     _pooled_order,
-    _random_positions,
+    _shuffled_by_level,
     _tails,
     replan,
 )
@@ -136,13 +135,9 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops = mixed_levels(ctx, self.spread, self.randomness)
         level = lut[ctx.keys()[0]]
-        n = len(ctx.sizes)
-        base = (
-            _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-        )
-        down = (tops.size - 1) - level[base]
+        rng = ctx.rng("pools") if ctx.shuffle else None
         # one pool: levels already draw partners at random, and pool borders only add padding
-        order = _gather_into(base, SK.stable_argsort_u16(down.astype(np.uint16)))
+        order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
         seg_starts = np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
