@@ -401,14 +401,18 @@ class BatchPlan(Sequence[IntArray]):
 
 
 def measure_batches(
-    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None
 ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
     """Per batch: count, cost, real (unpadded) units and padded units (count x padded length).
 
-    ``order=None`` means the samples are in index order (no gather).
+    ``order=None`` means the samples are in index order (no gather); ``laid``, when given, is
+    ``sizes.values[order]`` already gathered (by the planning kernel).
     """
     values = sizes.values
-    counts, mx, sm = K.batch_reduce(values if order is None else values[order], offsets)
+    if laid is None:
+        laid = values if order is None else values[order]
+    counts, mx, sm = K.batch_reduce(laid, offsets)
+    del laid
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
         real, length = sm, mx

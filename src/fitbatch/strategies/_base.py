@@ -59,6 +59,7 @@ class Result:
     starts: IntArray
     tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
     identity: bool = False  # order is 0..n-1
+    laid: NDArray[Any] | None = None  # the sizes in ``order``, when the kernel gathered them
 
 
 class Strategy(ABC):
@@ -114,13 +115,13 @@ def _greedy(
     max is non-increasing in each segment;
     ``identity`` that ``order`` is 0..n-1 (no gather needed).
     """
+    laid = None
     if levels is not None and ctx.sizes.values.ndim == 1:
         level, edges = levels
-        values = (
-            ctx.sizes.values[order]
-            if ctx.cost.max_count(edges[:1], ctx.budget) is None
-            else ctx.sizes.values[:0]
-        )
+        if ctx.cost.max_count(edges[:1], ctx.budget) is None:
+            values = laid = ctx.sizes.values[order]
+        else:
+            values = ctx.sizes.values[:0]
         starts = K.descending_starts(
             level,
             edges,
@@ -136,15 +137,17 @@ def _greedy(
         if seg_starts.size > 1:
             force = np.zeros(order.size, dtype=bool)
             force[seg_starts] = True
+        values = ctx.sizes.values if identity else ctx.sizes.values[order]
+        laid = None if identity else values
         starts, _ = K.greedy_starts(
-            ctx.sizes.values if identity else ctx.sizes.values[order],
+            values,
             ctx.budget,
             ctx.cost,
             cap=ctx.cap,
             multiple=ctx.multiple,
             force=force,
         )
-    return Result(order, starts, _tails(starts, seg_starts, order.size), identity)
+    return Result(order, starts, _tails(starts, seg_starts, order.size), identity, laid)
 
 
 def _gather_into(values: IntArray, index: IntArray) -> IntArray:

@@ -80,7 +80,8 @@ class Sorted(Strategy):
             return result
         # Reversing the whole order reverses the batches and the samples inside each batch.
         ends = np.append(result.starts[1:], n)
-        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy())
+        laid = None if result.laid is None else result.laid[::-1].copy()
+        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy(), laid=laid)
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         return None
