@@ -192,8 +192,8 @@ def two_ended(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int |
 
 
 def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -> IntArray | None:
-    """Positions stably sorted by ``draws``, then stably by ``top - level`` (one compiled radix
-    sort), or ``None`` when not compiled (or ``top`` not below ``2**16``, or ``2**32`` positions or more)."""
+    """Positions stably sorted by ``draws``, then stably by ``top - level`` (compiled counting
+    and radix sorts), or ``None`` when not compiled (or ``top`` not below ``2**16``, or ``2**32`` positions or more)."""
     module = _kernels(draws.shape[0]) if 0 <= top < 1 << 16 and draws.shape[0] < 1 << 32 else None
     if module is None:
         return None

@@ -266,57 +266,55 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     """Positions stably sorted by their 16-bit random draw (a shuffle), then stably by
     descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
 
-    One stable sort by the key ``(top - level) * 2**16 + draw``: an LSD radix sort in three
-    counting passes (the draw's low byte, its high byte, the level) over ``key * 2**32 + position``.
+    That is one sort by (``top - level``, draw, position): a counting sort by level (positions
+    in order, so ties stay by position), then inside each level a two-pass radix sort of
+    ``draw * 2**32 + position`` by the draw's low byte and its high byte (both stable).
     """
     n = draws.shape[0]
-    low = np.uint64(32)
-    # pass 1: the draw's low byte; entries are made as they are read
-    count = np.zeros(256, dtype=np.int64)
+    bounds = np.zeros(top + 2, dtype=np.int64)
     for i in range(n):
-        count[draws[i] & 255] += 1
-    _starts(count)
+        bounds[top - level[i] + 1] += 1
+    for d in range(top + 1):
+        bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
+    at = bounds[:-1].copy()
     a = np.empty(n, dtype=np.uint64)
+    shift = np.uint64(32)
     for i in range(n):
-        d = draws[i] & 255
-        p = count[d]
-        count[d] = p + 1
-        a[p] = (np.uint64(((top - level[i]) << 16) | draws[i]) << low) | np.uint64(i)
-    # pass 2: the draw's high byte
-    high, byte = np.uint64(40), np.uint64(255)
-    count[:] = 0
-    for j in range(n):
-        count[(a[j] >> high) & byte] += 1
-    _starts(count)
+        d = top - level[i]
+        p = at[d]
+        at[d] = p + 1
+        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
     b = np.empty(n, dtype=np.uint64)
-    for j in range(n):
-        c = a[j]
-        d = (c >> high) & byte
-        p = count[d]
-        count[d] = p + 1
-        b[p] = c
-    # pass 3: the level, descending; positions written over the first buffer (read no more)
-    shift = np.uint64(48)
-    first = np.zeros(top + 1, dtype=np.int64)
-    for j in range(n):
-        first[b[j] >> shift] += 1
-    _starts(first)
-    out = a.view(np.int64)
+    count = np.empty(256, dtype=np.int64)
+    for d in range(top + 1):
+        s, e = bounds[d], bounds[d + 1]
+        if e - s > 1:
+            _byte_pass(a, b, s, e, np.uint64(32), count)
+            _byte_pass(b, a, s, e, np.uint64(40), count)
+    out = b.view(np.int64)
     positions = np.uint64(0xFFFFFFFF)
     for j in range(n):
-        c = b[j]
-        d = c >> shift
-        p = first[d]
-        first[d] = p + 1
-        out[p] = np.int64(c & positions)
+        out[j] = np.int64(a[j] & positions)
     return out
 
 
 @njit(cache=True, nogil=True)
-def _starts(count: np.ndarray) -> None:  # pragma: no cover - compiled
-    """Counts to the first position of each digit, in place (an exclusive running sum)."""
-    acc = 0
-    for k in range(count.shape[0]):
+def _byte_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
+) -> None:
+    """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
+    byte = np.uint64(255)
+    count[:] = 0
+    for j in range(s, e):
+        count[(src[j] >> shift) & byte] += 1
+    acc = s
+    for k in range(256):
         c = count[k]
         count[k] = acc
         acc += c
+    for j in range(s, e):
+        c = src[j]
+        q = (c >> shift) & byte
+        p = count[q]
+        count[q] = p + 1
+        dst[p] = c
