@@ -26,7 +26,7 @@ from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._kernels import sum_starts
 from fitbatch._packing import two_ended_starts
-from fitbatch.strategies._base import _shuffled_by_level
+from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
 
@@ -209,6 +209,31 @@ def test_shuffle_by_level_matches_numpy(top, dtype):
     assert compiled.dtype == np.int64
     assert compiled.tolist() == plain.tolist()
     assert np.all(np.diff(top - level[compiled].astype(np.int64)) >= 0)
+
+
+@pytest.mark.parametrize(("pool", "n"), [(1, 65_537), (4096, 70_001), (65_536, 200_000), (1 << 40, 80_000)])
+def test_shuffle_in_pools_matches_numpy(pool, n):
+    rng = np.random.default_rng(pool % 1000)
+    sizes = np.minimum(rng.geometric(0.01, n), 5000).astype(np.float64)  # many ties, long runs
+    ctx = Context(sizes=fitbatch.as_sizes(sizes), budget=1e4, cost=COSTS["sum"], cap=None, multiple=1,
+                  shuffle=True, seed=7, epoch=1)
+    (plain, plain_starts), (compiled, starts) = both(lambda: _pooled_order(ctx, pool))
+    assert compiled.dtype == np.int64
+    assert compiled.tolist() == plain.tolist()
+    assert starts.tolist() == plain_starts.tolist()
+
+
+@pytest.mark.parametrize("strategy", [fitbatch.Packed(pool_size=8192), fitbatch.Pooled(pool_size=8192, randomness=None)])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_pooled_layout_plans_are_the_same(strategy, cost):
+    sizes = np.minimum(np.random.default_rng(5).lognormal(4, 1.3, 100_000).round() + 1, 4000.0)
+
+    def run():
+        plan = fitbatch.plan_batches(sizes, 4096, cost=cost, strategy=strategy, seed=3, epoch=2)
+        return plan.order.tolist(), plan.offsets.tolist()
+
+    plain, compiled = both(run)
+    assert compiled == plain
 
 
 @pytest.mark.parametrize("strategy", ["pooled", "buckets"])

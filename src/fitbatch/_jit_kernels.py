@@ -1,10 +1,13 @@
-"""numba-compiled greedy loops (imported by :mod:`fitbatch._jit` only when numba is installed).
+"""numba-compiled greedy loops and layout sorts (imported by :mod:`fitbatch._jit` only when numba is installed).
 
 Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
 search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample loop, with
 the same floating-point operations in the same order, so the batches are the same. numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
+:func:`two_ended` is the two-ended packing walk of :func:`fitbatch._packing.two_ended_starts`
+(the same sums and ``bisect`` searches), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
+are the stable sorts of the shuffled layouts as counting sorts (a stable sort has one result).
 """
 
 from __future__ import annotations
@@ -295,6 +298,54 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     positions = np.uint64(0xFFFFFFFF)
     for j in range(n):
         out[j] = np.int64(a[j] & positions)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, keys: np.ndarray, pool: int
+) -> np.ndarray:
+    """Positions stably sorted by their 16-bit random draw (a shuffle), cut into pools of
+    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions).
+
+    The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
+    by position), then a pass by its low byte inside each of those runs; each pool then takes
+    two passes by the bytes of ``65535 - key``, cache-sized like the runs.
+    """
+    n = draws.shape[0]
+    bounds = np.zeros(257, dtype=np.int64)
+    for i in range(n):
+        bounds[(draws[i] >> 8) + 1] += 1
+    for d in range(256):
+        bounds[d + 1] += bounds[d]
+    at = bounds[:-1].copy()
+    a = np.empty(n, dtype=np.uint64)
+    shift = np.uint64(32)
+    for i in range(n):
+        d = draws[i] >> 8
+        p = at[d]
+        at[d] = p + 1
+        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
+    b = np.empty(n, dtype=np.uint64)
+    count = np.empty(256, dtype=np.int64)
+    for d in range(256):
+        if bounds[d + 1] - bounds[d] > 1:
+            _byte_pass(a, b, bounds[d], bounds[d + 1], shift, count)
+        else:
+            for j in range(bounds[d], bounds[d + 1]):
+                b[j] = a[j]
+    # b holds the shuffled positions (low 32 bits): re-key them by 65535 - key, pool by pool
+    positions = np.uint64(0xFFFFFFFF)
+    for j in range(n):
+        i = b[j] & positions
+        b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+    for s in range(0, n, pool):
+        e = min(n, s + pool)
+        _byte_pass(b, a, s, e, np.uint64(32), count)
+        _byte_pass(a, b, s, e, np.uint64(40), count)
+    out = a.view(np.int64)
+    for j in range(n):
+        out[j] = np.int64(b[j] & positions)
     return out
 
 

@@ -195,11 +195,18 @@ def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:
     """Shuffle (if asked), cut into pools, sort each pool by descending size key: (order, pool starts)."""
     n = len(ctx.sizes)
     keys, _ = ctx.keys()
-    base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
-    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
-    return order, seg_starts
+    if ctx.shuffle and n > 1 << 16:
+        draws = _draws(n, ctx.rng("pools"))
+        compiled = _jit.shuffle_in_pools(draws, keys, pool_size)
+        if compiled is not None:
+            return compiled, seg_starts
+        base = SK.stable_argsort_u16(draws)  # _random_positions, from the same draws
+        del draws
+    else:
+        base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
+    return _gather_into(base, SK.sort_within_segments(down, pool_size)), seg_starts
 
 
 def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
