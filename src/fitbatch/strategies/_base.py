@@ -222,6 +222,7 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     ``plan_rest(positions)`` plans the loose batches' samples (their positions, in batch order)
     and returns a :class:`Result` over them. Kept batches keep their order and are no longer
     tails; the re-plan's batches follow them. Nothing happens with fewer than two loose batches.
+    The gathered sizes (``laid``) follow the order when both plans carry them.
     """
     if np.count_nonzero(loose) <= 1:
         return first
@@ -234,7 +235,11 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     n_kept = n - again.order.size
     order[:n_kept] = order[~in_loose]
     order[n_kept:] = again.order
+    laid = first.laid if again.laid is not None else None
+    if laid is not None:
+        laid[:n_kept] = laid[~in_loose]
+        laid[n_kept:] = again.laid
     kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
     starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
     tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
-    return Result(order, starts, tails)
+    return Result(order, starts, tails, laid=laid)

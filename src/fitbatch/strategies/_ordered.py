@@ -162,23 +162,25 @@ class Packed(_Pools):
         order, seg_starts = _pooled_order(ctx, self.pool_size)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
-        # the batch loads when pools are re-packed (one pool or more: starts is not empty),
+        # the sizes in batch order (measured by the plan; the loads when pools are re-packed),
         # gathered from the laid-out sizes: runs of positions, cheaper than by sample index
-        loads = np.add.reduceat(values[inner], starts) if seg_starts.size > 1 else None
+        laid = values[inner]
         del values
         order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
-        first = Result(order, starts, _tails(starts, seg_starts, order.size))
-        if loads is None:
+        first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
+        if seg_starts.size <= 1:
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
+        loads = np.add.reduceat(laid, starts)  # one pool or more: starts is not empty
         values = ctx.sizes.values
 
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]
-            inner, starts = two_ended_starts(values[rest], np.zeros(1, np.int64), ctx.budget, ctx.cap)
-            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size))
+            sizes = values[rest]
+            inner, starts = two_ended_starts(sizes, np.zeros(1, np.int64), ctx.budget, ctx.cap)
+            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=sizes[inner])
 
         return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
 
