@@ -228,7 +228,7 @@ def two_ended(  # pragma: no cover - compiled; checked against the Python walk i
         acc += sizes[i]
         csum[i + 1] = acc
     order = np.empty(n, dtype=np.int64)
-    starts = np.empty(n, dtype=np.int64)
+    starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
     k = 0  # batches written
     w = 0  # positions written
     m = seg_starts.shape[0]
@@ -250,6 +250,10 @@ def two_ended(  # pragma: no cover - compiled; checked against the Python walk i
             if left > 0 and big_end < lo and big_end - hi < cap:
                 small_start = _bisect_left(csum, csum[lo] - left, big_end, lo)
                 small_start = max(small_start, lo - (cap - (big_end - hi)))
+            if k == starts.shape[0]:
+                grown = np.empty(2 * k, dtype=np.int64)
+                grown[:k] = starts
+                starts = grown
             starts[k] = w
             k += 1
             for p in range(hi, big_end):
