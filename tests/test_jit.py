@@ -19,12 +19,14 @@ import reference as R
 from contracts import COSTS
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kernels import make_sizes, ns, ref_carry
+from test_kernels import descending_case, make_sizes, ns, ref_carry
 
 import fitbatch
 from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._kernels import sum_starts
+from fitbatch._packing import two_ended_starts
+from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
 
@@ -162,6 +164,89 @@ def test_run_totals_match_numpy(n, seed, cost, cuts):
     assert r.tolist() == (100.0 + np.cumsum(real)).tolist()
     assert p.tolist() == (150.0 + np.cumsum(counts * top)).tolist()
     assert o.tolist() == (1 + np.cumsum(over)).tolist()
+
+
+@given(
+    kind=st.sampled_from(("int", "dyadic", "equal", "zeros", "dup", "floats")),
+    n=ns,
+    seed=st.integers(0, 2**16),
+    n_segments=st.integers(1, 5),
+    budget=st.sampled_from([1.0, 7.0, 13.5, 40.0, 100.0, 1000.0, 1e9]),
+    cap=st.one_of(st.none(), st.integers(1, 9), st.sampled_from([2**40, 2**70])),  # caps over n never bind
+)
+def test_two_ended_matches_the_python_walk(kind, n, seed, n_segments, budget, cap):
+    sizes, seg, _, _ = descending_case("int" if kind == "floats" else kind, n, seed, n_segments)
+    if kind == "floats":  # sums that round: the compiled prefix sums must round as np.cumsum does
+        sizes = np.sort(np.random.default_rng(seed).random(n) * 10)[::-1].copy()
+    (plain_order, plain_starts), (order, starts) = both(lambda: two_ended_starts(sizes, seg, budget, cap))
+    assert order.dtype == starts.dtype == np.int64
+    assert order.tolist() == plain_order.tolist()
+    assert starts.tolist() == plain_starts.tolist()
+    assert R.batches_from_starts(order.tolist(), starts.tolist()) == R.two_ended_batches(
+        R.as_python(sizes), seg.tolist(), budget, cap
+    )
+
+
+@pytest.mark.parametrize("cap", [None, 7])
+def test_packed_sum_plans_are_the_same(cap):
+    sizes = np.minimum(np.random.default_rng(3).lognormal(5, 1.2, 50_000).round() + 1, 4000.0)
+    sizes[::7] += 0.25  # fractional sizes too: the budget is planned a hair lower
+
+    def run():
+        plan = fitbatch.plan_batches(sizes, 4096, cost="sum", strategy=fitbatch.Packed(pool_size=4096), max_batch_size=cap)
+        return plan.order.tolist(), plan.offsets.tolist()
+
+    plain, compiled = both(run)
+    assert compiled == plain
+
+
+@pytest.mark.parametrize(("top", "dtype"), [(0, np.uint16), (5, np.int64), (311, np.uint16), (65535, np.uint16), (1 << 16, np.int64)])
+def test_shuffle_by_level_matches_numpy(top, dtype):
+    n = 70_000 + top % 7  # over 2**16 positions: the radix-sorted shuffle
+    rng = np.random.default_rng(top)
+    level = np.minimum(rng.geometric(0.02, n) - 1, top).astype(dtype)  # skewed: long runs of one level
+    plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), level, top))
+    assert compiled.dtype == np.int64
+    assert compiled.tolist() == plain.tolist()
+    assert np.all(np.diff(top - level[compiled].astype(np.int64)) >= 0)
+
+
+@pytest.mark.parametrize(("pool", "n"), [(1, 65_537), (4096, 70_001), (65_536, 200_000), (1 << 40, 80_000)])
+def test_shuffle_in_pools_matches_numpy(pool, n):
+    rng = np.random.default_rng(pool % 1000)
+    sizes = np.minimum(rng.geometric(0.01, n), 5000).astype(np.float64)  # many ties, long runs
+    ctx = Context(sizes=fitbatch.as_sizes(sizes), budget=1e4, cost=COSTS["sum"], cap=None, multiple=1,
+                  shuffle=True, seed=7, epoch=1)
+    (plain, plain_starts), (compiled, starts) = both(lambda: _pooled_order(ctx, pool))
+    assert compiled.dtype == np.int64
+    assert compiled.tolist() == plain.tolist()
+    assert starts.tolist() == plain_starts.tolist()
+
+
+@pytest.mark.parametrize("strategy", [fitbatch.Packed(pool_size=8192), fitbatch.Pooled(pool_size=8192, randomness=None)])
+@pytest.mark.parametrize("cost", ["sum", "padded"])
+def test_pooled_layout_plans_are_the_same(strategy, cost):
+    sizes = np.minimum(np.random.default_rng(5).lognormal(4, 1.3, 100_000).round() + 1, 4000.0)
+
+    def run():
+        plan = fitbatch.plan_batches(sizes, 4096, cost=cost, strategy=strategy, seed=3, epoch=2)
+        return plan.order.tolist(), plan.offsets.tolist()
+
+    plain, compiled = both(run)
+    assert compiled == plain
+
+
+@pytest.mark.parametrize("strategy", ["pooled", "buckets"])
+@pytest.mark.parametrize(("epoch", "shuffle"), [(0, True), (3, True), (0, False)])
+def test_level_mixing_plans_are_the_same(strategy, epoch, shuffle):
+    sizes = np.minimum(np.random.default_rng(4).lognormal(4, 1.3, 100_000).round() + 1, 4000.0)
+
+    def run():
+        plan = fitbatch.plan_batches(sizes, 4096, strategy=strategy, epoch=epoch, shuffle=shuffle, seed=2)
+        return plan.order.tolist(), plan.offsets.tolist()
+
+    plain, compiled = both(run)
+    assert compiled == plain
 
 
 @given(

@@ -4,6 +4,7 @@ the seed tools' documented examples, bad input, drop_last, selection and golden 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import subprocess
@@ -387,6 +388,19 @@ def test_drop_last_drops_only_underfilled_segment_tails(strategy, n, data_seed, 
 
 
 # --------------------------------------------------------------------------- BatchPlan API
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_to_lists_leaves_the_garbage_collector_as_it_was(running):
+    plan = fitbatch.plan_batches(make_sizes("int", 400, 30), 300, strategy="pooled", seed=1)
+    was = gc.isenabled()
+    (gc.enable if running else gc.disable)()
+    try:
+        lists = plan.to_lists()
+        assert gc.isenabled() is running
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert lists == [b.tolist() for b in plan]
 
 
 def test_select_indexing_iteration_and_lists_agree():

@@ -1,10 +1,13 @@
-"""Optional compiled greedy loops (the ``fast`` extra: numba).
+"""Optional compiled greedy loops and layout sorts (the ``fast`` extra: numba).
 
 The in-order greedy has no numpy formulation that is cheap for short batches: numpy pays a
 Python step per batch (the walk over batch ends) or a few numpy calls per chunk (the lock-step
 scan). With numba installed, :func:`greedy` and :func:`prefix_sum_starts` run the same
 arithmetic as a compiled per-sample loop and return the same starts; without it (or with the
-environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use numpy.
+environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use numpy. The
+same holds for the per-batch walk of sum-cost packing (:func:`two_ended`) and for the stable
+sorts that lay out shuffled epochs (:func:`shuffle_by_level`, :func:`shuffle_in_pools`:
+counting and radix sorts, and a stable sort has one result, so the order is numpy's).
 
 Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.costs.SumCost`,
 :class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
@@ -87,6 +90,11 @@ def _warm(module: ModuleType) -> None:
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
+    module.two_ended(one, np.zeros(1, np.int64), 1.0, 2)
+    draws = np.zeros(2, np.uint16)
+    module.shuffle_by_level(draws, draws, 0)
+    module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
+    module.shuffle_in_pools(draws, draws, 1)
 
 
 def _kernels(work: int) -> ModuleType | None:
@@ -170,6 +178,44 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
     if module is None:
         return None
     result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
+    return result
+
+
+def two_ended(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int | None) -> tuple[IntArray, IntArray] | None:
+    """:func:`fitbatch._packing.two_ended_starts` compiled, or ``None`` when not compiled."""
+    module = _kernels(sizes.shape[0])
+    if module is None:
+        return None
+    n = sizes.shape[0]
+    # a cap of n or more never binds (a batch holds at most n samples): n keeps it in int64
+    room = n if cap is None else min(int(cap), n)
+    result: tuple[IntArray, IntArray] = module.two_ended(
+        np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), room
+    )
+    return result
+
+
+def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -> IntArray | None:
+    """Positions stably sorted by ``draws``, then stably by ``top - level`` (compiled counting
+    and radix sorts), or ``None`` when not compiled (or ``top`` not below ``2**16``, or ``2**32`` positions or more)."""
+    module = _kernels(draws.shape[0]) if 0 <= top < 1 << 16 and draws.shape[0] < 1 << 32 else None
+    if module is None:
+        return None
+    if level.dtype != np.uint16:
+        level = level.astype(np.int64, copy=False)
+    result: IntArray = module.shuffle_by_level(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
+    return result
+
+
+def shuffle_in_pools(draws: NDArray[np.uint16], keys: NDArray[np.uint16], pool: int) -> IntArray | None:
+    """Positions stably sorted by ``draws``, cut into pools of ``pool``, each stably sorted by
+    descending ``keys`` (compiled counting and radix sorts), or ``None`` when not compiled
+    (or ``2**32`` positions or more)."""
+    n = draws.shape[0]
+    module = _kernels(n) if n < 1 << 32 and keys.dtype == np.uint16 else None
+    if module is None:
+        return None
+    result: IntArray = module.shuffle_in_pools(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))))
     return result
 
 

@@ -1,10 +1,13 @@
-"""numba-compiled greedy loops (imported by :mod:`fitbatch._jit` only when numba is installed).
+"""numba-compiled greedy loops and layout sorts (imported by :mod:`fitbatch._jit` only when numba is installed).
 
 Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
 search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample loop, with
 the same floating-point operations in the same order, so the batches are the same. numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
+:func:`two_ended` is the two-ended packing walk of :func:`fitbatch._packing.two_ended_starts`
+(the same sums and ``bisect`` searches), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
+are the stable sorts of the shuffled layouts as counting sorts (a stable sort has one result).
 """
 
 from __future__ import annotations
@@ -182,3 +185,191 @@ def all_integral(sizes: np.ndarray) -> bool:  # pragma: no cover - compiled; che
         if not x == np.floor(x):
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def _bisect_right(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
+    """``bisect.bisect_right(a, x, lo, hi)``: the same comparisons in the same order."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def _bisect_left(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
+    """``bisect.bisect_left(a, x, lo, hi)``: the same comparisons in the same order."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def two_ended(  # pragma: no cover - compiled; checked against the Python walk in tests/test_jit.py
+    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fitbatch._packing.two_ended_starts` (``cap``: at most ``n``) as one compiled walk.
+
+    The prefix sums are added in order as ``np.cumsum`` adds them, and the searches are
+    ``bisect``'s, so every batch is the same; the order is written batch by batch.
+    """
+    n = sizes.shape[0]
+    csum = np.empty(n + 1, dtype=np.float64)
+    csum[0] = 0.0
+    acc = 0.0
+    for i in range(n):
+        acc += sizes[i]
+        csum[i + 1] = acc
+    order = np.empty(n, dtype=np.int64)
+    starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
+    k = 0  # batches written
+    w = 0  # positions written
+    m = seg_starts.shape[0]
+    for s in range(m):
+        hi = seg_starts[s]
+        lo = seg_starts[s + 1] if s + 1 < m else n
+        # Invariant: positions [hi, lo) of the segment are not yet in any batch.
+        while hi < lo:
+            smallest = sizes[lo - 1]
+            reach = lo
+            if smallest > 0.0:
+                q = budget / smallest  # no batch holds more than budget / smallest samples
+                if q < lo - hi:
+                    reach = min(lo, hi + int(q) + 2)
+            big_end = _bisect_right(csum, csum[hi] + budget, hi, reach + 1) - 1
+            big_end = max(hi + 1, min(big_end, lo, hi + cap))
+            left = budget - (csum[big_end] - csum[hi])
+            small_start = lo
+            if left > 0 and big_end < lo and big_end - hi < cap:
+                small_start = _bisect_left(csum, csum[lo] - left, big_end, lo)
+                small_start = max(small_start, lo - (cap - (big_end - hi)))
+            if k == starts.shape[0]:
+                grown = np.empty(2 * k, dtype=np.int64)
+                grown[:k] = starts
+                starts = grown
+            starts[k] = w
+            k += 1
+            for p in range(hi, big_end):
+                order[w] = p
+                w += 1
+            for p in range(small_start, lo):
+                order[w] = p
+                w += 1
+            hi, lo = big_end, small_start
+    return order, starts[:k].copy()
+
+
+@njit(cache=True, nogil=True)
+def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, level: np.ndarray, top: int
+) -> np.ndarray:
+    """Positions stably sorted by their 16-bit random draw (a shuffle), then stably by
+    descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
+
+    That is one sort by (``top - level``, draw, position): a counting sort by level (positions
+    in order, so ties stay by position), then inside each level a two-pass radix sort of
+    ``draw * 2**32 + position`` by the draw's low byte and its high byte (both stable).
+    """
+    n = draws.shape[0]
+    bounds = np.zeros(top + 2, dtype=np.int64)
+    for i in range(n):
+        bounds[top - level[i] + 1] += 1
+    for d in range(top + 1):
+        bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
+    at = bounds[:-1].copy()
+    a = np.empty(n, dtype=np.uint64)
+    shift = np.uint64(32)
+    for i in range(n):
+        d = top - level[i]
+        p = at[d]
+        at[d] = p + 1
+        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
+    b = np.empty(n, dtype=np.uint64)
+    count = np.empty(256, dtype=np.int64)
+    for d in range(top + 1):
+        s, e = bounds[d], bounds[d + 1]
+        if e - s > 1:
+            _byte_pass(a, b, s, e, np.uint64(32), count)
+            _byte_pass(b, a, s, e, np.uint64(40), count)
+    out = b.view(np.int64)
+    positions = np.uint64(0xFFFFFFFF)
+    for j in range(n):
+        out[j] = np.int64(a[j] & positions)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, keys: np.ndarray, pool: int
+) -> np.ndarray:
+    """Positions stably sorted by their 16-bit random draw (a shuffle), cut into pools of
+    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions).
+
+    The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
+    by position), then a pass by its low byte inside each of those runs; each pool then takes
+    two passes by the bytes of ``65535 - key``, cache-sized like the runs.
+    """
+    n = draws.shape[0]
+    bounds = np.zeros(257, dtype=np.int64)
+    for i in range(n):
+        bounds[(draws[i] >> 8) + 1] += 1
+    for d in range(256):
+        bounds[d + 1] += bounds[d]
+    at = bounds[:-1].copy()
+    a = np.empty(n, dtype=np.uint64)
+    shift = np.uint64(32)
+    for i in range(n):
+        d = draws[i] >> 8
+        p = at[d]
+        at[d] = p + 1
+        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
+    b = np.empty(n, dtype=np.uint64)
+    count = np.empty(256, dtype=np.int64)
+    for d in range(256):
+        if bounds[d + 1] - bounds[d] > 1:
+            _byte_pass(a, b, bounds[d], bounds[d + 1], shift, count)
+        else:
+            for j in range(bounds[d], bounds[d + 1]):
+                b[j] = a[j]
+    # b holds the shuffled positions (low 32 bits): re-key them by 65535 - key, pool by pool
+    positions = np.uint64(0xFFFFFFFF)
+    for j in range(n):
+        i = b[j] & positions
+        b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+    for s in range(0, n, pool):
+        e = min(n, s + pool)
+        _byte_pass(b, a, s, e, np.uint64(32), count)
+        _byte_pass(a, b, s, e, np.uint64(40), count)
+    out = a.view(np.int64)
+    for j in range(n):
+        out[j] = np.int64(b[j] & positions)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _byte_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
+) -> None:
+    """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
+    byte = np.uint64(255)
+    count[:] = 0
+    for j in range(s, e):
+        count[(src[j] >> shift) & byte] += 1
+    acc = s
+    for k in range(256):
+        c = count[k]
+        count[k] = acc
+        acc += c
+    for j in range(s, e):
+        c = src[j]
+        q = (c >> shift) & byte
+        p = count[q]
+        count[q] = p + 1
+        dst[p] = c

@@ -11,6 +11,7 @@ import bisect
 
 import numpy as np
 
+from fitbatch import _jit
 from fitbatch._kernels import FloatArray, IntArray, _concat_ranges, _prefix_sums
 
 
@@ -26,6 +27,9 @@ def two_ended_starts(
     contiguous: a batch is a run of the largest remaining samples followed by a run of the
     smallest remaining ones of its segment.
     """
+    compiled = _jit.two_ended(sizes, seg_starts, budget, cap)
+    if compiled is not None:
+        return compiled
     n = sizes.size
     csum = _prefix_sums(sizes)
     capn = n if cap is None else cap

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -133,7 +134,11 @@ def plan_with(
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64)
     in_order = result.identity and kept is None
-    counts, costs, real, padded = measure_batches(sizes, model, None if in_order else order, offsets)
+    # the sizes the kernel gathered are the ones measured, unless it planned rounded-up shapes
+    laid = result.laid if opts.max_shapes is None else None
+    result = dataclasses.replace(result, laid=None)
+    counts, costs, real, padded = measure_batches(sizes, model, None if in_order else order, offsets, laid=laid)
+    del laid
     keep_batch = np.ones(counts.size, dtype=bool)
     if opts.drop_last:
         keep_batch = ~(result.tails & (costs < opts.saturation * budget))

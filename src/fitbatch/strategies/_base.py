@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit, _rng
 from fitbatch import _kernels as K
-from fitbatch import _rng
 from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
@@ -62,6 +62,7 @@ class Result:
     starts: IntArray
     tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
     identity: bool = False  # order is 0..n-1
+    laid: NDArray[Any] | None = None  # the sizes in ``order``, when the kernel gathered them
 
 
 class Strategy(ABC):
@@ -117,13 +118,13 @@ def _greedy(
     max is non-increasing in each segment;
     ``identity`` that ``order`` is 0..n-1 (no gather needed).
     """
+    laid = None
     if levels is not None and ctx.sizes.values.ndim == 1:
         level, edges = levels
-        values = (
-            ctx.sizes.values[order]
-            if ctx.cost.max_count(edges[:1], ctx.budget) is None
-            else ctx.sizes.values[:0]
-        )
+        if ctx.cost.max_count(edges[:1], ctx.budget) is None:
+            values = laid = ctx.sizes.values[order]
+        else:
+            values = ctx.sizes.values[:0]
         starts = K.descending_starts(
             level,
             edges,
@@ -139,15 +140,17 @@ def _greedy(
         if seg_starts.size > 1:
             force = np.zeros(order.size, dtype=bool)
             force[seg_starts] = True
+        values = ctx.sizes.values if identity else ctx.sizes.values[order]
+        laid = None if identity else values
         starts, _ = K.greedy_starts(
-            ctx.sizes.values if identity else ctx.sizes.values[order],
+            values,
             ctx.budget,
             ctx.cost,
             cap=ctx.cap,
             multiple=ctx.multiple,
             force=force,
         )
-    return Result(order, starts, _tails(starts, seg_starts, order.size), identity)
+    return Result(order, starts, _tails(starts, seg_starts, order.size), identity, laid)
 
 
 def _gather_into(values: IntArray, index: IntArray) -> IntArray:
@@ -163,17 +166,56 @@ def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
         return rng.permutation(n).astype(np.int64)
-    return SK.stable_argsort_u16(rng.integers(0, 1 << 16, size=n, dtype=np.uint16))
+    return SK.stable_argsort_u16(_draws(n, rng))
+
+
+def _draws(n: int, rng: np.random.Generator) -> NDArray[np.uint16]:
+    """The 16 random bits per position that :func:`_random_positions` sorts by (``n > 2**16``)."""
+    return rng.integers(0, 1 << 16, size=n, dtype=np.uint16)
+
+
+def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[Any], top: int) -> IntArray:
+    """Positions shuffled as :func:`_random_positions` shuffles them (``rng=None``: in index
+    order), then stably sorted by descending ``level`` (every level in ``[0, top]``).
+
+    With the ``fast`` extra both stable sorts run as one compiled pair of counting sorts.
+    """
+    if rng is not None and n > 1 << 16:
+        draws = _draws(n, rng)
+        compiled = _jit.shuffle_by_level(draws, level, top)
+        if compiled is not None:
+            return compiled
+        base = SK.stable_argsort_u16(draws)
+        del draws
+    else:
+        base = np.arange(n, dtype=np.int64) if rng is None else _random_positions(n, rng)
+    down = top - level[base]
+    idx = np.argsort(down.astype(np.uint16) if top < 1 << 16 else down, kind="stable")
+    return _gather_into(base, idx.astype(np.int64, copy=False))
+
+
+def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:
+    """Shuffle (if asked), cut into pools, sort each pool by descending size key: (order, pool starts)."""
+    n = len(ctx.sizes)
+    keys, _ = ctx.keys()
+    seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
+    if ctx.shuffle and n > 1 << 16:
+        draws = _draws(n, ctx.rng("pools"))
+        compiled = _jit.shuffle_in_pools(draws, keys, pool_size)
+        if compiled is not None:
+            return compiled, seg_starts
+        base = SK.stable_argsort_u16(draws)  # _random_positions, from the same draws
+        del draws
+    else:
+        base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
+    return _gather_into(base, SK.sort_within_segments(down, pool_size)), seg_starts
 
 
 def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:
-    """Shuffle (if asked), cut into pools, sort each pool by descending size key."""
-    n = len(ctx.sizes)
+    """:func:`_pooled_order` and the levels of its positions (each pool's keys, descending)."""
+    order, seg_starts = _pooled_order(ctx, pool_size)
     keys, edges = ctx.keys()
-    base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-    down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
-    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
-    seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     return order, seg_starts, (keys[order], edges)
 
 
@@ -183,6 +225,7 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     ``plan_rest(positions)`` plans the loose batches' samples (their positions, in batch order)
     and returns a :class:`Result` over them. Kept batches keep their order and are no longer
     tails; the re-plan's batches follow them. Nothing happens with fewer than two loose batches.
+    The gathered sizes (``laid``) follow the order when both plans carry them.
     """
     if np.count_nonzero(loose) <= 1:
         return first
@@ -195,7 +238,11 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     n_kept = n - again.order.size
     order[:n_kept] = order[~in_loose]
     order[n_kept:] = again.order
+    laid = first.laid if again.laid is not None else None
+    if laid is not None:
+        laid[:n_kept] = laid[~in_loose]
+        laid[n_kept:] = again.laid
     kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
     starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
     tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
-    return Result(order, starts, tails)
+    return Result(order, starts, tails, laid=laid)

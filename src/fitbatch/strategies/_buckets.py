@@ -18,9 +18,8 @@ from fitbatch.strategies._base import (
     IntArray,
     Result,
     Strategy,
-    _gather_into,
     _greedy,
-    _random_positions,
+    _shuffled_by_level,
     replan,
 )
 from fitbatch.strategies._mixing import _per_batch, check_randomness, mixed_levels
@@ -96,17 +95,9 @@ class Buckets(Strategy):
         if n == 0:
             return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
         ids, top = self.bucket_ids(ctx)
-        base = (
-            _random_positions(n, ctx.rng("buckets"))
-            if ctx.shuffle
-            else np.arange(n, dtype=np.int64)
-        )
         n_buckets = top.size
-        # descending bucket id, as 16-bit keys where possible (an O(n) radix sort)
-        down = (n_buckets - 1) - ids[base]
-        idx = np.argsort(down.astype(np.uint16) if n_buckets <= 1 << 16 else down, kind="stable")
-        order = _gather_into(base, idx.astype(np.int64, copy=False))
-        del base, down, idx  # n int64 fewer while the batches are planned
+        # shuffled, then by descending bucket id (16-bit keys where possible: an O(n) radix sort)
+        order = _shuffled_by_level(n, ctx.rng("buckets") if ctx.shuffle else None, ids, n_buckets - 1)
         counts = np.bincount(ids, minlength=n_buckets)[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.values.ndim > 1:

@@ -10,7 +10,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
 from fitbatch._packing import two_ended_starts
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
@@ -21,7 +20,8 @@ from fitbatch.strategies._base import (
     _gather_into,
     _greedy,
     _pooled_layout,
-    _random_positions,
+    _pooled_order,
+    _shuffled_by_level,
     _tails,
     replan,
 )
@@ -80,7 +80,8 @@ class Sorted(Strategy):
             return result
         # Reversing the whole order reverses the batches and the samples inside each batch.
         ends = np.append(result.starts[1:], n)
-        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy())
+        laid = None if result.laid is None else result.laid[::-1].copy()
+        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy(), laid=laid)
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         return None
@@ -135,13 +136,9 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops = mixed_levels(ctx, self.spread, self.randomness)
         level = lut[ctx.keys()[0]]
-        n = len(ctx.sizes)
-        base = (
-            _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
-        )
-        down = (tops.size - 1) - level[base]
+        rng = ctx.rng("pools") if ctx.shuffle else None
         # one pool: levels already draw partners at random, and pool borders only add padding
-        order = _gather_into(base, SK.stable_argsort_u16(down.astype(np.uint16)))
+        order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
         seg_starts = np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
@@ -160,26 +157,30 @@ class Packed(_Pools):
     name: ClassVar[str] = "packed"
 
     def plan(self, ctx: Context) -> Result:
-        order, seg_starts, levels = _pooled_layout(ctx, self.pool_size)
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
-            return _greedy(ctx, order, seg_starts, levels)
+            return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        order, seg_starts = _pooled_order(ctx, self.pool_size)
         values = ctx.sizes.values[order]
         inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        # the sizes in batch order (measured by the plan; the loads when pools are re-packed),
+        # gathered from the laid-out sizes: runs of positions, cheaper than by sample index
+        laid = values[inner]
         del values
         order = _gather_into(order, inner)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
-        first = Result(order, starts, _tails(starts, seg_starts, order.size))
+        first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
         if seg_starts.size <= 1:
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
+        loads = np.add.reduceat(laid, starts)  # one pool or more: starts is not empty
         values = ctx.sizes.values
-        loads = np.add.reduceat(values[order], starts)  # one pool or more: starts is not empty
 
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]
-            inner, starts = two_ended_starts(values[rest], np.zeros(1, np.int64), ctx.budget, ctx.cap)
-            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size))
+            sizes = values[rest]
+            inner, starts = two_ended_starts(sizes, np.zeros(1, np.int64), ctx.budget, ctx.cap)
+            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=sizes[inner])
 
         return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
 
