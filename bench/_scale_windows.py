@@ -114,7 +114,7 @@ def run(path: str, ranks: int, rank: int, out: str) -> dict:
     following = [next(it) for _ in range(20)]
     Path(out).write_text(json.dumps({"state": state, "following": following}))
     return {
-        "first_batch_s": t_first, "first_batch_len": len(first), "n_windows": n_windows,
+        "first_batch_s": t_first, "first_batch_len": len(first), "n_windows": n_windows, "window": sampler.window,
         "state_window": state["window"], "state_step": state["step"],
         "s_per_window": walked / max(mid_window, 1), "anon_peak_mib": peak.stop() / 2**20,
         "anon_at_import_mib": base / 2**20,
@@ -188,9 +188,9 @@ def _call(mode: str, *args: object) -> dict:
 
 def tables(work: Path, sizes: list[int], ranks: int, rank: int, quality_upto: int) -> str:
     lines = [
-        f"### Windowed planning: one simulated rank ({rank}) of {ranks:,}, budget {BUDGET} padded, pooled, windows of 2**20\n",
-        "| samples | index create s | windows | first batch s | s per window | resume s | resumed = uninterrupted | census share s | peak anon MiB (run / resume; after imports) |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        f"### Windowed planning: one simulated rank ({rank}) of {ranks:,}, budget {BUDGET} padded, pooled, the default window\n",
+        "| samples | index create s | window | windows | first batch s | s per window | resume s | resumed = uninterrupted | census share s | peak anon MiB (run / resume; after imports) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     quality_rows = []
     for n in sizes:
@@ -201,7 +201,7 @@ def tables(work: Path, sizes: list[int], ranks: int, rank: int, quality_upto: in
         s = _call("resume", path, ranks, rank, saved)
         c = _call("census", path, ranks, rank)
         lines.append(
-            f"| {n:,} | {created:.0f} | {r['n_windows']} | {r['first_batch_s']:.2f} | {r['s_per_window']:.2f} | "
+            f"| {n:,} | {created:.0f} | {r['window']:,} | {r['n_windows']} | {r['first_batch_s']:.2f} | {r['s_per_window']:.2f} | "
             f"{s['resume_s']:.2f} | {s['equal']} ({s['len']} batches from window {r['state_window']}, step {r['state_step']:,}) | "
             f"{c['census_share_s']:.2f} ({c['windows_counted']} windows) | {r['anon_peak_mib']:.0f} / {s['anon_peak_mib']:.0f}; {r['anon_at_import_mib']:.0f} |"
         )
