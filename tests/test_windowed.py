@@ -44,12 +44,15 @@ def cost_of(sizes, batch, cost):
 
 
 def test_exact_batches_and_hand_on():
-    """Windows of 3 samples, 2 ranks, one sample per batch: window 0's odd batch runs in window 1."""
-    ranks = samplers([5] * 8, 5, 2, window=3, block=1, cost="sum", strategy="sequential")
-    # window 0 plans [0], [1], [2]: one step, and [0] (the keyed pick) is handed on; window 1 runs
-    # it beside its own [3], [4], [5] in two steps; window 2, the last, runs [6], [7]
-    assert [list(s) for s in ranks] == [[[1], [3], [5], [7]], [[2], [0], [4], [6]]]
-    assert [len(s) for s in ranks] == [4, 4]
+    """Windows of 5 samples, 2 ranks, one sample per batch: window 0's odd batch runs in window 1."""
+    ranks = samplers([5] * 14, 5, 2, window=5, block=1, cost="sum", strategy="sequential")
+    # window 0 plans [0] .. [4]: two steps, and [1] (the keyed pick) is handed on; window 1 runs it
+    # beside its own [5] .. [9] in three steps; window 2, the last (4 samples), runs [10] .. [13]
+    assert [list(s) for s in ranks] == [
+        [[0], [4], [5], [6], [9], [10], [13]],
+        [[3], [2], [8], [7], [1], [12], [11]],
+    ]
+    assert [len(s) for s in ranks] == [7, 7]
     one = WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 8, window=4, block=2, cost="sum", strategy="sequential", num_replicas=1, rank=0)
     with pytest.raises(ValueError, match="index 5 "):  # the dataset's index, not the window's
         list(one)
@@ -258,6 +261,8 @@ def test_refuses_bad_states_and_options():
         WindowedBatchSampler(sizes, [8192, 8192], num_replicas=2, rank=0)
     with pytest.raises(ValueError, match="census"):
         WindowedBatchSampler(sizes, 8192, census="sometimes")
+    with pytest.raises(ValueError, match="fewer than 2 x num_replicas=8 samples"):
+        WindowedBatchSampler(sizes, 8192, window=15, num_replicas=8, rank=0)
 
 
 def test_budget_sampler_turns_windowed_above_the_threshold(monkeypatch):

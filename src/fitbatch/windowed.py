@@ -91,14 +91,14 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     Raises:
         ValueError, TypeError: invalid sizes, budget or options, naming the parameter.
 
-    >>> sizes = [5] * 8
-    >>> ranks = [WindowedBatchSampler(sizes, 5, window=3, block=1, cost="sum", strategy="sequential",
+    >>> sizes = [5] * 14
+    >>> ranks = [WindowedBatchSampler(sizes, 5, window=5, block=1, cost="sum", strategy="sequential",
     ...                               num_replicas=2, rank=r) for r in range(2)]
-    >>> [list(s) for s in ranks]  # window 0's third batch, [0], runs beside window 1's
-    [[[1], [3], [5], [7]], [[2], [0], [4], [6]]]
-    >>> state = ranks[0].state_dict(step=2)
+    >>> [list(s) for s in ranks]  # window 0's fifth batch, [1], runs beside window 1's
+    [[[0], [4], [5], [6], [9], [10], [13]], [[3], [2], [8], [7], [1], [12], [11]]]
+    >>> state = ranks[0].state_dict(step=3)
     >>> state["window"], state["window_step"], state["carry"]
-    (1, 1, 1)
+    (1, 2, 1)
     """
 
     STATE = StateSchema(
@@ -155,8 +155,8 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)  # type: ignore[arg-type]
         self.window = int(window) if window is not None else W.auto_window(self._column, self._opts, self.num_replicas)
-        if self.window < self.num_replicas:  # a window's samples must give every rank a batch
-            raise ValueError(f"window={self.window} is smaller than num_replicas={self.num_replicas}; pass a larger window")
+        if self.window < 2 * self.num_replicas:  # every window (the last: half of one, at least) gives every rank a batch
+            raise ValueError(f"window={self.window} holds fewer than 2 x num_replicas={self.num_replicas} samples; pass a larger window")
         self.policy = choice("policy", policy, POLICIES)
         self._begun, self._world0 = self._opts, self.num_replicas
         self._events: list[dict[str, Any]] = []
@@ -379,7 +379,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         ``len(plan(epoch))`` without planning the epoch: the windows planned so far, then each
         later window's batch count (see the module docstring; collective like ``len()``).
 
-        >>> WindowedBatchSampler([5] * 8, 5, window=3, block=1, cost="sum", num_replicas=2, rank=0).n_steps()
+        >>> WindowedBatchSampler([5] * 8, 5, window=4, block=1, cost="sum", num_replicas=2, rank=0).n_steps()
         4
         """
         epoch = self._epoch(epoch)
