@@ -319,10 +319,14 @@ def test_size_keys_are_monotone_and_bounded(n, seed, integral, scale):
         np.testing.assert_array_equal(keys, values.astype(np.uint16))
 
 
-@given(n=st.integers(0, 500), seg_len=st.integers(1, 70), seed=st.integers(0, 2**16))
-def test_sort_within_segments(n, seg_len, seed):
+@given(n=st.integers(0, 500), seg_len=st.integers(1, 70), seed=st.integers(0, 2**16), chunk=st.sampled_from([1, 64, 1 << 20]))
+def test_sort_within_segments(n, seg_len, seed, chunk):
     keys = np.random.default_rng(seed).integers(0, 5, n).astype(np.uint16)
-    pos = SK.sort_within_segments(keys, seg_len)
+    saved, SK.SEGMENT_CHUNK = SK.SEGMENT_CHUNK, chunk  # a few segments at a time, or all at once
+    try:
+        pos = SK.sort_within_segments(keys, seg_len)
+    finally:
+        SK.SEGMENT_CHUNK = saved
     expected = []
     for a in range(0, n, seg_len):
         part = list(range(a, min(n, a + seg_len)))

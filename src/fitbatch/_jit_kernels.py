@@ -43,7 +43,7 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
 ) -> tuple[np.ndarray, float, float, float]:
     """Starts of the greedy in order; (count, max, sum) is the batch open before position 0."""
     n = sizes.shape[0]
-    starts = np.empty(n, dtype=np.int64)
+    starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
     k = 0
     for t in range(n):
         x = sizes[t]
@@ -58,6 +58,10 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
         if count == 0.0:
             start = True  # an empty batch takes its first sample
         if start:
+            if k == starts.shape[0]:
+                grown = np.empty(2 * k, dtype=np.int64)
+                grown[:k] = starts
+                starts = grown
             starts[k] = t
             k += 1
             count, mx, sm = 1.0, x, x

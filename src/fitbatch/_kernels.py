@@ -383,7 +383,7 @@ def _walk_table(
     Positions of one level form runs (levels are non-increasing in a segment), and inside a
     run every batch has the same length, so each run is stepped through with one ``range``.
     """
-    change = np.flatnonzero(np.diff(level.astype(np.int64, copy=False)) != 0) + 1
+    change = np.flatnonzero(level[1:] != level[:-1]) + 1  # one bool per position, no int64 copies
     cuts = np.union1d(change, seg_starts)
     run_end = np.append(cuts[1:], n).tolist()
     seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")].tolist()

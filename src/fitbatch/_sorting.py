@@ -70,15 +70,24 @@ def stable_argsort_u16(keys: NDArray[np.uint16]) -> IntArray:
     return np.argsort(keys, kind="stable").astype(np.int64, copy=False)
 
 
+#: positions :func:`sort_within_segments` sorts at a time (whole segments): its buffers beside the output
+SEGMENT_CHUNK = 1 << 20
+
+
 def sort_within_segments(keys: NDArray[np.uint16], seg_len: int) -> IntArray:
     """Positions that sort consecutive segments of ``seg_len`` by key (stable), segment by segment."""
     n = keys.size
+    if seg_len >= n:  # one segment: the argsort itself, no second array of n
+        return stable_argsort_u16(keys)
     full = n // seg_len * seg_len
     out = np.empty(n, dtype=np.int64)
-    if full:
-        rows = np.argsort(keys[:full].reshape(-1, seg_len), axis=1, kind="stable")
-        rows += np.arange(0, full, seg_len, dtype=np.int64)[:, None]
-        out[:full] = rows.ravel()
+    # a few segments at a time: the sort's own buffers stay small beside ``out``
+    step = max(1, SEGMENT_CHUNK // seg_len) * seg_len
+    for a in range(0, full, step):
+        b = min(a + step, full)
+        rows = np.argsort(keys[a:b].reshape(-1, seg_len), axis=1, kind="stable")
+        rows += np.arange(a, b, seg_len, dtype=np.int64)[:, None]
+        out[a:b] = rows.ravel()
     if full < n:
         out[full:] = full + stable_argsort_u16(keys[full:])
     return out

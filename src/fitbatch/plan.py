@@ -130,10 +130,14 @@ def plan_with(
         population=population,
     )
     result = strategy.plan(ctx)
-    order = result.order if kept is None else kept[result.order]
+    in_order = result.identity and kept is None
+    # positions among the kept samples become dataset indices in place (one array of n fewer)
+    order = result.order if kept is None else np.take(kept, result.order, out=result.order)
+    # from here on the strategy needs its random streams only: the planned sizes are let go
+    ctx = dataclasses.replace(ctx, sizes=sub.subset(slice(0, 0)), _keys=None)
+    del sub, kept
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64)
-    in_order = result.identity and kept is None
     # the sizes the kernel gathered are the ones measured, unless it planned rounded-up shapes
     laid = result.laid if opts.max_shapes is None else None
     result = dataclasses.replace(result, laid=None)
