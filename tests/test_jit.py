@@ -131,6 +131,16 @@ def test_greedy_matches_numpy_and_reference(kind, n, seed, cost, budget, cap, fo
     assert compiled_open.count == want_open[0]
 
 
+def test_greedy_grows_its_starts_across_chunks():
+    """Every sample alone (each starts a batch): the compiled greedy's starts grow chunk by chunk."""
+    sizes = make_sizes("int", 20_000, 3)
+    force = np.zeros(sizes.size, dtype=bool)
+    force[::777] = True
+    for budget, cap in ((1e-9, None), (40.0, 3), (1e9, None)):
+        (plain, _), (compiled, _) = both(lambda b=budget, c=cap: K.greedy_starts(sizes, b, COSTS["padded"], cap=c, force=force))
+        assert compiled.tolist() == plain.tolist() and compiled.size >= force.sum()
+
+
 @given(
     n=st.integers(0, 3000),
     seed=st.integers(0, 2**16),

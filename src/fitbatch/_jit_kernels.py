@@ -43,30 +43,34 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
 ) -> tuple[np.ndarray, float, float, float]:
     """Starts of the greedy in order; (count, max, sum) is the batch open before position 0."""
     n = sizes.shape[0]
-    starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
+    # batch starts, grown as needed (batches hold many samples): room for a whole chunk of
+    # positions is made before the chunk, so the scan itself never checks
+    starts = np.empty(16 + (n >> 6), dtype=np.int64)
     k = 0
-    for t in range(n):
-        x = sizes[t]
-        new_count = count + 1.0
-        new_max = mx if mx >= x else x
-        if mx != mx or x != x:  # NaN propagates as in np.maximum
-            new_max = x + mx
-        new_sum = sm + x
-        start = _cost(kind, new_count, new_max, new_sum, params) > budget or new_count > cap
-        if use_force and force[t]:
-            start = True
-        if count == 0.0:
-            start = True  # an empty batch takes its first sample
-        if start:
-            if k == starts.shape[0]:
-                grown = np.empty(2 * k, dtype=np.int64)
-                grown[:k] = starts
-                starts = grown
-            starts[k] = t
-            k += 1
-            count, mx, sm = 1.0, x, x
-        else:
-            count, mx, sm = new_count, new_max, new_sum
+    for c0 in range(0, n, 4096):
+        c1 = min(n, c0 + 4096)
+        if k + (c1 - c0) > starts.shape[0]:
+            grown = np.empty(max(2 * starts.shape[0], k + (c1 - c0)), dtype=np.int64)
+            grown[:k] = starts[:k]
+            starts = grown
+        for t in range(c0, c1):
+            x = sizes[t]
+            new_count = count + 1.0
+            new_max = mx if mx >= x else x
+            if mx != mx or x != x:  # NaN propagates as in np.maximum
+                new_max = x + mx
+            new_sum = sm + x
+            start = _cost(kind, new_count, new_max, new_sum, params) > budget or new_count > cap
+            if use_force and force[t]:
+                start = True
+            if count == 0.0:
+                start = True  # an empty batch takes its first sample
+            if start:
+                starts[k] = t
+                k += 1
+                count, mx, sm = 1.0, x, x
+            else:
+                count, mx, sm = new_count, new_max, new_sum
     return starts[:k].copy(), count, mx, sm
 
 
