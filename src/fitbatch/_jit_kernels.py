@@ -122,18 +122,25 @@ def greedy_rows(  # pragma: no cover - compiled; checked against the numpy kerne
 
 
 @njit(cache=True, nogil=True)
+def _running_sum(sizes: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``[0, s0, s0 + s1, ...]``, added in order as ``np.cumsum`` adds them (the same floats)."""
+    csum = np.empty(sizes.shape[0] + 1, dtype=np.float64)
+    csum[0] = 0.0
+    acc = 0.0
+    for i in range(sizes.shape[0]):
+        acc += sizes[i]
+        csum[i + 1] = acc
+    return csum
+
+
+@njit(cache=True, nogil=True)
 def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
     """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget.
 
     ``csum`` is the running sum ``[0, s0, s0 + s1, ...]`` added in order, as ``np.cumsum`` does.
     """
     n = sizes.shape[0]
-    csum = np.empty(n + 1, dtype=np.float64)
-    csum[0] = 0.0
-    acc = 0.0
-    for i in range(n):
-        acc += sizes[i]
-        csum[i + 1] = acc
+    csum = _running_sum(sizes)
     starts = np.empty(n, dtype=np.int64)
     k = 0
     i = 0
@@ -229,12 +236,7 @@ def two_ended(  # pragma: no cover - compiled; checked against the Python walk i
     ``bisect``'s, so every batch is the same; the order is written batch by batch.
     """
     n = sizes.shape[0]
-    csum = np.empty(n + 1, dtype=np.float64)
-    csum[0] = 0.0
-    acc = 0.0
-    for i in range(n):
-        acc += sizes[i]
-        csum[i + 1] = acc
+    csum = _running_sum(sizes)
     order = np.empty(n, dtype=np.int64)
     starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
     k = 0  # batches written
