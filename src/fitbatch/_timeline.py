@@ -26,7 +26,16 @@ from fitbatch import _rng
 from fitbatch import _shapes as S
 from fitbatch._plan_sampler import StepTotals
 from fitbatch._rules import screen_oversized
-from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
+from fitbatch._validate import parse_budget
+from fitbatch.costs import (
+    CostModel,
+    Limits,
+    PaddedCost,
+    PaddedPolynomial,
+    SumCost,
+    resolve_cost,
+    resolve_limits,
+)
 from fitbatch.costs._limits import check_limits, describer
 from fitbatch.distributed import (
     Steps,
@@ -327,6 +336,35 @@ def changed(
     return dataclasses.replace(opts, cost=restore_cost(event[COST_KEY], (*known, opts.cost))), budgets
 
 
+Change = tuple[dict[str, Any], CostModel | None]  # a change's event fields, and the cost model it sets
+
+
+def budget_change(opts: PlanOptions, budget: Any) -> Change | None:
+    """What ``set_budget(budget)`` changes under ``opts``: a budget, or (several limits, a mapping
+    of every column to its budget) a cost model; ``None`` when nothing changes.
+
+    >>> budget_change(PlanOptions.build(100), 80), budget_change(PlanOptions.build(100), "100")
+    (({'budget': 80.0}, None), None)
+    """
+    if isinstance(budget, Mapping) and isinstance(opts.cost, Limits):  # several limits: new fills
+        limits = opts.cost
+        if tuple(sorted(budget)) != limits.names:
+            raise ValueError(f"set_budget needs a budget for each limit {list(limits.names)}, got {sorted(budget)}")
+        return cost_change(opts, resolve_limits(budget, dict(zip(limits.names, limits.costs))))
+    value = parse_budget(budget)
+    return ({BUDGET_KEY: value}, None) if value != opts.budget else None
+
+
+def cost_change(opts: PlanOptions, cost: Any) -> Change | None:
+    """What ``set_cost(cost)`` changes under ``opts`` (``None`` when it is the cost model in force).
+
+    >>> cost_change(PlanOptions.build(100), "sum")[0]
+    {'cost': {'kind': 'sum', 'weights': None}}
+    """
+    model = resolve_cost(cost)
+    return ({COST_KEY: model.to_dict()}, model) if model != opts.cost else None
+
+
 def screen(sizes: Sizes, opts: PlanOptions) -> None:
     """Under ``oversized="error"``, refuse options that a sample exceeds alone (before any change).
 
@@ -407,4 +445,7 @@ def restore_cost(description: Mapping[str, Any], known: Sequence[CostModel] = ()
         ) from e
 
 
-__all__ = ["Budgets", "Planner", "Segment", "Timeline", "changed", "check_step", "restore_cost", "scaled", "screen"]
+__all__ = [
+    "Budgets", "Change", "Planner", "Segment", "Timeline", "budget_change", "changed", "check_step", "cost_change",
+    "restore_cost", "scaled", "screen",
+]

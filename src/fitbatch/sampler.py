@@ -31,15 +31,22 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch._timeline import Budgets, Planner, Timeline, changed, check_step, screen
+from fitbatch._timeline import (
+    Budgets,
+    Planner,
+    Timeline,
+    budget_change,
+    changed,
+    check_step,
+    cost_change,
+    screen,
+)
 from fitbatch._validate import choice, parse_budget
 from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch.costs import CostModel, Limits, resolve_cost, resolve_limits
+from fitbatch.costs import CostModel
 from fitbatch.distributed import POLICIES, Steps, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.resume import (
-    BUDGET_KEY,
-    COST_KEY,
     DIGEST,
     EPOCH_KEY,
     EVENTS_KEY,
@@ -216,15 +223,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         >>> list(it), len(sampler), sampler.state_dict()["events"]
         ([[4], [7], [5]], 5, [{'step': 2, 'budget': 9.0}])
         """
-        if isinstance(budget, Mapping) and isinstance(self._opts.cost, Limits):  # several limits: new fills
-            limits = self._opts.cost
-            if tuple(sorted(budget)) != limits.names:
-                raise ValueError(f"set_budget needs a budget for each limit {list(limits.names)}, got {sorted(budget)}")
-            self.set_cost(resolve_limits(budget, dict(zip(limits.names, limits.costs))))
-            return
-        value = parse_budget(budget)
-        if value != self._opts.budget:
-            self._change({BUDGET_KEY: value})
+        change = budget_change(self._opts, budget)
+        if change is not None:
+            self._change(*change)
 
     def set_cost(self, cost: Any) -> None:
         """Change the cost model from the next batch on (e.g. a memory model refitted after OOM).
@@ -233,9 +234,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         state records the change (``{"step": k, "cost": model.to_dict()}``); a resume rebuilds the
         model from that description (built-in and :mod:`fitbatch.memory` models).
         """
-        model = resolve_cost(cost)
-        if model != self._opts.cost:
-            self._change({COST_KEY: model.to_dict()}, model)
+        change = cost_change(self._opts, cost)
+        if change is not None:
+            self._change(*change)
 
     def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
         event = {STEP_KEY: self._position, **change}

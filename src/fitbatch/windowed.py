@@ -36,16 +36,22 @@ import numpy as np
 
 from fitbatch import _windows as W
 from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch._timeline import Planner, Timeline, _join, changed, check_step
-from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
+from fitbatch._timeline import (
+    Planner,
+    Timeline,
+    _join,
+    budget_change,
+    changed,
+    check_step,
+    cost_change,
+)
+from fitbatch._validate import choice, non_negative_int, positive_int
 from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
-from fitbatch.costs import CostModel, Limits, resolve_cost, resolve_limits
+from fitbatch.costs import CostModel
 from fitbatch.distributed import POLICIES, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.plan import BatchPlan
 from fitbatch.resume import (
-    BUDGET_KEY,
-    COST_KEY,
     DIGEST,
     EPOCH_KEY,
     EVENTS_KEY,
@@ -188,25 +194,22 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         planned with the new budget, and batches handed on from the window that are over it are
         planned again where they land. The state records ``{"window": w, "step": k, "budget": b}``.
         """
-        if isinstance(budget, Mapping) and isinstance(self._opts.cost, Limits):
-            limits = self._opts.cost
-            self.set_cost(resolve_limits(budget, dict(zip(limits.names, limits.costs))))
-            return
-        value = parse_budget(budget)
-        if value != self._opts.budget:
-            self._change({BUDGET_KEY: value})
+        change = budget_change(self._opts, budget)
+        if change is not None:
+            self._change(*change)
 
     def set_cost(self, cost: Any) -> None:
         """Change the cost model from the next batch on (like :meth:`set_budget`)."""
-        model = resolve_cost(cost)
-        if model != self._opts.cost:
-            self._change({COST_KEY: model.to_dict()}, model)
+        change = cost_change(self._opts, cost)
+        if change is not None:
+            self._change(*change)
 
     def _change(self, change: dict[str, Any], model: CostModel | None = None) -> None:
         known = () if model is None else (model,)
-        self._column.screen(changed(self._opts, None, {STEP_KEY: 0, **change}, known)[0])  # refused: nothing changes
+        after = changed(self._opts, None, {STEP_KEY: 0, **change}, known)[0]
+        self._column.screen(after)  # refused: nothing changes
         if self._position == 0 and not self._events:  # the epoch has not begun: it begins with the change
-            self._begun = self._opts = changed(self._opts, None, {STEP_KEY: 0, **change}, known)[0]
+            self._begun = self._opts = after
             self._live, self._marks = None, {}
             self._revision += 1
             return
