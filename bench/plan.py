@@ -7,6 +7,7 @@ Run from the repository root:
     python bench/plan.py --quick         # real size and 1M, no 10M, no memory runs
     python bench/plan.py --frontier      # randomness= frontier at 20k and 100k beside lhotse
     python bench/plan.py --frontier --frontier-n 20000 100000 1000000 --plot docs/plan_quality.png
+    python bench/plan.py --frontier --synthetic  # also three synthetic sets at N <= 100k
 
 It prints markdown tables:
 
@@ -200,12 +201,26 @@ def quality_table(n: int, with_lhotse: bool) -> str:
 KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
 
 
-def frontier_table(ns: list[int], with_lhotse: bool) -> tuple[str, list[tuple]]:
+def synthetic(n: int) -> dict[str, np.ndarray]:
+    """In addition to the real sets: shapes like those issue #18 names (short verse-like
+    sentences, long-tailed quotations, molecule atom counts), whose epochs at 20k samples hold
+    only ~40 batches of 16,384 tokens. Not real data: they only show the few-batch regime."""
+    rng = np.random.default_rng(0)
+    return {
+        "synthetic verses (lognormal 3.3, 0.45)": np.clip(np.round(rng.lognormal(3.3, 0.45, n)), 3, None),
+        "synthetic quotes (lognormal 3.0, 1.0)": np.clip(np.round(rng.lognormal(3.0, 1.0, n)), 2, None),
+        "synthetic atoms (normal 27, 9)": np.clip(np.round(rng.normal(27, 9, n)), 3, None),
+    }
+
+
+def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False) -> tuple[str, list[tuple]]:
     """Padding efficiency, repeat rate and batches vs sorted for each randomness= value."""
     rows, points = [], []
     for n in ns:
-        for name in SETS:
-            base = resample(load(name), n)
+        bases = {name: resample(load(name), n) for name in SETS}
+        if with_synthetic and n <= 100_000:  # only small sets have few-batch epochs
+            bases.update(synthetic(n))
+        for name, base in bases.items():
             for continuous in (False, True):
                 sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
                 keep = sizes[sizes <= BUDGET]
@@ -243,6 +258,7 @@ def frontier_plot(points: list[tuple], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    points = [p for p in points if p[1] in SETS]
     names, ns = sorted({p[1] for p in points}), sorted({p[0] for p in points})
     fig, grid = plt.subplots(len(names), len(ns), figsize=(4.6 * len(ns), 3.6 * len(names)), squeeze=False)
     axes = [[ax for row in grid for ax in row]]
@@ -279,10 +295,11 @@ def main() -> None:
     parser.add_argument("--frontier", action="store_true", help="only the randomness= frontier table")
     parser.add_argument("--frontier-n", type=int, nargs="*", default=[20_000, 100_000])
     parser.add_argument("--plot", default=None, help="save the frontier plot (matplotlib) here")
+    parser.add_argument("--synthetic", action="store_true", help="frontier: add three synthetic sets (few-batch epochs)")
     args = parser.parse_args()
     logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
     if args.frontier:
-        table, points = frontier_table(args.frontier_n, not args.no_lhotse)
+        table, points = frontier_table(args.frontier_n, not args.no_lhotse, args.synthetic)
         print(table, flush=True)
         if args.plot:
             frontier_plot(points, args.plot)

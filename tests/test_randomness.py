@@ -127,3 +127,70 @@ def test_repeat_rate_counts_pairs_like_brute_force(sizes, seed):
 def test_epoch_repeat_rate_refuses_epoch():
     with pytest.raises(TypeError, match="epochs="):
         fitbatch.epoch_repeat_rate([1, 2, 3], 4, epoch=2)
+
+
+# ------------------------------------------------- level boundaries that move every epoch
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 30), min_size=1, max_size=40),
+    cuts=st.sets(st.integers(1, 39), max_size=8),
+    shift=st.floats(0.0, 0.999),
+)
+def test_shifted_levels_stay_contiguous_and_in_order(counts, cuts, shift):
+    """Moving the boundaries keeps levels contiguous runs of keys in size order, moves each
+    boundary at most into the level above, and 0 moves nothing."""
+    from fitbatch.strategies._mixing import shift_levels
+
+    keys = np.repeat(np.arange(len(counts), dtype=np.uint16), counts)
+    if keys.size == 0:
+        return
+    edges = np.arange(1, len(counts) + 1, dtype=np.float64)
+    level = np.searchsorted(np.array(sorted(c for c in cuts if c < len(counts))), np.arange(len(counts)), "right")
+    lut = level.astype(np.uint16)
+    tops = np.zeros(int(level.max()) + 1)
+    np.maximum.at(tops, level[keys], edges[keys])
+    new, new_tops = shift_levels(keys, edges, lut, tops, shift)
+    present = np.flatnonzero(np.bincount(keys))
+    old_l, new_l = lut[present].astype(int), new[present].astype(int)
+    assert np.all(np.diff(new_l) >= 0), "levels stay in size order"
+    assert np.all((new_l == old_l) | (new_l == old_l - 1)), "a key moves at most one level down"
+    for k in np.unique(new_l):
+        assert new_tops[k] == edges[present[new_l == k]].max()
+    if shift == 0.0:
+        assert new.tolist() == lut.tolist()
+
+
+def test_boundaries_turn_by_the_golden_ratio_each_epoch():
+    from fitbatch.strategies._mixing import TURN, level_shift
+
+    shifts = [level_shift(7, e) for e in range(6)]
+    steps = np.diff(shifts) % 1.0
+    assert np.allclose(steps, TURN)
+    assert level_shift(7, 0) != level_shift(8, 0), "the start is keyed by the seed"
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_few_batches_still_mix(functions, continuous):
+    """An epoch of ~20 batches (3,000 real function lengths) gets levels of half a batch that the
+    moving boundaries mix: the same batches no longer come back every epoch, for one batch more
+    at most."""
+    rng = np.random.default_rng(0)
+    sizes = functions[rng.integers(0, functions.size, 3000)].astype(np.float64)
+    if continuous:
+        sizes += rng.random(sizes.size)
+    narrow = _quality(sizes, fitbatch.Pooled(randomness=None))
+    auto = _quality(sizes, fitbatch.Pooled())
+    assert narrow[1] > 0.9, narrow
+    assert auto[1] < 0.6 * narrow[1], (auto, narrow)
+    ref = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+    assert len(fitbatch.plan_batches(sizes, 16384.0)) <= ref + 1 and auto[2] <= 1.0
+    assert auto[0] >= narrow[0] - 0.05
+
+
+@pytest.mark.parametrize("target", [0.1, 0.02])
+def test_measured_repeat_lands_near_the_knob(pytokens, target):
+    sizes = pytokens[np.random.default_rng(0).integers(0, pytokens.size, 20_000)].astype(np.float64)
+    rep = _quality(sizes[sizes <= 16384], fitbatch.Pooled(randomness=target))[1]
+    assert 0.6 * target <= rep <= 1.2 * target, rep

@@ -10,6 +10,15 @@ whose batches times log-width reach ``kappa**2 * c_k**2``: wide levels for small
 ``c``), levels as narrow as ``spread`` for large ones. ``kappa`` is fitted (a few secant steps
 in log space) so that the predicted repeat rate meets the target.
 
+When the epoch is shuffled, every level boundary then moves into the level above it by a share
+of that level's samples, turned by the golden ratio each epoch (:func:`shift_levels`). Two
+samples batched together share a level in the next epoch with probability 0.53 instead of 1,
+which halves the repeat rate at the same level widths; the fit counts that in.
+
+An epoch of fewer than ``AUTO_MIN_BATCHES`` batches cannot afford wide levels (each one would
+cost a whole batch): ``"auto"`` cuts it into levels of half a batch (:func:`_batch_halves`),
+which the moving boundaries still mix.
+
 >>> import numpy as np
 >>> from fitbatch import _sorting as SK
 >>> from fitbatch.costs import PaddedCost
@@ -29,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _rng
 from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 
@@ -42,11 +52,17 @@ FloatArray = NDArray[np.float64]
 # [AUTO_LOW, AUTO_HIGH]
 AUTO_EXCESS = 0.02
 AUTO_FULL_EXCESS_UP_TO = 100_000.0
-AUTO_MAX_EXCESS = 0.05
-AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches keeps levels narrow
+AUTO_MAX_EXCESS = 0.04
+AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches: levels of half a batch
 AUTO_LOW = 0.005
-AUTO_HIGH = 0.2
+AUTO_HIGH = 0.15
 _STEPS = 8  # secant steps on kappa
+# Level boundaries move by TURN of a level more each epoch (mod 1): consecutive epochs' boundaries
+# are 0.382 or 0.618 of a level apart, and a pair of one level stays together with probability
+# KEEP = 1 - 2 x 0.382 x 0.618 (0.667 for independent shifts; 0.5 at best, and only for
+# alternate epochs).
+TURN = (math.sqrt(5.0) - 1.0) / 2.0
+KEEP = 1.0 - 2.0 * TURN * (1.0 - TURN)
 
 
 def check_randomness(value: Any) -> None:
@@ -82,11 +98,75 @@ def _per_batch(
 def mixed_levels(
     ctx: Context, spread: float, randomness: float | str
 ) -> tuple[NDArray[Any], FloatArray]:
-    """:func:`fit_mixed_buckets` over the epoch's size keys (the same for every epoch)."""
+    """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled."""
     keys, edges = ctx.keys()
-    return fit_mixed_buckets(
-        keys, edges, ctx.budget, ctx.cost, ctx.cap, spread, randomness, ctx.sizes.values.ndim, ctx.population
+    lut, tops = fit_mixed_buckets(
+        keys,
+        edges,
+        ctx.budget,
+        ctx.cost,
+        ctx.cap,
+        spread,
+        randomness,
+        ctx.sizes.values.ndim,
+        ctx.population,
+        KEEP if ctx.shuffle else 1.0,
     )
+    if not ctx.shuffle:
+        return lut, tops
+    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch))
+
+
+def level_shift(seed: int, epoch: int) -> float:
+    """The share of a level that boundaries move by in ``epoch``: a keyed start, turned by
+    ``TURN`` each epoch.
+
+    >>> a, b = level_shift(0, 0), level_shift(0, 1)
+    >>> 0 <= a < 1 and round((b - a) % 1.0, 6) == round(TURN, 6)
+    True
+    """
+    start = float(_rng.generator(seed, 0, "level-shift").random())
+    return (start + epoch * TURN) % 1.0
+
+
+def shift_levels(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    lut: NDArray[Any],
+    tops: FloatArray,
+    shift: float,
+) -> tuple[NDArray[Any], FloatArray]:
+    """Move every level boundary up by ``shift`` of the samples of the level above it.
+
+    Keys move whole (a key never splits), by the count of samples below each key's middle;
+    returns the new lookup table and each level's largest key edge (a level may end empty).
+
+    >>> import numpy as np
+    >>> keys = np.array([1, 1, 2, 2, 3, 3, 4, 4], np.uint16)
+    >>> edges = np.arange(8, dtype=np.float64)
+    >>> lut = np.array([0, 0, 0, 1, 1, 0, 0, 0], np.uint16)
+    >>> new, tops = shift_levels(keys, edges, lut, np.array([2.0, 4.0]), 0.6)
+    >>> new[[1, 2, 3, 4]].tolist(), tops.tolist()
+    ([0, 0, 0, 1], [3.0, 4.0])
+    """
+    hist = np.bincount(keys, minlength=lut.size)
+    present = np.flatnonzero(hist)
+    level = lut[present].astype(np.int64)
+    if present.size < 2 or shift <= 0.0 or level[0] == level[-1]:
+        return lut, tops
+    weight = hist[present].astype(np.float64)
+    middle = np.cumsum(weight) - weight / 2.0
+    change = np.flatnonzero(np.diff(level))  # the last key of each level but the top one
+    bounds = np.cumsum(weight)[change]
+    above = np.diff(np.append(bounds, middle[-1] + weight[-1] / 2.0))  # samples of the level above
+    moved = np.searchsorted(bounds + shift * above, middle)  # ascending level index of each key
+    ids = np.append(level[0], level[change + 1])
+    new_level = ids[moved]
+    out = lut.copy()
+    out[present] = new_level.astype(lut.dtype, copy=False)
+    new_tops = np.full(tops.size, -np.inf)
+    np.maximum.at(new_tops, new_level, edges[present])
+    return out, np.where(np.isfinite(new_tops), new_tops, tops)
 
 
 def fit_mixed_buckets(
@@ -99,11 +179,13 @@ def fit_mixed_buckets(
     randomness: float | str,
     ndim: int = 1,
     population: int | None = None,
+    keep: float = 1.0,
 ) -> tuple[NDArray[Any], FloatArray]:
     """Bucket boundaries aiming at co-batch repeat rate ``randomness`` (or ``"auto"``).
 
     ``population``: the samples of the epoch these keys are a window of (``None``: these), which
-    ``"auto"`` scales its batch excess by.
+    ``"auto"`` scales its batch excess by. ``keep``: the share of a level's pairs that share a
+    level again next epoch (:data:`KEEP` when boundaries move, :func:`shift_levels`).
 
     Returns a lookup table key -> bucket id (0 = smallest sizes) and each bucket's upper edge,
     like :func:`fitbatch.strategies.fit_buckets`.
@@ -136,14 +218,14 @@ def fit_mixed_buckets(
             _per_batch(np.asarray(tops), budget, cost, cap, ndim), max(float(h.sum()), 1.0)
         )
         pairs = float(np.sum(h * (ct[bucket] - 1.0))) / 2.0
-        repeat = float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
+        repeat = keep * float(np.sum(ct * (ct - 1.0)) / 2.0) / pairs if pairs > 0 else 0.0
         return bucket[group], tops, repeat, float(np.sum(h / ct[bucket])) / narrow_batches - 1.0
 
-    x0 = math.log(0.05 / float(np.mean(c * c)))
+    x0 = math.log(0.05 * keep / float(np.mean(c * c)))
     if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
-        # a handful of batches cannot be mixed without whole extra batches: narrowest levels
-        narrowest = fit(-700.0)
-        return _lut_tops(narrowest[0], narrowest[1], present)
+        # a handful of batches cannot afford wide levels: levels of half a batch
+        bucket, tops = _batch_halves(h / c, tops_all)
+        return _lut_tops(bucket[group], tops, present)
     if randomness != "auto":
         got = _solve(fit, x0, 2, float(randomness), -1.0)
         return _lut_tops(got[0], got[1], present)
@@ -158,6 +240,24 @@ def fit_mixed_buckets(
         high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
         got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
     return _lut_tops(got[0], got[1], present)
+
+
+def _batch_halves(batches: FloatArray, tops: FloatArray) -> tuple[NDArray[np.int64], list[float]]:
+    """Levels of about half a batch each over keys from the largest down (``batches``: each
+    key's share of a full batch); a last level under a quarter of a batch joins the one above.
+
+    >>> b, t = _batch_halves(np.array([0.3, 0.3, 0.3, 0.1, 0.05]), np.array([5.0, 4, 3, 2, 1]))
+    >>> b.tolist(), t
+    ([0, 0, 1, 1, 1], [5.0, 3.0])
+    """
+    before = np.cumsum(batches) - batches
+    cell = np.floor(before / 0.5 + 1e-9)
+    bucket = np.cumsum(np.diff(cell, prepend=cell[0]) != 0).astype(np.int64)
+    last = int(bucket[-1])
+    if last > 0 and float(np.sum(batches[bucket == last])) < 0.25:
+        bucket = np.minimum(bucket, last - 1)
+    firsts = np.flatnonzero(np.diff(bucket, prepend=-1))
+    return bucket, tops[firsts].tolist()
 
 
 def _groups(tops: FloatArray, spread: float) -> NDArray[np.int64]:
