@@ -139,8 +139,8 @@ def test_epoch_repeat_rate_refuses_epoch():
     shift=st.floats(0.0, 0.999),
 )
 def test_shifted_levels_stay_contiguous_and_in_order(counts, cuts, shift):
-    """Moving the boundaries keeps levels contiguous runs of keys in size order, moves each
-    boundary at most into the level above, and 0 moves nothing."""
+    """Moving the boundaries keeps levels contiguous runs of keys in size order and moves each
+    boundary at most half a level either way."""
     from fitbatch.strategies._mixing import shift_levels
 
     keys = np.repeat(np.arange(len(counts), dtype=np.uint16), counts)
@@ -155,11 +155,13 @@ def test_shifted_levels_stay_contiguous_and_in_order(counts, cuts, shift):
     present = np.flatnonzero(np.bincount(keys))
     old_l, new_l = lut[present].astype(int), new[present].astype(int)
     assert np.all(np.diff(new_l) >= 0), "levels stay in size order"
-    assert np.all((new_l == old_l) | (new_l == old_l - 1)), "a key moves at most one level down"
+    assert np.all(np.abs(new_l - old_l) <= 1), "a key moves at most one level"
+    weight = np.bincount(keys)[present]
+    for k in np.unique(old_l):
+        own = weight[old_l == k].sum()
+        assert weight[(old_l == k) & (new_l != k)].sum() <= own / 2 + weight.max(), "at most half a level leaves"
     for k in np.unique(new_l):
         assert new_tops[k] == edges[present[new_l == k]].max()
-    if shift == 0.0:
-        assert new.tolist() == lut.tolist()
 
 
 def test_boundaries_turn_by_the_golden_ratio_each_epoch():

@@ -10,10 +10,10 @@ whose batches times log-width reach ``kappa**2 * c_k**2``: wide levels for small
 ``c``), levels as narrow as ``spread`` for large ones. ``kappa`` is fitted (a few secant steps
 in log space) so that the predicted repeat rate meets the target.
 
-When the epoch is shuffled, every level boundary then moves into the level above it by a share
-of that level's samples, turned by the golden ratio each epoch (:func:`shift_levels`). Two
-samples batched together share a level in the next epoch with probability 0.53 instead of 1,
-which halves the repeat rate at the same level widths; the fit counts that in.
+When the epoch is shuffled, every level boundary then moves between the middles of the levels
+around it, to a share that turns by the golden ratio each epoch (:func:`shift_levels`). Two
+samples batched together share a level in the next epoch with probability about 0.53 instead
+of 1, which halves the repeat rate at about the same padding; the fit counts that in.
 
 An epoch of fewer than ``AUTO_MIN_BATCHES`` batches cannot afford wide levels (each one would
 cost a whole batch): ``"auto"`` cuts it into levels of half a batch (:func:`_batch_halves`),
@@ -57,8 +57,8 @@ AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches: levels 
 AUTO_LOW = 0.005
 AUTO_HIGH = 0.15
 _STEPS = 8  # secant steps on kappa
-# Level boundaries move by TURN of a level more each epoch (mod 1): consecutive epochs' boundaries
-# are 0.382 or 0.618 of a level apart, and a pair of one level stays together with probability
+# Level boundaries sit TURN further along their range (about a level) each epoch, mod 1: those of
+# consecutive epochs are 0.382 or 0.618 of it apart, and a pair of one level stays together with probability
 # KEEP = 1 - 2 x 0.382 x 0.618 (0.667 for independent shifts; 0.5 at best, and only for
 # alternate epochs).
 TURN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -100,7 +100,7 @@ def mixed_levels(
 ) -> tuple[NDArray[Any], FloatArray]:
     """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled."""
     keys, edges = ctx.keys()
-    lut, tops = fit_mixed_buckets(
+    lut, tops, below = _fit_levels(
         keys,
         edges,
         ctx.budget,
@@ -114,12 +114,12 @@ def mixed_levels(
     )
     if not ctx.shuffle:
         return lut, tops
-    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch))
+    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below)
 
 
 def level_shift(seed: int, epoch: int) -> float:
-    """The share of a level that boundaries move by in ``epoch``: a keyed start, turned by
-    ``TURN`` each epoch.
+    """Where level boundaries sit in ``epoch`` (0: the middle of the level below, 1: the middle of
+    the level above): a keyed start, turned by ``TURN`` each epoch.
 
     >>> a, b = level_shift(0, 0), level_shift(0, 1)
     >>> 0 <= a < 1 and round((b - a) % 1.0, 6) == round(TURN, 6)
@@ -135,31 +135,40 @@ def shift_levels(
     lut: NDArray[Any],
     tops: FloatArray,
     shift: float,
+    below: float = 0.5,
 ) -> tuple[NDArray[Any], FloatArray]:
-    """Move every level boundary up by ``shift`` of the samples of the level above it.
+    """Move every level boundary to ``shift`` of the way along its range, counted in samples:
+    from ``below`` of the level under it to ``1 - below`` of the level above it.
 
-    Keys move whole (a key never splits), by the count of samples below each key's middle;
-    returns the new lookup table and each level's largest key edge (a level may end empty).
+    With ``below=0.5`` (from the middle of one level to the middle of the next), each boundary
+    stays where the fit put it on average, and the levels pad about as much as the fitted ones;
+    levels of half a batch (few batches, :func:`_batch_halves`) mix more with ``below=0``. Keys move whole (a key never splits), by the count of samples below each key's
+    middle; returns the new lookup table and each level's largest key edge (a level may end
+    empty).
 
     >>> import numpy as np
     >>> keys = np.array([1, 1, 2, 2, 3, 3, 4, 4], np.uint16)
     >>> edges = np.arange(8, dtype=np.float64)
     >>> lut = np.array([0, 0, 0, 1, 1, 0, 0, 0], np.uint16)
-    >>> new, tops = shift_levels(keys, edges, lut, np.array([2.0, 4.0]), 0.6)
+    >>> new, tops = shift_levels(keys, edges, lut, np.array([2.0, 4.0]), 0.9)
     >>> new[[1, 2, 3, 4]].tolist(), tops.tolist()
     ([0, 0, 0, 1], [3.0, 4.0])
+    >>> shift_levels(keys, edges, lut, np.array([2.0, 4.0]), 0.1)[0][[1, 2, 3, 4]].tolist()
+    [0, 1, 1, 1]
     """
     hist = np.bincount(keys, minlength=lut.size)
     present = np.flatnonzero(hist)
     level = lut[present].astype(np.int64)
-    if present.size < 2 or shift <= 0.0 or level[0] == level[-1]:
+    if present.size < 2 or level[0] == level[-1]:
         return lut, tops
     weight = hist[present].astype(np.float64)
     middle = np.cumsum(weight) - weight / 2.0
     change = np.flatnonzero(np.diff(level))  # the last key of each level but the top one
     bounds = np.cumsum(weight)[change]
-    above = np.diff(np.append(bounds, middle[-1] + weight[-1] / 2.0))  # samples of the level above
-    moved = np.searchsorted(bounds + shift * above, middle)  # ascending level index of each key
+    under = np.diff(bounds, prepend=0.0)  # samples of the level under each boundary
+    over = np.diff(np.append(bounds, middle[-1] + weight[-1] / 2.0))  # ... and over it
+    start = bounds - below * under
+    moved = np.searchsorted(start + shift * (below * under + (1.0 - below) * over), middle)
     ids = np.append(level[0], level[change + 1])
     new_level = ids[moved]
     out = lut.copy()
@@ -198,6 +207,23 @@ def fit_mixed_buckets(
     >>> lut[[1, 2, 3, 50, 60, 61]].tolist(), tops.tolist()
     ([0, 0, 0, 0, 0, 0], [61.0])
     """
+    lut, tops, _ = _fit_levels(keys, edges, budget, cost, cap, spread, randomness, ndim, population, keep)
+    return lut, tops
+
+
+def _fit_levels(
+    keys: NDArray[np.uint16],
+    edges: FloatArray,
+    budget: float,
+    cost: CostModel,
+    cap: int | None,
+    spread: float,
+    randomness: float | str,
+    ndim: int,
+    population: int | None,
+    keep: float,
+) -> tuple[NDArray[Any], FloatArray, float]:
+    """:func:`fit_mixed_buckets`, and the ``below`` that :func:`shift_levels` moves these levels with."""
     hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
     present = np.flatnonzero(hist)[::-1]
     group = _groups(edges[present], spread)  # keys closer than spread / 8 are fitted together
@@ -210,7 +236,7 @@ def fit_mixed_buckets(
     low_logs = np.log(np.maximum(lows, 1e-300))  # where the bucket would reach if it took the key
     narrow_batches = float(np.sum(h / c))
     if float(np.sum(h * (c - 1.0))) == 0.0:
-        return _lut_tops(np.zeros(present.size, np.int64), [float(edges[present[0]])], present)
+        return (*_lut_tops(np.zeros(present.size, np.int64), [float(edges[present[0]])], present), 0.5)
 
     def fit(x: float) -> tuple[NDArray[np.int64], list[float], float, float]:
         bucket, tops = _fit_once(h, c, tops_all, low_logs, spread, math.exp(x))
@@ -225,10 +251,10 @@ def fit_mixed_buckets(
     if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
         # a handful of batches cannot afford wide levels: levels of half a batch
         bucket, tops = _batch_halves(h / c, tops_all)
-        return _lut_tops(bucket[group], tops, present)
+        return (*_lut_tops(bucket[group], tops, present), 0.0)
     if randomness != "auto":
         got = _solve(fit, x0, 2, float(randomness), -1.0)
-        return _lut_tops(got[0], got[1], present)
+        return (*_lut_tops(got[0], got[1], present), 0.5)
     # the lowest repeat rate at AUTO_EXCESS more batches (less on large sets, which mix anyway)
     n = float(h.sum()) if population is None else float(population)
     excess = AUTO_EXCESS * min(1.0, math.sqrt(AUTO_FULL_EXCESS_UP_TO / max(n, 1.0)))
@@ -239,7 +265,7 @@ def fit_mixed_buckets(
         # at least as random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS
         high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
         got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
-    return _lut_tops(got[0], got[1], present)
+    return (*_lut_tops(got[0], got[1], present), 0.5)
 
 
 def _batch_halves(batches: FloatArray, tops: FloatArray) -> tuple[NDArray[np.int64], list[float]]:
