@@ -1,4 +1,4 @@
-"""Packing quality: ``packed`` (sum cost) batches against the lower bound ceil(sum / budget).
+"""Packing quality: ``packed`` (sum cost) batches against lower bounds of bin packing.
 
 Run from the repository root:
 
@@ -6,9 +6,11 @@ Run from the repository root:
     python bench/packing.py --n 200000
 
 For each real length set (resampled with seed 0, samples over the budget left out) and budget it
-prints the batch count of the ``packed`` plan over its lower bound, beside the same pools packed
-without the cross-pool pass (each pool's two-ended packing alone: what ``packed`` did before the
-loose ends of every pool were packed again together), and the plan time.
+prints the batch count of the ``packed`` plan over two lower bounds: ceil(sum / budget) (L1) and
+Martello and Toth's L2 (samples over half the budget need a batch each, and the samples between
+a threshold and half the budget need what the room beside those cannot hold, maximised over
+thresholds), beside the same pools packed without the cross-pool pass (each pool's first-fit
+packing alone) and the plan time.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch._packing import two_ended_starts  # noqa: E402
+from fitbatch._packing import first_fit_starts  # noqa: E402
 from fitbatch.strategies._base import Context, _pooled_layout  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
@@ -34,8 +36,27 @@ def pools_alone(sizes: np.ndarray, budget: float) -> int:
     """Batches of the default pools packed one by one (no cross-pool pass)."""
     ctx = Context(fitbatch.as_sizes(sizes), budget, fitbatch.resolve_cost("sum"), None, 1, True, 0, 0)
     order, seg_starts, _ = _pooled_layout(ctx, fitbatch.Packed().pool_size)
-    _, starts = two_ended_starts(ctx.sizes.values[order], seg_starts, budget)
+    _, starts = first_fit_starts(ctx.sizes.values[order], seg_starts, budget)
     return int(starts.size)
+
+
+def martello_toth_l2(sizes: np.ndarray, budget: float) -> int:
+    """Martello and Toth's L2 lower bound on the number of bins (every size <= budget).
+
+    >>> martello_toth_l2(np.array([6.0, 6, 6, 1]), 10.0)  # L1 = 2: three samples over half
+    3
+    """
+    s = np.sort(np.asarray(sizes, dtype=np.float64))
+    csum = np.concatenate([[0.0], np.cumsum(s)])
+    thresholds = np.unique(np.concatenate([[0.0], s[s <= budget / 2]]))
+    half = np.searchsorted(s, budget / 2, "right")  # s[:half] <= budget / 2
+    top = np.searchsorted(s, budget - thresholds, "right")  # s[top:] > budget - threshold: alone
+    low = np.minimum(np.searchsorted(s, thresholds, "left"), half)  # s[low:half]: in [threshold, budget / 2]
+    over_half = top - half  # in (budget / 2, budget - threshold]: one per batch, room beside them
+    room = over_half * budget - (csum[top] - csum[half])
+    extra = np.maximum(0.0, np.ceil((csum[half] - csum[low] - room) / budget))
+    l1 = int(np.ceil(csum[-1] / budget))
+    return max(l1, int(np.max(s.size - top + over_half + extra)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--budgets", type=float, nargs="+", default=[4096, 16384, 65536])
     args = p.parse_args(argv)
-    print("| set | budget | lower bound | packed | vs bound | pools alone | vs bound | plan s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| set | budget | L1 | L2 | packed | vs L2 | pools alone | vs L2 | plan s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in SETS:
         base = load(name)
         for budget in args.budgets:
@@ -52,11 +73,12 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             plan = fitbatch.plan_batches(sizes, budget, cost="sum", strategy="packed")
             seconds = time.perf_counter() - t0
-            bound = plan.stats().lower_bound
+            l1 = plan.stats().lower_bound
+            bound = martello_toth_l2(sizes, budget)
             alone = pools_alone(sizes, budget)
             print(
-                f"| {name.removeprefix('cpython_stdlib_')} | {budget:g} | {bound:,} | {len(plan):,} | {len(plan) / bound:.5f} "
-                f"| {alone:,} | {alone / bound:.5f} | {seconds:.2f} |"
+                f"| {name.removeprefix('cpython_stdlib_')} | {budget:g} | {l1:,} | {bound:,} | {len(plan):,} | "
+                f"{len(plan) / bound:.5f} | {alone:,} | {alone / bound:.5f} | {seconds:.2f} |"
             )
 
 

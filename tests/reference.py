@@ -113,46 +113,42 @@ def greedy_batches(sizes: Sequence[Size], budget: float, cost: CostFn, **kw: Any
     return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def two_ended_batches(
+def first_fit_batches(
     sizes: Sequence[float], seg_starts: Sequence[int], budget: float, cap: int | None = None
 ) -> list[list[int]]:
-    """Two-ended packing of descending segments: each batch takes the largest remaining
-    samples while they fit (at least one), then, if budget is left, the smallest remaining ones
-    from the segment's end while they fit (a batch never exceeds ``cap`` samples)."""
+    """First-fit decreasing over descending segments, the textbook way: each sample goes into
+    the first batch of its segment (in opening order) whose room, the budget minus the sizes
+    already in it subtracted one by one, is at least the sample, and that holds fewer than ``cap``
+    samples; otherwise into a new batch."""
     n = len(sizes)
     cap = n if cap is None else cap
     bounds = list(seg_starts) + [n]
     out: list[list[int]] = []
     for s0, s1 in zip(bounds[:-1], bounds[1:], strict=True):
-        hi, lo = s0, s1
-        while hi < lo:
-            batch = [hi]
-            total = sizes[hi]
-            hi += 1
-            while hi < lo and len(batch) < cap and total + sizes[hi] <= budget:
-                total += sizes[hi]
-                batch.append(hi)
-                hi += 1
-            small: list[int] = []
-            if budget - total > 0:
-                while lo > hi and len(batch) + len(small) < cap and total + sizes[lo - 1] <= budget:
-                    total += sizes[lo - 1]
-                    small.append(lo - 1)
-                    lo -= 1
-            out.append(batch + small[::-1])
+        batches: list[list[int]] = []
+        rooms: list[float] = []
+        for p in range(s0, s1):
+            x = sizes[p]
+            j = next((j for j, r in enumerate(rooms) if r >= x and len(batches[j]) < cap), None)
+            if j is None:
+                batches.append([])
+                rooms.append(float(budget))
+                j = len(batches) - 1
+            batches[j].append(p)
+            rooms[j] -= x
+        out += batches
     return out
-
 
 
 def packed_batches(
     sizes: Sequence[float], order: Sequence[int], seg_starts: Sequence[int], budget: float, loose: float, cap: int | None = None
 ) -> list[list[int]]:
-    """The ``packed`` plan of samples laid out in ``order`` (each segment descending): two-ended
+    """The ``packed`` plan of samples laid out in ``order`` (each segment descending): first-fit
     packing per segment, then the batches of each segment after its last one filled to at least
     ``loose`` x budget (and each segment's last batch) packed again together, descending by size
     (ties by their order in those batches), after the kept batches."""
     laid = [sizes[i] for i in order]
-    batches = [[order[p] for p in b] for b in two_ended_batches(laid, seg_starts, budget, cap)]
+    batches = [[order[p] for p in b] for b in first_fit_batches(laid, seg_starts, budget, cap)]
     if len(seg_starts) <= 1:
         return batches
     ends = list(seg_starts[1:]) + [len(order)]
@@ -173,7 +169,7 @@ def packed_batches(
         return batches
     rest = [i for j in sorted(loose_ids) for i in batches[j]]
     rest = sorted(rest, key=lambda i: -sizes[i])  # stable: ties keep their order
-    again = [[rest[p] for p in b] for b in two_ended_batches([sizes[i] for i in rest], [0], budget, cap)]
+    again = [[rest[p] for p in b] for b in first_fit_batches([sizes[i] for i in rest], [0], budget, cap)]
     return [b for j, b in enumerate(batches) if j not in loose_ids] + again
 
 

@@ -25,7 +25,7 @@ import fitbatch
 from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._kernels import sum_starts
-from fitbatch._packing import two_ended_starts
+from fitbatch._packing import first_fit_starts
 from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
@@ -184,15 +184,15 @@ def test_run_totals_match_numpy(n, seed, cost, cuts):
     budget=st.sampled_from([1.0, 7.0, 13.5, 40.0, 100.0, 1000.0, 1e9]),
     cap=st.one_of(st.none(), st.integers(1, 9), st.sampled_from([2**40, 2**70])),  # caps over n never bind
 )
-def test_two_ended_matches_the_python_walk(kind, n, seed, n_segments, budget, cap):
+def test_first_fit_matches_the_python_loop(kind, n, seed, n_segments, budget, cap):
     sizes, seg, _, _ = descending_case("int" if kind == "floats" else kind, n, seed, n_segments)
-    if kind == "floats":  # sums that round: the compiled prefix sums must round as np.cumsum does
+    if kind == "floats":  # rooms that round: the compiled subtractions must round as Python's do
         sizes = np.sort(np.random.default_rng(seed).random(n) * 10)[::-1].copy()
-    (plain_order, plain_starts), (order, starts) = both(lambda: two_ended_starts(sizes, seg, budget, cap))
+    (plain_order, plain_starts), (order, starts) = both(lambda: first_fit_starts(sizes, seg, budget, cap))
     assert order.dtype == starts.dtype == np.int64
     assert order.tolist() == plain_order.tolist()
     assert starts.tolist() == plain_starts.tolist()
-    assert R.batches_from_starts(order.tolist(), starts.tolist()) == R.two_ended_batches(
+    assert R.batches_from_starts(order.tolist(), starts.tolist()) == R.first_fit_batches(
         R.as_python(sizes), seg.tolist(), budget, cap
     )
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fitbatch import _kernels as K
 from fitbatch import _sorting as SK
-from fitbatch._packing import two_ended_starts
+from fitbatch._packing import first_fit_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
 ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))
@@ -254,27 +254,27 @@ def test_descending_starts_with_size_keys(n, seed, n_segments, cost, budget, cap
     budget=st.sampled_from([1.0, 7.0, 13.5, 40.0, 100.0, 1000.0]),
     cap=st.one_of(st.none(), st.integers(1, 9)),
 )
-def test_two_ended_starts_matches_reference(kind, n, seed, n_segments, budget, cap):
+def test_first_fit_starts_matches_reference(kind, n, seed, n_segments, budget, cap):
     sizes, seg, _, _ = descending_case(kind, n, seed, n_segments)
-    order, starts = two_ended_starts(sizes, seg, budget, cap)
+    order, starts = first_fit_starts(sizes, seg, budget, cap)
     got = R.batches_from_starts(order.tolist(), starts.tolist())
-    assert got == R.two_ended_batches(R.as_python(sizes), seg.tolist(), budget, cap)
-    check_two_ended(sizes, seg, budget, cap, order, starts, slack=0.0)
+    assert got == R.first_fit_batches(R.as_python(sizes), seg.tolist(), budget, cap)
+    check_first_fit(sizes, seg, budget, cap, order, starts, slack=0.0)
 
 
 @given(n=ns, seed=st.integers(0, 2**16), n_segments=st.integers(1, 5), budget=st.sampled_from([5.0, 17.0, 60.0]),
        cap=st.one_of(st.none(), st.integers(1, 9)))
-def test_two_ended_starts_valid_for_any_floats(n, seed, n_segments, budget, cap):
+def test_first_fit_starts_valid_for_any_floats(n, seed, n_segments, budget, cap):
     rng = np.random.default_rng(seed)
     sizes = np.round(rng.random(n) * 10, 2)
     seg = np.arange(0, n, max(1, -(-n // n_segments)), dtype=np.int64)
     for a, b in zip(seg.tolist(), seg[1:].tolist() + [n], strict=False):  # n == 0: no segment
         sizes[a:b] = np.sort(sizes[a:b])[::-1]
-    order, starts = two_ended_starts(sizes, seg, budget, cap)
-    check_two_ended(sizes, seg, budget, cap, order, starts, slack=1e-12 * budget)
+    order, starts = first_fit_starts(sizes, seg, budget, cap)
+    check_first_fit(sizes, seg, budget, cap, order, starts, slack=1e-12 * budget)
 
 
-def check_two_ended(sizes, seg, budget, cap, order, starts, slack):
+def check_first_fit(sizes, seg, budget, cap, order, starts, slack):
     n = sizes.size
     assert sorted(order.tolist()) == list(range(n)), "every position exactly once"
     bounds = starts.tolist() + [n]
@@ -286,18 +286,32 @@ def check_two_ended(sizes, seg, budget, cap, order, starts, slack):
         assert cap is None or b - a <= cap
         if b - a > 1:
             assert float(sizes[batch].sum()) <= budget + slack
-        # largest remaining first: the head is the largest position left in its segment
-        assert batch[0] == min(batch)
+        # placed in order: the head is the batch's first position, the rest follow it
+        assert batch.tolist() == sorted(batch.tolist())
 
 
-def test_two_ended_pairs_large_with_small():
+def test_first_fit_fills_room_with_the_largest_that_fits():
     sizes = np.array([9.0, 8.0, 6.0, 5.0, 3.0, 2.0, 1.0, 1.0])
-    order, starts = two_ended_starts(sizes, np.zeros(1, np.int64), 10.0)
-    assert R.batches_from_starts(order.tolist(), starts.tolist()) == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    order, starts = first_fit_starts(sizes, np.zeros(1, np.int64), 10.0)
+    assert R.batches_from_starts(order.tolist(), starts.tolist()) == [[0, 6], [1, 5], [2, 4, 7], [3]]
 
 
-def test_two_ended_empty():
-    order, starts = two_ended_starts(np.zeros(0), np.zeros(0, np.int64), 10.0)
+def test_first_fit_reaches_the_bound_where_largest_then_smallest_did_not():
+    """6 + 4, 5 + 5 and 4 + 3 + 3 in batches of 10: the bound, ceil(30 / 10) = 3. Taking the
+    largest samples and then the smallest (the walk before first fit) made 6 + 3, 5 + 5, 4 + 4
+    and 3: four batches."""
+    sizes = np.array([6.0, 5, 5, 4, 4, 3, 3])
+    order, starts = first_fit_starts(sizes, np.zeros(1, np.int64), 10.0)
+    assert R.batches_from_starts(order.tolist(), starts.tolist()) == [[0, 3], [1, 2], [4, 5, 6]]
+
+
+def test_first_fit_gives_an_oversized_sample_a_batch_of_its_own():
+    order, starts = first_fit_starts(np.array([12.0, 5.0, 5.0]), np.zeros(1, np.int64), 10.0)
+    assert R.batches_from_starts(order.tolist(), starts.tolist()) == [[0], [1, 2]]
+
+
+def test_first_fit_empty():
+    order, starts = first_fit_starts(np.zeros(0), np.zeros(0, np.int64), 10.0)
     assert order.size == 0 and starts.size == 0
 
 

@@ -167,7 +167,7 @@ def test_pooled_without_shuffle_is_greedy_within_sorted_pools(cost):
     assert plan.to_lists() == [[order[p] for p in b] for b in batches]
 
 
-def test_packed_sum_without_shuffle_is_two_ended_within_pools_then_loose_ends_together():
+def test_packed_sum_without_shuffle_is_first_fit_within_pools_then_loose_ends_together():
     sizes = make_sizes("int", 500, 14)
     plan = fitbatch.plan_batches(sizes, 300, cost="sum", strategy=fitbatch.Packed(pool_size=100), shuffle=False)
     order = []

@@ -5,7 +5,7 @@ Python step per batch (the walk over batch ends) or a few numpy calls per chunk 
 scan). With numba installed, :func:`greedy` and :func:`prefix_sum_starts` run the same
 arithmetic as a compiled per-sample loop and return the same starts; without it (or with the
 environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use numpy. The
-same holds for the per-batch walk of sum-cost packing (:func:`two_ended`) and for the stable
+same holds for sum-cost packing's first-fit loop (:func:`first_fit`) and for the stable
 sorts that lay out shuffled epochs (:func:`shuffle_by_level`, :func:`shuffle_in_pools`:
 counting and radix sorts, and a stable sort has one result, so the order is numpy's).
 
@@ -40,6 +40,8 @@ FloatArray = NDArray[np.float64]
 # machine code takes about a second once (measured 1.14 s for a first 1M-sample sequential plan
 # against 0.24 s in numpy), so no plan below about a million samples pays for it.
 LOAD_AT = 1 << 20
+# ... but first-fit packing, a few microseconds per sample in Python, loads it from this many
+FIRST_FIT_AT = 1 << 16
 
 _module: ModuleType | None = None
 _tried = False
@@ -90,7 +92,7 @@ def _warm(module: ModuleType) -> None:
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
-    module.two_ended(one, np.zeros(1, np.int64), 1.0, 2)
+    module.first_fit(one, np.zeros(1, np.int64), 1.0, 2)
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
@@ -181,16 +183,18 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
     return result
 
 
-def two_ended(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int | None) -> tuple[IntArray, IntArray] | None:
-    """:func:`fitbatch._packing.two_ended_starts` compiled, or ``None`` when not compiled."""
-    module = _kernels(sizes.shape[0])
+def first_fit(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, IntArray] | None:
+    """:func:`fitbatch._packing.first_fit_starts` compiled, or ``None`` when not compiled.
+
+    Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
+    samples on, not only after ``LOAD_AT``.
+    """
+    n = sizes.shape[0]
+    module = _kernels(LOAD_AT if n >= FIRST_FIT_AT else n)
     if module is None:
         return None
-    n = sizes.shape[0]
-    # a cap of n or more never binds (a batch holds at most n samples): n keeps it in int64
-    room = n if cap is None else min(int(cap), n)
-    result: tuple[IntArray, IntArray] = module.two_ended(
-        np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), room
+    result: tuple[IntArray, IntArray] = module.first_fit(
+        np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap)
     )
     return result
 

@@ -5,8 +5,8 @@ search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample 
 the same floating-point operations in the same order, so the batches are the same. numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
-:func:`two_ended` is the two-ended packing walk of :func:`fitbatch._packing.two_ended_starts`
-(the same sums and ``bisect`` searches), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
+:func:`first_fit` is the first-fit loop of :func:`fitbatch._packing.first_fit_starts` (the same
+tree, subtractions and comparisons), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
 are the stable sorts of the shuffled layouts as counting sorts (a stable sort has one result).
 """
 
@@ -203,80 +203,6 @@ def all_integral(sizes: np.ndarray) -> bool:  # pragma: no cover - compiled; che
 
 
 @njit(cache=True, nogil=True)
-def _bisect_right(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
-    """``bisect.bisect_right(a, x, lo, hi)``: the same comparisons in the same order."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x < a[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-@njit(cache=True, nogil=True)
-def _bisect_left(a: np.ndarray, x: float, lo: int, hi: int) -> int:  # pragma: no cover - compiled
-    """``bisect.bisect_left(a, x, lo, hi)``: the same comparisons in the same order."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True, nogil=True)
-def two_ended(  # pragma: no cover - compiled; checked against the Python walk in tests/test_jit.py
-    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fitbatch._packing.two_ended_starts` (``cap``: at most ``n``) as one compiled walk.
-
-    The prefix sums are added in order as ``np.cumsum`` adds them, and the searches are
-    ``bisect``'s, so every batch is the same; the order is written batch by batch.
-    """
-    n = sizes.shape[0]
-    csum = _running_sum(sizes)
-    order = np.empty(n, dtype=np.int64)
-    starts = np.empty(16 + (n >> 6), dtype=np.int64)  # grown as needed: batches hold many samples
-    k = 0  # batches written
-    w = 0  # positions written
-    m = seg_starts.shape[0]
-    for s in range(m):
-        hi = seg_starts[s]
-        lo = seg_starts[s + 1] if s + 1 < m else n
-        # Invariant: positions [hi, lo) of the segment are not yet in any batch.
-        while hi < lo:
-            smallest = sizes[lo - 1]
-            reach = lo
-            if smallest > 0.0:
-                q = budget / smallest  # no batch holds more than budget / smallest samples
-                if q < lo - hi:
-                    reach = min(lo, hi + int(q) + 2)
-            big_end = _bisect_right(csum, csum[hi] + budget, hi, reach + 1) - 1
-            big_end = max(hi + 1, min(big_end, lo, hi + cap))
-            left = budget - (csum[big_end] - csum[hi])
-            small_start = lo
-            if left > 0 and big_end < lo and big_end - hi < cap:
-                small_start = _bisect_left(csum, csum[lo] - left, big_end, lo)
-                small_start = max(small_start, lo - (cap - (big_end - hi)))
-            if k == starts.shape[0]:
-                grown = np.empty(2 * k, dtype=np.int64)
-                grown[:k] = starts
-                starts = grown
-            starts[k] = w
-            k += 1
-            for p in range(hi, big_end):
-                order[w] = p
-                w += 1
-            for p in range(small_start, lo):
-                order[w] = p
-                w += 1
-            hi, lo = big_end, small_start
-    return order, starts[:k].copy()
-
-
-@njit(cache=True, nogil=True)
 def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
     draws: np.ndarray, level: np.ndarray, top: int
 ) -> np.ndarray:
@@ -383,3 +309,61 @@ def _byte_pass(  # pragma: no cover - compiled
         p = count[q]
         count[q] = p + 1
         dst[p] = c
+
+
+@njit(cache=True, nogil=True)
+def first_fit(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
+    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fitbatch._packing.first_fit_starts` (``cap``: at most ``n``) as one compiled loop.
+
+    The same tree of remaining room, the same subtractions and comparisons in the same order
+    as the Python loop, so every batch is the same; the order is then a counting sort by batch.
+    """
+    n = sizes.shape[0]
+    batch = np.empty(n, dtype=np.int64)
+    m = seg_starts.shape[0]
+    total = 0  # batches of the segments done
+    for s in range(m):
+        a = seg_starts[s]
+        b = seg_starts[s + 1] if s + 1 < m else n
+        size = 1
+        while size < b - a:
+            size *= 2
+        room = np.full(2 * size, budget)  # a node holds the most room of the batches under it
+        count = np.zeros(size, dtype=np.int64)
+        used = 0
+        for i in range(a, b):
+            x = sizes[i]
+            if room[1] >= x:
+                node = 1
+                while node < size:  # the first batch (leaf) with room for x
+                    node = 2 * node if room[2 * node] >= x else 2 * node + 1
+                leaf = node - size
+            else:
+                leaf = used
+                node = leaf + size
+            if leaf == used:
+                used += 1
+            batch[i] = total + leaf
+            count[leaf] += 1
+            room[node] = room[node] - x if count[leaf] < cap else -np.inf
+            node //= 2
+            while node >= 1:
+                left = room[2 * node]
+                right = room[2 * node + 1]
+                room[node] = left if left >= right else right
+                node //= 2
+        total += used
+    starts = np.zeros(total, dtype=np.int64)
+    for i in range(n):
+        if batch[i] + 1 < total:
+            starts[batch[i] + 1] += 1
+    for k in range(1, total):
+        starts[k] += starts[k - 1]
+    fill = starts.copy()
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        order[fill[batch[i]]] = i
+        fill[batch[i]] += 1
+    return order, starts

@@ -9,8 +9,9 @@
 
 ``randomness=`` on both is the co-batch repeat rate aimed at (:func:`fitbatch.repeat_rate`
 between consecutive epochs); ``"auto"`` picks it from the data (docs/plan_quality.md).
-* :class:`Packed` — bin packing within pools: for costs that grow with the sum each batch takes
-  the largest remaining samples and fills the rest with the smallest; other costs are already
+* :class:`Packed` — bin packing within pools: for costs that grow with the sum, first-fit
+  decreasing (each sample, largest first, into the first batch with room for it), then the
+  loosely filled batches of every pool packed again together; other costs are already
   count-bound, so it plans like :class:`Pooled`.
 * :class:`Fixed` — ``batch_size`` samples per batch whatever they cost (the baseline; not a
   name, since it needs its batch size).

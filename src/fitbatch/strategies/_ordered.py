@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
-from fitbatch._packing import two_ended_starts
+from fitbatch._packing import first_fit_starts
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
     Context,
@@ -161,7 +161,7 @@ class Packed(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         order, seg_starts = _pooled_order(ctx, self.pool_size)
         values = ctx.sizes.values[order]
-        inner, starts = two_ended_starts(values, seg_starts, ctx.budget, ctx.cap)
+        inner, starts = first_fit_starts(values, seg_starts, ctx.budget, ctx.cap)
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed),
         # gathered from the laid-out sizes: runs of positions, cheaper than by sample index
         laid = values[inner]
@@ -179,7 +179,7 @@ class Packed(_Pools):
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]
             sizes = values[rest]
-            inner, starts = two_ended_starts(sizes, np.zeros(1, np.int64), ctx.budget, ctx.cap)
+            inner, starts = first_fit_starts(sizes, np.zeros(1, np.int64), ctx.budget, ctx.cap)
             return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=sizes[inner])
 
         return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
