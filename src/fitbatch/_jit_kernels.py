@@ -330,21 +330,21 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
         size = 1
         while size < b - a:
             size *= 2
-        room = np.full(2 * size, budget)  # a node holds the most room of the batches under it
+        room = np.full(2 * size, -np.inf)  # a node holds the most room of the open batches under it
         count = np.zeros(size, dtype=np.int64)
         used = 0
         for i in range(a, b):
             x = sizes[i]
             if room[1] >= x:
                 node = 1
-                while node < size:  # the first batch (leaf) with room for x
+                while node < size:  # the first open batch (leaf) with room for x
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
                 leaf = node - size
-            else:
+            else:  # no open batch has room: open the next
                 leaf = used
                 node = leaf + size
-            if leaf == used:
                 used += 1
+                room[node] = budget
             batch[i] = total + leaf
             count[leaf] += 1
             room[node] = room[node] - x if count[leaf] < cap else -np.inf
@@ -352,7 +352,10 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
             while node >= 1:
                 left = room[2 * node]
                 right = room[2 * node + 1]
-                room[node] = left if left >= right else right
+                most = left if left >= right else right
+                if room[node] == most:  # the ancestors keep their most room too
+                    break
+                room[node] = most
                 node //= 2
         total += used
     starts = np.zeros(total, dtype=np.int64)

@@ -44,34 +44,38 @@ def first_fit_starts(
         return compiled
     batch = np.empty(n, dtype=np.int64)
     values = sizes.tolist()
+    budget = float(budget)
     bounds = [*seg_starts.tolist(), n]
     total = 0
     for a, b in zip(bounds[:-1], bounds[1:]):
         size = 1 << max(b - a - 1, 0).bit_length()
-        room = [float(budget)] * (2 * size)  # a node holds the most room of the batches under it
+        room = [-np.inf] * (2 * size)  # a node holds the most room of the open batches under it
         count = [0] * size
         used = 0
         placed = []
         add = placed.append
-        # Invariant: positions before i hold batches; leaves [0, used) are the open batches.
+        # Invariant: positions before x's hold batches; leaves [0, used) are the open batches.
         for x in values[a:b]:
             if room[1] >= x:
                 node = 1
-                while node < size:  # the first batch (leaf) with room for x
+                while node < size:  # the first open batch (leaf) with room for x
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
                 leaf = node - size
-            else:
+            else:  # no open batch has room: open the next
                 leaf = used
                 node = leaf + size
-            if leaf == used:
                 used += 1
+                room[node] = budget
             add(leaf)
             count[leaf] += 1
             room[node] = room[node] - x if count[leaf] < room_cap else -np.inf
             node >>= 1
             while node:
                 left, right = room[2 * node], room[2 * node + 1]
-                room[node] = left if left >= right else right
+                most = left if left >= right else right
+                if room[node] == most:  # the ancestors keep their most room too
+                    break
+                room[node] = most
                 node >>= 1
         batch[a:b] = np.asarray(placed, dtype=np.int64) + total
         total += used
