@@ -312,6 +312,20 @@ def _byte_pass(  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """The room tree of :func:`first_fit` with twice the leaves (the new ones hold no room)."""
+    grown = np.full(4 * size, -np.inf)
+    grown[2 * size : 3 * size] = room[size : 2 * size]
+    for node in range(2 * size - 1, 0, -1):
+        left = grown[2 * node]
+        right = grown[2 * node + 1]
+        grown[node] = left if left >= right else right
+    more = np.zeros(2 * size, dtype=np.int64)
+    more[:size] = count
+    return grown, more
+
+
+@njit(cache=True, nogil=True)
 def first_fit(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
     sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -327,9 +341,7 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
     for s in range(m):
         a = seg_starts[s]
         b = seg_starts[s + 1] if s + 1 < m else n
-        size = 1
-        while size < b - a:
-            size *= 2
+        size = 64  # leaves (batches) in the tree; doubled when they run out
         room = np.full(2 * size, -np.inf)  # a node holds the most room of the open batches under it
         count = np.zeros(size, dtype=np.int64)
         used = 0
@@ -341,6 +353,9 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
                 leaf = node - size
             else:  # no open batch has room: open the next
+                if used == size:
+                    room, count = _grown(room, count, size)
+                    size *= 2
                 leaf = used
                 node = leaf + size
                 used += 1

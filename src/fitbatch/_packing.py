@@ -48,7 +48,7 @@ def first_fit_starts(
     bounds = [*seg_starts.tolist(), n]
     total = 0
     for a, b in zip(bounds[:-1], bounds[1:]):
-        size = 1 << max(b - a - 1, 0).bit_length()
+        size = 64  # leaves (batches) in the tree; doubled when they run out
         room = [-np.inf] * (2 * size)  # a node holds the most room of the open batches under it
         count = [0] * size
         used = 0
@@ -62,6 +62,10 @@ def first_fit_starts(
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
                 leaf = node - size
             else:  # no open batch has room: open the next
+                if used == size:
+                    room = _grown(room, size)
+                    count += [0] * size
+                    size *= 2
                 leaf = used
                 node = leaf + size
                 used += 1
@@ -84,3 +88,13 @@ def first_fit_starts(
     if total:
         np.cumsum(np.bincount(batch, minlength=total)[:-1], out=starts[1:])
     return order.astype(np.int64, copy=False), starts
+
+
+def _grown(room: list[float], size: int) -> list[float]:
+    """The room tree with twice the leaves (the new ones hold no room)."""
+    grown = [-np.inf] * (4 * size)
+    grown[2 * size : 3 * size] = room[size : 2 * size]
+    for node in range(2 * size - 1, 0, -1):
+        left, right = grown[2 * node], grown[2 * node + 1]
+        grown[node] = left if left >= right else right
+    return grown
