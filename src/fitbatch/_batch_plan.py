@@ -15,6 +15,7 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch import _shapes as S
 from fitbatch._validate import parse_budget
@@ -409,9 +410,13 @@ def measure_batches(
     ``sizes.values[order]`` already gathered (by the planning kernel).
     """
     values = sizes.values
-    if laid is None:
-        laid = values if order is None else values[order]
-    counts, mx, sm = K.batch_reduce(laid, offsets)
+    compiled = None
+    if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
+        compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
+    if compiled is not None:
+        counts, (mx, sm) = np.diff(offsets), compiled
+    else:
+        counts, mx, sm = K.batch_reduce(values, offsets, order) if laid is None else K.batch_reduce(laid, offsets)
     del laid
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:
