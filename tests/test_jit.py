@@ -176,6 +176,25 @@ def test_run_totals_match_numpy(n, seed, cost, cuts):
     assert o.tolist() == (1 + np.cumsum(over)).tolist()
 
 
+@given(n=st.integers(1, 400), seed=st.integers(0, 2**16), cuts=st.integers(0, 40), ordered=st.booleans())
+def test_batch_reduce_matches_numpy(n, seed, cuts, ordered):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 2**40, n).astype(np.float64)
+    order = rng.permutation(n) if ordered else None
+    bounds = np.unique(np.concatenate([[0, n], rng.integers(0, n, cuts)])).astype(np.int64)
+    with jit("1"):
+        mx, sm = _jit.batch_reduce(sizes, order, bounds)
+    _, want_mx, want_sm = K.batch_reduce(sizes, bounds, order)
+    assert mx.tobytes() == want_mx.tobytes() and sm.tobytes() == want_sm.tobytes()
+
+
+@pytest.mark.parametrize("sizes", [[1.0, 2.0**53], [3.0, -0.0, 1.0]])
+def test_batch_reduce_leaves_inexact_sums_to_numpy(sizes):
+    with jit("1"):
+        assert _jit.batch_reduce(np.array(sizes), None, np.array([0, len(sizes)])) is None
+        assert _jit.batch_reduce(np.array(sizes), None, np.array([0, 0, len(sizes)])) is None  # an empty batch
+
+
 @given(
     kind=st.sampled_from(("int", "dyadic", "equal", "zeros", "dup", "floats")),
     n=ns,

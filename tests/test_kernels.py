@@ -363,6 +363,22 @@ def test_batch_reduce(n, seed, two_d):
         np.testing.assert_array_equal(sm[k], sizes[a:b].sum(axis=0))
 
 
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**16), two_d=st.booleans(), gather=st.integers(1, 40))
+def test_batch_reduce_gathers_in_chunks(n, seed, two_d, gather):
+    rng = np.random.default_rng(seed)
+    sizes = rng.random((n, 2) if two_d else n) * 100  # fractional: the sums must add the same way
+    order = rng.permutation(n)
+    offsets = np.unique(np.concatenate([[0, n], rng.integers(0, n, 30)])).astype(np.int64)
+    saved, K.GATHER = K.GATHER, gather
+    try:
+        counts, mx, sm = K.batch_reduce(sizes, offsets, order)
+    finally:
+        K.GATHER = saved
+    want = K.batch_reduce(sizes[order], offsets)
+    assert counts.tolist() == want[0].tolist()
+    assert mx.tobytes() == want[1].tobytes() and sm.tobytes() == want[2].tobytes()
+
+
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 6)), max_size=20))
 def test_concat_ranges(pairs):
     firsts = np.array([f for f, _ in pairs], dtype=np.int64)

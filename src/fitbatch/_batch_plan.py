@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch import _shapes as S
 from fitbatch._validate import parse_budget
@@ -27,6 +30,8 @@ logger = logging.getLogger("fitbatch.plan")
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
+# BatchPlan.__iter__ turns this many batches' heads and counts into Python ints at a time
+ITER_CHUNK = 1 << 16
 
 
 @contextlib.contextmanager
@@ -45,6 +50,21 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if running:
             gc.enable()
+
+
+class _Windows(dict):  # type: ignore[type-arg]
+    """``count`` -> the 2-D view of ``order`` whose row ``h`` is ``order[h:h + count]`` (made on first use)."""
+
+    def __init__(self, order: IntArray) -> None:
+        super().__init__()
+        self.order = order
+
+    def __missing__(self, count: int) -> IntArray:
+        order = self.order
+        step = order.itemsize
+        view: IntArray = np.ndarray((order.size - count + 1, count), order.dtype, buffer=order, strides=(step, step))
+        self[count] = view
+        return view
 
 
 def _per_batch(name: str, doc: str) -> Any:
@@ -277,9 +297,22 @@ class BatchPlan(Sequence[IntArray]):
         return self._base_order[head : head + int(self.counts[i])]
 
     def __iter__(self) -> Iterator[IntArray]:
-        order = self._base_order
-        for head, count in zip(self._heads.tolist(), self.counts.tolist()):
-            yield order[head : head + count]
+        # Batch k is row heads[k] of a 2-D view of the order whose rows are its counts[k]-long
+        # windows (one view per batch length, made on first use): an int index makes the view
+        # faster than a slice, and map() walks the batches with no Python step each (0.60 s
+        # instead of 0.76 s for 3.2M batches). Heads and counts become Python ints ITER_CHUNK
+        # batches at a time, so no list over all the batches is held while iterating (the
+        # batches are still views of the order, made one at a time as they are asked for).
+        order, heads, counts = self._base_order, self._heads, self.counts
+        if not order.flags.c_contiguous:
+            return (order[head : head + count] for head, count in zip(heads.tolist(), counts.tolist()))
+        windows = _Windows(order)
+
+        def chunk(lo: int) -> Iterator[IntArray]:
+            hi = lo + ITER_CHUNK
+            return map(operator.getitem, map(windows.__getitem__, counts[lo:hi].tolist()), heads[lo:hi].tolist())
+
+        return itertools.chain.from_iterable(map(chunk, range(0, heads.size, ITER_CHUNK)))
 
     def to_lists(self) -> list[list[int]]:
         """The batches as lists of Python ints."""
@@ -409,9 +442,13 @@ def measure_batches(
     ``sizes.values[order]`` already gathered (by the planning kernel).
     """
     values = sizes.values
-    if laid is None:
-        laid = values if order is None else values[order]
-    counts, mx, sm = K.batch_reduce(laid, offsets)
+    compiled = None
+    if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
+        compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
+    if compiled is not None:
+        counts, (mx, sm) = np.diff(offsets), compiled
+    else:
+        counts, mx, sm = K.batch_reduce(values, offsets, order) if laid is None else K.batch_reduce(laid, offsets)
     del laid
     costs = model.evaluate(counts.astype(np.float64), mx, sm)
     if values.ndim == 1:

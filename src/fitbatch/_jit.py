@@ -47,6 +47,7 @@ _module: ModuleType | None = None
 _tried = False
 _work = 0
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
+_NO_ORDER = np.zeros(0, dtype=np.int64)
 
 
 def enabled() -> bool:
@@ -92,6 +93,7 @@ def _warm(module: ModuleType) -> None:
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
+    module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
     module.first_fit(one, np.zeros(1, np.int64), 1.0, 2)
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
@@ -221,6 +223,20 @@ def shuffle_in_pools(draws: NDArray[np.uint16], keys: NDArray[np.uint16], pool: 
         return None
     result: IntArray = module.shuffle_in_pools(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))))
     return result
+
+
+def batch_reduce(sizes: FloatArray, order: IntArray | None, offsets: IntArray) -> tuple[FloatArray, FloatArray] | None:
+    """Max and sum of each batch of ``sizes[order]`` (``order=None``: ``sizes``) cut at
+    ``offsets``, whole-number 1-D sizes only, read in place; ``None`` when not compiled or
+    when numpy's pairwise sums could differ (a sum of 2**53 or more, -0.0, an empty batch)."""
+    module = _kernels(0) if sizes.ndim == 1 else None
+    if module is None:
+        return None
+    index = _NO_ORDER if order is None else np.ascontiguousarray(order, dtype=np.int64)
+    mx, sm, exact = module.batch_reduce(
+        np.ascontiguousarray(sizes, dtype=np.float64), index, order is not None, np.ascontiguousarray(offsets, dtype=np.int64)
+    )
+    return (mx, sm) if exact else None
 
 
 def all_integral(sizes: FloatArray) -> bool:

@@ -194,6 +194,40 @@ def run_totals(  # pragma: no cover - compiled; checked against numpy in tests/t
 
 
 @njit(cache=True, nogil=True)
+def batch_reduce(  # pragma: no cover - compiled; checked against numpy in tests/test_jit.py
+    sizes: np.ndarray, order: np.ndarray, use_order: bool, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Max and sum of each batch ``sizes[order[offsets[b]:offsets[b + 1]]]`` (of
+    ``sizes[offsets[b]:offsets[b + 1]]`` without ``use_order``), read in place, no gather.
+
+    The sizes must be whole numbers. The flag says whether every sum is exact (below 2**53)
+    and no batch is empty or holds -0.0: then numpy's ``reduceat``, which adds pairwise, makes
+    the same floats; else the caller asks numpy.
+    """
+    m = offsets.shape[0] - 1
+    mx = np.empty(m, dtype=np.float64)
+    sm = np.empty(m, dtype=np.float64)
+    for b in range(m):
+        a, z = offsets[b], offsets[b + 1]
+        if z <= a:
+            return mx, sm, False
+        top = sizes[order[a]] if use_order else sizes[a]
+        s = 0.0
+        for i in range(a, z):
+            x = sizes[order[i]] if use_order else sizes[i]
+            if x == 0.0 and np.signbit(x):
+                return mx, sm, False
+            s += x
+            if x > top:
+                top = x
+        if not s < 9007199254740992.0:  # 2**53: above it a sum may round
+            return mx, sm, False
+        mx[b] = top
+        sm[b] = s
+    return mx, sm, True
+
+
+@njit(cache=True, nogil=True)
 def all_integral(sizes: np.ndarray) -> bool:  # pragma: no cover - compiled; checked in tests/test_jit.py
     """Whether ``sizes == floor(sizes)`` everywhere, as numpy compares (NaN is not whole)."""
     for x in sizes:

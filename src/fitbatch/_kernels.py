@@ -38,6 +38,8 @@ FloatArray = NDArray[np.float64]
 # Sum costs: past this many samples per batch on average, bisect once per batch instead of
 # searching at every position (both give the same batches; this only picks the faster).
 LONG_BATCH = 32
+# batch_reduce gathers sizes in plan order this many positions at a time (bounded memory)
+GATHER = 1 << 20
 
 
 class OpenBatch(NamedTuple):
@@ -470,11 +472,23 @@ def _concat_ranges(firsts: IntArray, lengths: IntArray) -> IntArray:
 # --------------------------------------------------------------------------- per-batch reductions
 
 
-def batch_reduce(sizes: FloatArray, offsets: IntArray) -> tuple[IntArray, FloatArray, FloatArray]:
-    """(count, max, sum) of each batch of ``sizes`` (already in plan order) cut at ``offsets``."""
+def batch_reduce(sizes: FloatArray, offsets: IntArray, order: IntArray | None = None) -> tuple[IntArray, FloatArray, FloatArray]:
+    """(count, max, sum) of each batch of ``sizes[order]`` (``None``: ``sizes``, in plan order) cut at ``offsets``.
+
+    ``sizes[order]`` is gathered ``GATHER`` positions at a time (whole batches), not at once.
+    """
     counts = np.diff(offsets)
     if counts.size == 0:
         empty = np.zeros((0, *sizes.shape[1:]))
         return counts, empty, empty.copy()
     heads = offsets[:-1]
-    return counts, np.maximum.reduceat(sizes, heads, axis=0), np.add.reduceat(sizes, heads, axis=0)
+    if order is None or order.size <= GATHER or not counts.all():  # an empty batch reduces to the next size
+        laid = sizes if order is None else sizes[order]
+        return counts, np.maximum.reduceat(laid, heads, axis=0), np.add.reduceat(laid, heads, axis=0)
+    mx, sm = np.empty((counts.size, *sizes.shape[1:])), np.empty((counts.size, *sizes.shape[1:]))
+    cuts = np.unique(np.searchsorted(heads, np.arange(0, order.size, GATHER), side="right") - 1).tolist()
+    for b, e in zip(cuts, [*cuts[1:], counts.size]):  # the same batches, so the same sums
+        laid, local = sizes[order[heads[b] : offsets[e]]], heads[b:e] - heads[b]
+        np.maximum.reduceat(laid, local, axis=0, out=mx[b:e])
+        np.add.reduceat(laid, local, axis=0, out=sm[b:e])
+    return counts, mx, sm

@@ -114,6 +114,7 @@ def plan_with(
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
     sub = sizes if kept is None else sizes.subset(kept)
+    del kept  # made again after planning: one array of n fewer while the strategy plans
     shape_set, plan_model, strategy = None, model, opts.strategy
     if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
         shape_set, sub, plan_model = S.bounded(sub, opts, shapes_over or sizes)
@@ -130,28 +131,35 @@ def plan_with(
         population=population,
     )
     result = strategy.plan(ctx)
-    in_order = result.identity and kept is None
-    # positions among the kept samples become dataset indices in place (one array of n fewer)
-    order = result.order if kept is None else np.take(kept, result.order, out=result.order)
     # from here on the strategy needs its random streams only: the planned sizes are let go
-    ctx = dataclasses.replace(ctx, sizes=sub.subset(slice(0, 0)), _keys=None)
-    del sub, kept
+    # (an empty selection by index: an empty slice would be a view that keeps them)
+    ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None)
+    del sub
+    in_order = result.identity and not skipped.size
+    order = result.order
+    if skipped.size:  # positions among the kept samples become dataset indices
+        if result.identity:  # in index order: the kept samples' indices themselves
+            result = dataclasses.replace(result, order=np.zeros(0, np.int64))
+            order = np.flatnonzero(alone <= budget)  # the kept samples, as screen_oversized found them
+        else:  # in place; mode "clip" does not buffer (every position is in range)
+            order = np.take(np.flatnonzero(alone <= budget), order, out=order, mode="clip")
     n = order.size
-    offsets = np.append(result.starts, n).astype(np.int64)
+    offsets = np.append(result.starts, n).astype(np.int64, copy=False)
     # the sizes the kernel gathered are the ones measured, unless it planned rounded-up shapes
     laid = result.laid if opts.max_shapes is None else None
-    result = dataclasses.replace(result, laid=None)
+    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None)
     counts, costs, real, padded = measure_batches(sizes, model, None if in_order else order, offsets, laid=laid)
     del laid
-    keep_batch = np.ones(counts.size, dtype=bool)
+    dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
-        keep_batch = ~(result.tails & (costs < opts.saturation * budget))
-    batch_ids = np.flatnonzero(keep_batch)
-    perm = strategy.batch_order(ctx, batch_ids.size)
+        dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
+    # batch_ids: the kept batches in plan order, None for all of them as planned
+    batch_ids = None if not dropped_ids.size else np.delete(np.arange(counts.size, dtype=np.int64), dropped_ids)
+    perm = strategy.batch_order(ctx, counts.size - dropped_ids.size)
     if perm is not None:
-        batch_ids = batch_ids[perm]
-    dropped_ids = np.flatnonzero(~keep_batch)
+        batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
     dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
+    del counts  # the plan counts its batches again (one array fewer at its peak)
     if isinstance(model, Limits):  # every limit's bound: a per-sample total is not one
         bound = samples_bound(model, budget, np.delete(values, np.concatenate([skipped, dropped]), axis=0))
     else:
@@ -170,7 +178,7 @@ def plan_with(
         skipped=skipped,
         dropped=dropped,
         dropped_batches=int(dropped_ids.size),
-        batch_ids=None if (perm is None and not dropped_ids.size) else batch_ids,
+        batch_ids=batch_ids,
         ids_permute_all=not dropped_ids.size,
         loss_sizes=loss_sizes,
         shape_set=shape_set,
@@ -181,3 +189,4 @@ def plan_with(
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
     return plan
+

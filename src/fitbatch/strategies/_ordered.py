@@ -4,7 +4,7 @@ and packed (bin packing within pools)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -80,8 +80,8 @@ class Sorted(Strategy):
             return result
         # Reversing the whole order reverses the batches and the samples inside each batch.
         ends = np.append(result.starts[1:], n)
-        laid = None if result.laid is None else result.laid[::-1].copy()
-        return Result(result.order[::-1].copy(), (n - ends)[::-1].copy(), result.tails[::-1].copy(), laid=laid)
+        laid = None if result.laid is None else _reverse(result.laid)
+        return Result(_reverse(result.order), (n - ends)[::-1].copy(), result.tails[::-1].copy(), laid=laid)
 
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         return None
@@ -139,6 +139,7 @@ class Pooled(_Pools):
         rng = ctx.rng("pools") if ctx.shuffle else None
         # one pool: levels already draw partners at random, and pool borders only add padding
         order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
+        del level  # not held while the greedy gathers the sizes
         seg_starts = np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
@@ -183,6 +184,16 @@ class Packed(_Pools):
             return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=sizes[inner])
 
         return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
+
+
+def _reverse(a: NDArray[Any]) -> NDArray[Any]:
+    """``a`` reversed in place (its own array: a copy of half of it at a time, not of all)."""
+    n = a.shape[0]
+    half = n // 2
+    head = a[:half].copy()
+    a[:half] = a[::-1][:half]  # the last half, reversed: no overlap, so numpy does not buffer
+    a[n - half :] = head[::-1]
+    return a
 
 
 def _loose_ends(loose: NDArray[np.bool_], starts: IntArray, seg_starts: IntArray) -> NDArray[np.bool_]:
