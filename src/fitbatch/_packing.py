@@ -52,7 +52,7 @@ def first_fit_starts(
         room = [-np.inf] * (2 * size)  # a node holds the most room of the open batches under it
         count = [0] * size
         used = 0
-        placed = []
+        placed: list[int] = []
         add = placed.append
         # Invariant: positions before x's hold batches; leaves [0, used) are the open batches.
         for x in values[a:b]:
