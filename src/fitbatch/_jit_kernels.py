@@ -379,9 +379,13 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
         room = np.full(2 * size, -np.inf)  # a node holds the most room of the open batches under it
         count = np.zeros(size, dtype=np.int64)
         used = 0
+        last = np.nan  # the size placed last, and where: the batches before it lack room for it
+        leaf = 0
         for i in range(a, b):
             x = sizes[i]
-            if room[1] >= x:
+            if x == last and room[leaf + size] >= x:
+                node = leaf + size
+            elif room[1] >= x:
                 node = 1
                 while node < size:  # the first open batch (leaf) with room for x
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
@@ -395,6 +399,7 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
                 used += 1
                 room[node] = budget
             batch[i] = total + leaf
+            last = x
             count[leaf] += 1
             room[node] = room[node] - x if count[leaf] < cap else -np.inf
             node //= 2

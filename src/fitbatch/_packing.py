@@ -55,8 +55,12 @@ def first_fit_starts(
         placed: list[int] = []
         add = placed.append
         # Invariant: positions before x's hold batches; leaves [0, used) are the open batches.
+        last = np.nan  # the size placed last, and where: the batches before it lack room for it
+        leaf = 0
         for x in values[a:b]:
-            if room[1] >= x:
+            if x == last and room[leaf + size] >= x:
+                node = leaf + size
+            elif room[1] >= x:
                 node = 1
                 while node < size:  # the first open batch (leaf) with room for x
                     node = 2 * node if room[2 * node] >= x else 2 * node + 1
@@ -71,6 +75,7 @@ def first_fit_starts(
                 used += 1
                 room[node] = budget
             add(leaf)
+            last = x
             count[leaf] += 1
             room[node] = room[node] - x if count[leaf] < room_cap else -np.inf
             node >>= 1
