@@ -25,7 +25,7 @@ import fitbatch
 from fitbatch import _jit
 from fitbatch import _kernels as K
 from fitbatch._kernels import sum_starts
-from fitbatch._packing import first_fit_starts
+from fitbatch._packing import first_fit_laid, first_fit_starts
 from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
@@ -214,6 +214,29 @@ def test_first_fit_matches_the_python_loop(kind, n, seed, n_segments, budget, ca
     assert R.batches_from_starts(order.tolist(), starts.tolist()) == R.first_fit_batches(
         R.as_python(sizes), seg.tolist(), budget, cap
     )
+
+
+@given(
+    kind=st.sampled_from(("int", "dyadic", "equal", "zeros", "dup")),
+    n=ns,
+    seed=st.integers(0, 2**16),
+    n_segments=st.integers(1, 5),
+    budget=st.sampled_from([1.0, 7.0, 13.5, 100.0]),
+    cap=st.one_of(st.none(), st.integers(1, 9)),
+)
+def test_first_fit_in_place_rearranges_like_the_gathers(kind, n, seed, n_segments, budget, cap):
+    """Compiled, first_fit_laid moves the sizes and positions along the permutation's cycles;
+    without numba it gathers them: the same positions, starts and sizes either way."""
+    sizes, seg, _, _ = descending_case(kind, n, seed, n_segments)
+    positions = np.random.default_rng(seed).permutation(n).astype(np.int64)
+    (a_pos, a_starts, a_laid), (b_pos, b_starts, b_laid) = both(
+        lambda: first_fit_laid(sizes.copy(), positions.copy(), seg, budget, cap)
+    )
+    inner, starts = first_fit_starts(sizes, seg, budget, cap)
+    for got_pos, got_starts, got_laid in ((a_pos, a_starts, a_laid), (b_pos, b_starts, b_laid)):
+        assert got_pos.tolist() == positions[inner].tolist()
+        assert got_starts.tolist() == starts.tolist()
+        assert got_laid.tolist() == sizes[inner].tolist()
 
 
 @pytest.mark.parametrize("cap", [None, 7])

@@ -95,6 +95,7 @@ def _warm(module: ModuleType) -> None:
     module.all_integral(one)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
     module.first_fit(one, np.zeros(1, np.int64), 1.0, 2)
+    module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2)
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
@@ -191,14 +192,29 @@ def first_fit(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) 
     Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
     samples on, not only after ``LOAD_AT``.
     """
-    n = sizes.shape[0]
-    module = _kernels(LOAD_AT if n >= FIRST_FIT_AT else n)
+    module = _first_fit_module(sizes.shape[0])
     if module is None:
         return None
     result: tuple[IntArray, IntArray] = module.first_fit(
         np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap)
     )
     return result
+
+
+def first_fit_in_place(
+    sizes: FloatArray, positions: IntArray, seg_starts: IntArray, budget: float, cap: int
+) -> IntArray | None:
+    """:func:`first_fit` rearranging ``sizes`` and ``positions`` (contiguous float64 and int64)
+    in place into batch order and returning the batch starts, or ``None`` when not compiled."""
+    module = _first_fit_module(sizes.shape[0])
+    if module is None:
+        return None
+    starts: IntArray = module.first_fit_in_place(sizes, positions, np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap))
+    return starts
+
+
+def _first_fit_module(n: int) -> ModuleType | None:
+    return _kernels(LOAD_AT if n >= FIRST_FIT_AT else n)
 
 
 def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -> IntArray | None:

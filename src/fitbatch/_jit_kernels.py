@@ -360,14 +360,12 @@ def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, 
 
 
 @njit(cache=True, nogil=True)
-def first_fit(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
+def _first_fit_batches(  # pragma: no cover - compiled
     sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fitbatch._packing.first_fit_starts` (``cap``: at most ``n``) as one compiled loop.
-
-    The same tree of remaining room, the same subtractions and comparisons in the same order
-    as the Python loop, so every batch is the same; the order is then a counting sort by batch.
-    """
+) -> tuple[np.ndarray, int]:
+    """The batch of every position (numbered in opening order) and the number of batches: the
+    loop of :func:`fitbatch._packing.first_fit_starts` (``cap``: at most ``n``), with the same
+    tree of remaining room and the same subtractions and comparisons in the same order."""
     n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
     m = seg_starts.shape[0]
@@ -412,15 +410,66 @@ def first_fit(  # pragma: no cover - compiled; checked against the Python loop i
                 room[node] = most
                 node //= 2
         total += used
+    return batch, total
+
+
+@njit(cache=True, nogil=True)
+def _batch_starts(batch: np.ndarray, total: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Where each batch starts once positions are sorted by batch."""
     starts = np.zeros(total, dtype=np.int64)
-    for i in range(n):
+    for i in range(batch.shape[0]):
         if batch[i] + 1 < total:
             starts[batch[i] + 1] += 1
     for k in range(1, total):
         starts[k] += starts[k - 1]
+    return starts
+
+
+@njit(cache=True, nogil=True)
+def first_fit(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
+    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fitbatch._packing.first_fit_starts` compiled: the batches, then the positions
+    sorted by batch (a counting sort: in position order within a batch)."""
+    batch, total = _first_fit_batches(sizes, seg_starts, budget, cap)
+    starts = _batch_starts(batch, total)
     fill = starts.copy()
-    order = np.empty(n, dtype=np.int64)
-    for i in range(n):
+    order = np.empty(sizes.shape[0], dtype=np.int64)
+    for i in range(sizes.shape[0]):
         order[fill[batch[i]]] = i
         fill[batch[i]] += 1
     return order, starts
+
+
+@njit(cache=True, nogil=True)
+def first_fit_in_place(  # pragma: no cover - compiled; checked against first_fit in tests/test_jit.py
+    sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+) -> np.ndarray:
+    """:func:`first_fit`, with ``sizes`` and ``positions`` rearranged in place into batch order
+    (following the permutation's cycles: no array of n more than the batch numbers); returns
+    the batch starts."""
+    target, total = _first_fit_batches(sizes, seg_starts, budget, cap)
+    starts = _batch_starts(target, total)
+    fill = starts.copy()
+    for i in range(target.shape[0]):  # the batch number becomes where the position goes
+        b = target[i]
+        target[i] = fill[b]
+        fill[b] += 1
+    for first in range(target.shape[0]):
+        if target[first] < 0:
+            continue
+        size = sizes[first]
+        position = positions[first]
+        to = target[first]
+        target[first] = -1
+        while to != first:  # put the held sample at `to`, and hold the one it displaces
+            held_size = sizes[to]
+            held_position = positions[to]
+            after = target[to]
+            sizes[to] = size
+            positions[to] = position
+            target[to] = -1
+            size, position, to = held_size, held_position, after
+        sizes[first] = size
+        positions[first] = position
+    return starts

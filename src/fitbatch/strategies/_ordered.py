@@ -10,14 +10,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
-from fitbatch._packing import first_fit_starts
+from fitbatch._packing import first_fit_laid
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
     Context,
     IntArray,
     Result,
     Strategy,
-    _gather_into,
     _greedy,
     _pooled_layout,
     _pooled_order,
@@ -161,13 +160,8 @@ class Packed(_Pools):
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         order, seg_starts = _pooled_order(ctx, self.pool_size)
-        values = ctx.sizes.values[order]
-        inner, starts = first_fit_starts(values, seg_starts, ctx.budget, ctx.cap)
-        # the sizes in batch order (measured by the plan; the loads when pools are re-packed),
-        # gathered from the laid-out sizes: runs of positions, cheaper than by sample index
-        laid = values[inner]
-        del values
-        order = _gather_into(order, inner)
+        # the sizes in batch order (measured by the plan; the loads when pools are re-packed)
+        order, starts, laid = first_fit_laid(ctx.sizes.values[order], order, seg_starts, ctx.budget, ctx.cap)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
         if seg_starts.size <= 1:
@@ -179,9 +173,8 @@ class Packed(_Pools):
 
         def pack(rest: IntArray) -> Result:
             rest = rest[np.argsort(-values[rest], kind="stable")]
-            sizes = values[rest]
-            inner, starts = first_fit_starts(sizes, np.zeros(1, np.int64), ctx.budget, ctx.cap)
-            return Result(rest[inner], starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=sizes[inner])
+            rest, starts, laid = first_fit_laid(values[rest], rest, np.zeros(1, np.int64), ctx.budget, ctx.cap)
+            return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid)
 
         return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
 
