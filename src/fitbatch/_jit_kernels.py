@@ -446,30 +446,28 @@ def first_fit_in_place(  # pragma: no cover - compiled; checked against first_fi
     sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
 ) -> np.ndarray:
     """:func:`first_fit`, with ``sizes`` and ``positions`` rearranged in place into batch order
-    (following the permutation's cycles: no array of n more than the batch numbers); returns
-    the batch starts."""
+    (a segment's batches stay within it, so each segment goes through a buffer of its length:
+    no array of n more than the batch numbers); returns the batch starts."""
+    n = sizes.shape[0]
     target, total = _first_fit_batches(sizes, seg_starts, budget, cap)
     starts = _batch_starts(target, total)
     fill = starts.copy()
-    for i in range(target.shape[0]):  # the batch number becomes where the position goes
+    for i in range(n):  # the batch number becomes where the position goes
         b = target[i]
         target[i] = fill[b]
         fill[b] += 1
-    for first in range(target.shape[0]):
-        if target[first] < 0:
-            continue
-        size = sizes[first]
-        position = positions[first]
-        to = target[first]
-        target[first] = -1
-        while to != first:  # put the held sample at `to`, and hold the one it displaces
-            held_size = sizes[to]
-            held_position = positions[to]
-            after = target[to]
-            sizes[to] = size
-            positions[to] = position
-            target[to] = -1
-            size, position, to = held_size, held_position, after
-        sizes[first] = size
-        positions[first] = position
+    m = seg_starts.shape[0]
+    longest = 0
+    for s in range(m):
+        longest = max(longest, (seg_starts[s + 1] if s + 1 < m else n) - seg_starts[s])
+    held_sizes = np.empty(longest, dtype=np.float64)
+    held_positions = np.empty(longest, dtype=np.int64)
+    for s in range(m):
+        a = seg_starts[s]
+        b = seg_starts[s + 1] if s + 1 < m else n
+        for i in range(a, b):
+            held_sizes[target[i] - a] = sizes[i]
+            held_positions[target[i] - a] = positions[i]
+        sizes[a:b] = held_sizes[: b - a]
+        positions[a:b] = held_positions[: b - a]
     return starts
