@@ -172,7 +172,8 @@ def as_sizes(sizes: SizesLike, n: int | None = None) -> Sizes:
         raise ValueError(f"n={n} but sizes hold {arr.shape[0]} samples")
     integral = bool(np.issubdtype(arr.dtype, np.integer))
     values = np.ascontiguousarray(arr, dtype=np.float64)
-    _check_values(values)
+    if not integral or not arr.size or arr.min() < 0:  # integers are finite: only the sign to check
+        _check_values(values)
     if not integral and values.size and values.size <= 1 << 26:
         integral = bool(np.all(values == np.floor(values)))
     return Sizes(values, integral)

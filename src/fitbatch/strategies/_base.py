@@ -219,6 +219,10 @@ def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Le
     return order, seg_starts, (keys[order], edges)
 
 
+# replan: up to this many runs of loose batches are cut out by moving the kept runs between them
+REPLAN_RUNS = 4096
+
+
 def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArray], Result]) -> Result:
     """Plan the samples of the ``loose`` batches of ``first`` again, together, after the others.
 
@@ -231,16 +235,30 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
         return first
     n = first.order.size
     lengths = np.diff(np.append(first.starts, n))
-    in_loose = np.repeat(loose, lengths)
-    again = plan_rest(first.order[in_loose])
+    heads, sizes = first.starts[loose], lengths[loose]
+    again = plan_rest(first.order[K._concat_ranges(heads, sizes)])
     # compact the kept positions to the front of the order buffer, the re-plan after them
-    order = first.order
+    order, laid = first.order, (first.laid if again.laid is not None else None)
     n_kept = n - again.order.size
-    order[:n_kept] = order[~in_loose]
+    ends = heads + sizes
+    runs = np.flatnonzero(np.append(heads[1:] != ends[:-1], True))  # the last loose batch of each run of them
+    starts_of_runs = heads[np.append(0, runs[:-1] + 1)]
+    if runs.size <= REPLAN_RUNS:  # a few runs of loose batches: move the kept runs between them
+        kept_from = np.append(0, ends[runs]).tolist()
+        kept_to = np.append(starts_of_runs, n).tolist()
+        w = 0
+        for a, b in zip(kept_from, kept_to):
+            order[w : w + b - a] = order[a:b]
+            if laid is not None:
+                laid[w : w + b - a] = laid[a:b]
+            w += b - a
+    else:
+        in_loose = np.repeat(loose, lengths)
+        order[:n_kept] = order[~in_loose]
+        if laid is not None:
+            laid[:n_kept] = laid[~in_loose]
     order[n_kept:] = again.order
-    laid = first.laid if again.laid is not None else None
     if laid is not None:
-        laid[:n_kept] = laid[~in_loose]
         laid[n_kept:] = again.laid
     kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
     starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
