@@ -33,8 +33,9 @@ class Buckets(Strategy):
     pairs batched together in one epoch that meet again in the next (pair-weighted, as
     :func:`fitbatch.repeat_rate` measures it). Lower is more random and pads more. Buckets of
     small sizes (many samples, many pairs per batch) are made wide, buckets of large sizes stay
-    as narrow as ``spread``. ``"auto"`` (default) takes the lowest repeat rate whose buckets
-    cost about 2 % more batches than exact sorting (less above 100k samples), within [0.005, 0.2].
+    as narrow as ``spread``; when shuffled, their boundaries move every epoch (as for
+    :class:`Pooled`). ``"auto"`` (default) takes the lowest repeat rate whose buckets cost about
+    2 % more batches than exact sorting (less above 100k samples), within [0.005, 0.15].
     ``randomness=None`` keeps the earlier fitting: buckets as narrow as ``spread`` holding at
     least ``min_batches`` full batches (on small datasets 1/64 of the epoch's batches, at least 2).
     Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's

@@ -57,10 +57,10 @@ AUTO_MIN_BATCHES = 64.0  # "auto" on epochs of fewer (expected) batches: levels 
 AUTO_LOW = 0.005
 AUTO_HIGH = 0.15
 _STEPS = 8  # secant steps on kappa
-# Level boundaries sit TURN further along their range (about a level) each epoch, mod 1: those of
-# consecutive epochs are 0.382 or 0.618 of it apart, and a pair of one level stays together with probability
-# KEEP = 1 - 2 x 0.382 x 0.618 (0.667 for independent shifts; 0.5 at best, and only for
-# alternate epochs).
+# Level boundaries sit TURN further along their range (about a level) each epoch, mod 1: those
+# of consecutive epochs are 0.382 or 0.618 of it apart, and a pair of one level stays together
+# with probability KEEP = 1 - 2 x 0.382 x 0.618 (0.667 for independent shifts; 0.5 at best, and
+# only for alternate epochs).
 TURN = (math.sqrt(5.0) - 1.0) / 2.0
 KEEP = 1.0 - 2.0 * TURN * (1.0 - TURN)
 
@@ -142,9 +142,10 @@ def shift_levels(
 
     With ``below=0.5`` (from the middle of one level to the middle of the next), each boundary
     stays where the fit put it on average, and the levels pad about as much as the fitted ones;
-    levels of half a batch (few batches, :func:`_batch_halves`) mix more with ``below=0``. Keys move whole (a key never splits), by the count of samples below each key's
-    middle; returns the new lookup table and each level's largest key edge (a level may end
-    empty).
+    levels of half a batch (few batches, :func:`_batch_halves`) mix more with ``below=0``.
+
+    Keys move whole (a key never splits), by the count of samples below each key's middle.
+    Returns the new lookup table and each level's largest key edge (a level may end empty).
 
     >>> import numpy as np
     >>> keys = np.array([1, 1, 2, 2, 3, 3, 4, 4], np.uint16)

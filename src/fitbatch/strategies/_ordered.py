@@ -105,9 +105,12 @@ class Pooled(_Pools):
     next, :func:`fitbatch.repeat_rate`), and the levels are fitted for it as
     :class:`Buckets` fits its buckets (wide levels for small sizes, whose batches hold many
     pairs; levels as narrow as ``spread`` for large ones). Inside a level the order is random,
-    so batch partners change every epoch; the levels span the whole epoch (``pool_size`` only
-    applies to ``randomness=None``). ``"auto"`` (default) takes the lowest repeat rate whose
-    levels cost about 2 % more batches than exact sorting (less above 100k samples), within [0.005, 0.2].
+    so batch partners change every epoch, and when shuffled the level boundaries move every
+    epoch too (halving the repeat rate; ``fitbatch.strategies._mixing.shift_levels``); the
+    levels span the whole epoch (``pool_size`` only applies to ``randomness=None``). ``"auto"``
+    (default) takes the lowest repeat rate whose levels cost about 2 % more batches than exact
+    sorting (less above 100k samples), within [0.005, 0.15]; epochs of under 64 batches get
+    levels of half a batch.
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
