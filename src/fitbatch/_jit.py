@@ -40,8 +40,9 @@ FloatArray = NDArray[np.float64]
 # machine code takes about a second once (measured 1.14 s for a first 1M-sample sequential plan
 # against 0.24 s in numpy), so no plan below about a million samples pays for it.
 LOAD_AT = 1 << 20
-# ... but first-fit packing, a few microseconds per sample in Python, loads it from this many
-FIRST_FIT_AT = 1 << 16
+# ... but first-fit packing, about 2 us per sample in Python, loads it from this many samples (its
+# Python loop there takes about as long as loading numba's cached machine code, ~1 s once)
+FIRST_FIT_AT = 1 << 18
 
 _module: ModuleType | None = None
 _tried = False
