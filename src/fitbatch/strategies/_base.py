@@ -37,6 +37,7 @@ class Context:
     #: ``randomness="auto"`` mixes as much as it would for the epoch (``None``: these sizes)
     population: int | None = None
     _keys: tuple[NDArray[np.uint16], FloatArray] | None = None
+    _counts: NDArray[np.int64] | None = None
 
     def rng(self, purpose: str) -> np.random.Generator:
         return _rng.generator(self.seed, self.epoch, purpose)
@@ -52,6 +53,18 @@ class Context:
             else:
                 self._keys = SK.size_keys(self.cost.order_cost(v), False)
         return self._keys
+
+
+    def key_counts(self) -> NDArray[np.int64]:
+        """Samples per size key (``SK.KEY_LEVELS`` of them), kept with the keys."""
+        if self._counts is None:
+            keys = self.keys()[0]
+
+            def count() -> NDArray[np.int64]:
+                return np.bincount(keys, minlength=SK.KEY_LEVELS)
+
+            self._counts = self.sizes.cached("key_counts", count) if self.sizes.values.ndim == 1 else count()
+        return self._counts
 
 
 @dataclasses.dataclass(frozen=True)

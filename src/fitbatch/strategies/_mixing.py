@@ -100,8 +100,9 @@ def mixed_levels(
 ) -> tuple[NDArray[Any], FloatArray]:
     """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled."""
     keys, edges = ctx.keys()
+    hist = ctx.key_counts()
     lut, tops, below = _fit_levels(
-        keys,
+        hist,
         edges,
         ctx.budget,
         ctx.cost,
@@ -114,7 +115,7 @@ def mixed_levels(
     )
     if not ctx.shuffle:
         return lut, tops
-    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below)
+    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below, hist)
 
 
 def level_shift(seed: int, epoch: int) -> float:
@@ -136,6 +137,7 @@ def shift_levels(
     tops: FloatArray,
     shift: float,
     below: float = 0.5,
+    hist: NDArray[np.int64] | None = None,
 ) -> tuple[NDArray[Any], FloatArray]:
     """Move every level boundary to ``shift`` of the way along its range, counted in samples:
     from ``below`` of the level under it to ``1 - below`` of the level above it.
@@ -144,8 +146,9 @@ def shift_levels(
     stays where the fit put it on average, and the levels pad about as much as the fitted ones;
     levels of half a batch (few batches, :func:`_batch_halves`) mix more with ``below=0``.
 
-    Keys move whole (a key never splits), by the count of samples below each key's middle.
-    Returns the new lookup table and each level's largest key edge (a level may end empty).
+    Keys move whole (a key never splits), by the count of samples below each key's middle
+    (``hist``: samples per key, counted from ``keys`` when not given). Returns the new lookup
+    table and each level's largest key edge (a level may end empty).
 
     >>> import numpy as np
     >>> keys = np.array([1, 1, 2, 2, 3, 3, 4, 4], np.uint16)
@@ -157,7 +160,8 @@ def shift_levels(
     >>> shift_levels(keys, edges, lut, np.array([2.0, 4.0]), 0.1)[0][[1, 2, 3, 4]].tolist()
     [0, 1, 1, 1]
     """
-    hist = np.bincount(keys, minlength=lut.size)
+    if hist is None:
+        hist = np.bincount(keys, minlength=lut.size)
     present = np.flatnonzero(hist)
     level = lut[present].astype(np.int64)
     if present.size < 2 or level[0] == level[-1]:
@@ -208,12 +212,13 @@ def fit_mixed_buckets(
     >>> lut[[1, 2, 3, 50, 60, 61]].tolist(), tops.tolist()
     ([0, 0, 0, 0, 0, 0], [61.0])
     """
-    lut, tops, _ = _fit_levels(keys, edges, budget, cost, cap, spread, randomness, ndim, population, keep)
+    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
+    lut, tops, _ = _fit_levels(hist, edges, budget, cost, cap, spread, randomness, ndim, population, keep)
     return lut, tops
 
 
 def _fit_levels(
-    keys: NDArray[np.uint16],
+    hist: NDArray[np.int64],
     edges: FloatArray,
     budget: float,
     cost: CostModel,
@@ -224,8 +229,8 @@ def _fit_levels(
     population: int | None,
     keep: float,
 ) -> tuple[NDArray[Any], FloatArray, float]:
-    """:func:`fit_mixed_buckets`, and the ``below`` that :func:`shift_levels` moves these levels with."""
-    hist = np.bincount(keys, minlength=SK.KEY_LEVELS)
+    """:func:`fit_mixed_buckets` from the samples per key (``hist``), and the ``below`` that
+    :func:`shift_levels` moves these levels with."""
     present = np.flatnonzero(hist)[::-1]
     group = _groups(edges[present], spread)  # keys closer than spread / 8 are fitted together
     firsts = np.flatnonzero(np.diff(group, prepend=-1))
