@@ -67,6 +67,11 @@ class Buckets(Strategy):
 
     def bucket_ids(self, ctx: Context) -> tuple[NDArray[Any], FloatArray]:
         """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
+        ids, top, _ = self._buckets(ctx)
+        return ids, top
+
+    def _buckets(self, ctx: Context) -> tuple[NDArray[Any], FloatArray, NDArray[np.int64]]:
+        """:meth:`bucket_ids` and the samples in each bucket."""
         if self.boundaries is not None:
             values = (
                 ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.order_cost(ctx.sizes.values)
@@ -74,32 +79,35 @@ class Buckets(Strategy):
             ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
             top = np.zeros(len(self.boundaries) + 1)
             np.maximum.at(top, ids, values)
-            return ids, top
+            return ids, top, np.bincount(ids, minlength=top.size)
         keys, edges = ctx.keys()
         if self.randomness is not None:
             lut, top = mixed_levels(ctx, self.spread, self.randomness)
-            return lut[keys], top
-        lut, top = fit_buckets(
-            keys,
-            edges,
-            ctx.budget,
-            ctx.cost,
-            ctx.cap,
-            self.spread,
-            self.min_batches,
-            ctx.sizes.values.ndim,
-        )
-        return lut[keys], top
+        else:
+            lut, top = fit_buckets(
+                keys,
+                edges,
+                ctx.budget,
+                ctx.cost,
+                ctx.cap,
+                self.spread,
+                self.min_batches,
+                ctx.sizes.values.ndim,
+            )
+        # samples per bucket from samples per key: 2**16 additions, not n
+        counts = np.zeros(top.size, dtype=np.int64)
+        np.add.at(counts, lut.astype(np.int64), ctx.key_counts())
+        return lut[keys], top, counts
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
         if n == 0:
             return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
-        ids, top = self.bucket_ids(ctx)
+        ids, top, counts = self._buckets(ctx)
         n_buckets = top.size
         # shuffled, then by descending bucket id (16-bit keys where possible: an O(n) radix sort)
         order = _shuffled_by_level(n, ctx.rng("buckets") if ctx.shuffle else None, ids, n_buckets - 1)
-        counts = np.bincount(ids, minlength=n_buckets)[::-1]
+        counts = counts[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.values.ndim > 1:
             return _greedy(ctx, order, seg_starts, None)
