@@ -5,7 +5,7 @@ Python step per batch (the walk over batch ends) or a few numpy calls per chunk 
 scan). With numba installed, :func:`greedy` and :func:`prefix_sum_starts` run the same
 arithmetic as a compiled per-sample loop and return the same starts; without it (or with the
 environment variable ``FITBATCH_JIT=0``) they return ``None`` and callers use numpy. The
-same holds for sum-cost packing's first-fit loop (:func:`first_fit`) and for the stable
+same holds for sum-cost packing's first-fit loop (:func:`first_fit_in_place`) and for the stable
 sorts that lay out shuffled epochs (:func:`shuffle_by_level`, :func:`shuffle_in_pools`:
 counting and radix sorts, and a stable sort has one result, so the order is numpy's).
 
@@ -95,7 +95,6 @@ def _warm(module: ModuleType) -> None:
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
-    module.first_fit(one, np.zeros(1, np.int64), 1.0, 2)
     module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2)
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
@@ -187,35 +186,21 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
     return result
 
 
-def first_fit(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, IntArray] | None:
-    """:func:`fitbatch._packing.first_fit_starts` compiled, or ``None`` when not compiled.
+def first_fit_in_place(
+    sizes: FloatArray, positions: IntArray, seg_starts: IntArray, budget: float, cap: int
+) -> IntArray | None:
+    """:func:`fitbatch._packing.first_fit_laid` compiled: ``sizes`` and ``positions``
+    (contiguous float64 and int64) rearranged in place into batch order, and the batch starts;
+    ``None`` when not compiled.
 
     Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
     samples on, not only after ``LOAD_AT``.
     """
-    module = _first_fit_module(sizes.shape[0])
-    if module is None:
-        return None
-    result: tuple[IntArray, IntArray] = module.first_fit(
-        np.ascontiguousarray(sizes, dtype=np.float64), np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap)
-    )
-    return result
-
-
-def first_fit_in_place(
-    sizes: FloatArray, positions: IntArray, seg_starts: IntArray, budget: float, cap: int
-) -> IntArray | None:
-    """:func:`first_fit` rearranging ``sizes`` and ``positions`` (contiguous float64 and int64)
-    in place into batch order and returning the batch starts, or ``None`` when not compiled."""
-    module = _first_fit_module(sizes.shape[0])
+    module = _kernels(LOAD_AT if sizes.shape[0] >= FIRST_FIT_AT else sizes.shape[0])
     if module is None:
         return None
     starts: IntArray = module.first_fit_in_place(sizes, positions, np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap))
     return starts
-
-
-def _first_fit_module(n: int) -> ModuleType | None:
-    return _kernels(LOAD_AT if n >= FIRST_FIT_AT else n)
 
 
 def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -> IntArray | None:

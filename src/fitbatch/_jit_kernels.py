@@ -5,8 +5,8 @@ search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample 
 the same floating-point operations in the same order, so the batches are the same. numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
-:func:`first_fit` is the first-fit loop of :func:`fitbatch._packing.first_fit_starts` (the same
-tree, subtractions and comparisons), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
+:func:`first_fit_in_place` is the first-fit loop of :func:`fitbatch._packing.first_fit_laid` (the
+same tree, subtractions and comparisons), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
 are the stable sorts of the shuffled layouts as counting sorts (a stable sort has one result).
 """
 
@@ -122,25 +122,18 @@ def greedy_rows(  # pragma: no cover - compiled; checked against the numpy kerne
 
 
 @njit(cache=True, nogil=True)
-def _running_sum(sizes: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
-    """``[0, s0, s0 + s1, ...]``, added in order as ``np.cumsum`` adds them (the same floats)."""
-    csum = np.empty(sizes.shape[0] + 1, dtype=np.float64)
-    csum[0] = 0.0
-    acc = 0.0
-    for i in range(sizes.shape[0]):
-        acc += sizes[i]
-        csum[i + 1] = acc
-    return csum
-
-
-@njit(cache=True, nogil=True)
 def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
     """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget.
 
     ``csum`` is the running sum ``[0, s0, s0 + s1, ...]`` added in order, as ``np.cumsum`` does.
     """
     n = sizes.shape[0]
-    csum = _running_sum(sizes)
+    csum = np.empty(n + 1, dtype=np.float64)
+    csum[0] = 0.0
+    acc = 0.0
+    for i in range(n):
+        acc += sizes[i]
+        csum[i + 1] = acc
     starts = np.empty(n, dtype=np.int64)
     k = 0
     i = 0
@@ -347,7 +340,7 @@ def _byte_pass(  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """The room tree of :func:`first_fit` with twice the leaves (the new ones hold no room)."""
+    """The room tree of :func:`_first_fit_batches` with twice the leaves (the new ones hold no room)."""
     grown = np.full(4 * size, -np.inf)
     grown[2 * size : 3 * size] = room[size : 2 * size]
     for node in range(2 * size - 1, 0, -1):
@@ -364,7 +357,7 @@ def _first_fit_batches(  # pragma: no cover - compiled
     sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
 ) -> tuple[np.ndarray, int]:
     """The batch of every position (numbered in opening order) and the number of batches: the
-    loop of :func:`fitbatch._packing.first_fit_starts` (``cap``: at most ``n``), with the same
+    loop of :func:`fitbatch._packing._first_fit_batches` (``cap``: at most ``n``), with the same
     tree of remaining room and the same subtractions and comparisons in the same order."""
     n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
@@ -414,43 +407,21 @@ def _first_fit_batches(  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _batch_starts(batch: np.ndarray, total: int) -> np.ndarray:  # pragma: no cover - compiled
-    """Where each batch starts once positions are sorted by batch."""
-    starts = np.zeros(total, dtype=np.int64)
-    for i in range(batch.shape[0]):
-        if batch[i] + 1 < total:
-            starts[batch[i] + 1] += 1
-    for k in range(1, total):
-        starts[k] += starts[k - 1]
-    return starts
-
-
-@njit(cache=True, nogil=True)
-def first_fit(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
-    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fitbatch._packing.first_fit_starts` compiled: the batches, then the positions
-    sorted by batch (a counting sort: in position order within a batch)."""
-    batch, total = _first_fit_batches(sizes, seg_starts, budget, cap)
-    starts = _batch_starts(batch, total)
-    fill = starts.copy()
-    order = np.empty(sizes.shape[0], dtype=np.int64)
-    for i in range(sizes.shape[0]):
-        order[fill[batch[i]]] = i
-        fill[batch[i]] += 1
-    return order, starts
-
-
-@njit(cache=True, nogil=True)
-def first_fit_in_place(  # pragma: no cover - compiled; checked against first_fit in tests/test_jit.py
+def first_fit_in_place(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
     sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
 ) -> np.ndarray:
-    """:func:`first_fit`, with ``sizes`` and ``positions`` rearranged in place into batch order
+    """:func:`fitbatch._packing.first_fit_laid` compiled: the batches of :func:`_first_fit_batches`,
+    with ``sizes`` and ``positions`` rearranged in place into batch order
     (a segment's batches stay within it, so each segment goes through a buffer of its length:
     no array of n more than the batch numbers); returns the batch starts."""
     n = sizes.shape[0]
     target, total = _first_fit_batches(sizes, seg_starts, budget, cap)
-    starts = _batch_starts(target, total)
+    starts = np.zeros(total, dtype=np.int64)  # batch b starts after the samples of batches < b
+    for i in range(n):
+        if target[i] + 1 < total:
+            starts[target[i] + 1] += 1
+    for k in range(1, total):
+        starts[k] += starts[k - 1]
     fill = starts.copy()
     for i in range(n):  # the batch number becomes where the position goes
         b = target[i]

@@ -6,9 +6,10 @@ under each node, so a sample costs about ``2 log2(batches)`` steps. On the stand
 file token counts it lands within 0.03 % of the Martello–Toth lower bound where taking the
 largest samples then the smallest (the earlier walk) stayed 1–7 % above it.
 
-With the ``fast`` extra the loop is compiled (:func:`fitbatch._jit.first_fit`); without it the
-same loop runs in Python, with the same subtractions and comparisons, so the batches are the
-same either way (a few microseconds per sample: install the extra for millions).
+With the ``fast`` extra the loop is compiled (:func:`fitbatch._jit.first_fit_in_place`); without
+it the same loop runs in Python (:func:`_first_fit_batches`), with the same subtractions and
+comparisons, so the batches are the same either way (a few microseconds per sample: install the
+extra for millions).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def first_fit_laid(
     in batch order, the batch starts and the sizes in batch order.
 
     May rearrange ``sizes`` and ``positions`` (contiguous float64 and int64) in place and return
-    them: compiled, the permutation follows its cycles instead of gathering two new arrays.
+    them: compiled, each segment goes through a buffer of its length instead of two gathers of n.
 
     >>> import numpy as np
     >>> positions, starts, laid = first_fit_laid(np.array([6.0, 5, 4, 3]), np.array([7, 5, 3, 1]), np.zeros(1, np.int64), 10.0)
@@ -43,7 +44,11 @@ def first_fit_laid(
         starts = _jit.first_fit_in_place(sizes, positions, seg_starts, budget, room_cap)
         if starts is not None:
             return positions, starts, sizes
-    inner, starts = first_fit_starts(sizes, seg_starts, budget, cap)
+    batch, total = _first_fit_batches(sizes, seg_starts, float(budget), room_cap)
+    inner = np.argsort(batch, kind="stable")
+    starts = np.zeros(total, dtype=np.int64)
+    if total:
+        np.cumsum(np.bincount(batch, minlength=total)[:-1], out=starts[1:])
     return positions[inner], starts, sizes[inner]
 
 
@@ -66,13 +71,18 @@ def first_fit_starts(
     [[0, 2], [1, 3, 4], [5]]
     """
     n = sizes.shape[0]
-    room_cap = n if cap is None else min(int(cap), n)
-    compiled = _jit.first_fit(sizes, seg_starts, budget, room_cap)
-    if compiled is not None:
-        return compiled
+    # a copy of the sizes to rearrange, and the positions themselves
+    order, starts, _ = first_fit_laid(np.array(sizes, dtype=np.float64), np.arange(n, dtype=np.int64), seg_starts, budget, cap)
+    return order, starts
+
+
+def _first_fit_batches(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, int]:
+    """The batch of every position (numbered in opening order) and the number of batches; a
+    batch holds at most ``cap`` samples (at most ``n``). The compiled twin is
+    :func:`fitbatch._jit_kernels._first_fit_batches`."""
+    n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
     values = sizes.tolist()
-    budget = float(budget)
     bounds = [*seg_starts.tolist(), n]
     total = 0
     for a, b in zip(bounds[:-1], bounds[1:]):
@@ -105,7 +115,7 @@ def first_fit_starts(
             add(leaf)
             last = x
             count[leaf] += 1
-            room[node] = room[node] - x if count[leaf] < room_cap else -np.inf
+            room[node] = room[node] - x if count[leaf] < cap else -np.inf
             node >>= 1
             while node:
                 left, right = room[2 * node], room[2 * node + 1]
@@ -116,11 +126,7 @@ def first_fit_starts(
                 node >>= 1
         batch[a:b] = np.asarray(placed, dtype=np.int64) + total
         total += used
-    order = np.argsort(batch, kind="stable")
-    starts = np.zeros(total, dtype=np.int64)
-    if total:
-        np.cumsum(np.bincount(batch, minlength=total)[:-1], out=starts[1:])
-    return order.astype(np.int64, copy=False), starts
+    return batch, total
 
 
 def _grown(room: list[float], size: int) -> list[float]:

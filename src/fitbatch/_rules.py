@@ -82,7 +82,16 @@ def screen_oversized(
             "Pass oversized='single' to give each its own batch, or oversized='skip' to leave "
             f"them out (they are counted in the {counted_in})."
         )
-    return Screened(over.astype(np.int64), np.flatnonzero(alone <= budget).astype(np.int64))
+    return Screened(over.astype(np.int64), kept_positions(alone, budget))
+
+
+def kept_positions(alone: FloatArray, budget: float) -> IntArray:
+    """The positions a ``"skip"`` screen keeps: those whose cost alone is within ``budget``.
+
+    >>> kept_positions(np.array([3.0, 12.0, 5.0]), 10.0).tolist()
+    [0, 2]
+    """
+    return np.flatnonzero(alone <= budget).astype(np.int64, copy=False)
 
 
 def _offenders(

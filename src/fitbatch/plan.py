@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from fitbatch import _kernels as K
 from fitbatch import _shapes as S
 from fitbatch._batch_plan import BatchPlan, measure_batches
-from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch._rules import OVERSIZED, kept_positions, planning_budget, screen_oversized
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
@@ -133,16 +133,16 @@ def plan_with(
     result = strategy.plan(ctx)
     # from here on the strategy needs its random streams only: the planned sizes are let go
     # (an empty selection by index: an empty slice would be a view that keeps them)
-    ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None)
+    ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None, _counts=None)
     del sub
     in_order = result.identity and not skipped.size
     order = result.order
     if skipped.size:  # positions among the kept samples become dataset indices
         if result.identity:  # in index order: the kept samples' indices themselves
             result = dataclasses.replace(result, order=np.zeros(0, np.int64))
-            order = np.flatnonzero(alone <= budget)  # the kept samples, as screen_oversized found them
+            order = kept_positions(alone, budget)
         else:  # in place; mode "clip" does not buffer (every position is in range)
-            order = np.take(np.flatnonzero(alone <= budget), order, out=order, mode="clip")
+            order = np.take(kept_positions(alone, budget), order, out=order, mode="clip")
     n = order.size
     offsets = np.append(result.starts, n).astype(np.int64, copy=False)
     # the sizes the kernel gathered are the ones measured, unless it planned rounded-up shapes
@@ -189,4 +189,3 @@ def plan_with(
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
     return plan
-

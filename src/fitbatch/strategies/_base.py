@@ -54,7 +54,6 @@ class Context:
                 self._keys = SK.size_keys(self.cost.order_cost(v), False)
         return self._keys
 
-
     def key_counts(self) -> NDArray[np.int64]:
         """Samples per size key (``SK.KEY_LEVELS`` of them), kept with the keys."""
         if self._counts is None:
