@@ -175,7 +175,7 @@ def test_boundaries_turn_by_the_golden_ratio_each_epoch():
 
 @pytest.mark.parametrize("continuous", [False, True])
 def test_few_batches_still_mix(functions, continuous):
-    """An epoch of ~20 batches (3,000 real function lengths) gets levels of half a batch that the
+    """An epoch of ~20 batches (3,000 real function lengths) gets levels of 0.6 of a batch that the
     moving boundaries mix: the same batches no longer come back every epoch, for one batch more
     at most."""
     rng = np.random.default_rng(0)

@@ -109,8 +109,8 @@ class Pooled(_Pools):
     epoch too (halving the repeat rate; ``fitbatch.strategies._mixing.shift_levels``); the
     levels span the whole epoch (``pool_size`` only applies to ``randomness=None``). ``"auto"``
     (default) takes the lowest repeat rate whose levels cost about 2 % more batches than exact
-    sorting (less above 100k samples), within [0.005, 0.15]; epochs of under 64 batches get
-    levels of half a batch.
+    sorting at 100k samples (less above, up to 5 % below: small sets are seen for many
+    epochs), within [0.005, 0.15]; epochs of under 64 batches get levels of 0.6 of a batch.
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
