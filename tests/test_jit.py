@@ -275,6 +275,22 @@ def test_shuffle_in_pools_matches_numpy(pool, n):
     assert starts.tolist() == plain_starts.tolist()
 
 
+def test_laid_keys_are_the_keys_in_pool_order():
+    n = 70_001
+    sizes = np.minimum(np.random.default_rng(2).geometric(0.01, n), 5000).astype(np.float64)
+    ctx = Context(sizes=fitbatch.as_sizes(sizes), budget=1e4, cost=COSTS["sum"], cap=None, multiple=1,
+                  shuffle=True, seed=7, epoch=1)
+    plain_keys, compiled_keys = np.full(n, 7, np.uint16), np.full(n, 7, np.uint16)
+    with jit("0"):
+        plain, _ = _pooled_order(ctx, 4096, plain_keys)
+    with jit("1"):
+        compiled, _ = _pooled_order(ctx, 4096, compiled_keys)
+    keys = ctx.keys()[0]
+    assert compiled.tolist() == plain.tolist()
+    assert np.array_equal(plain_keys, keys[plain]) and np.array_equal(compiled_keys, keys[compiled])
+    assert np.array_equal(compiled_keys, sizes[compiled])  # integers under 2**16: each key is its size
+
+
 @pytest.mark.parametrize("strategy", [fitbatch.Packed(pool_size=8192), fitbatch.Pooled(pool_size=8192, randomness=None)])
 @pytest.mark.parametrize("cost", ["sum", "padded"])
 def test_pooled_layout_plans_are_the_same(strategy, cost):

@@ -99,7 +99,7 @@ def _warm(module: ModuleType) -> None:
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
-    module.shuffle_in_pools(draws, draws, 1)
+    module.shuffle_in_pools(draws, draws, 1, draws[:0])
 
 
 def _kernels(work: int) -> ModuleType | None:
@@ -215,15 +215,21 @@ def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -
     return result
 
 
-def shuffle_in_pools(draws: NDArray[np.uint16], keys: NDArray[np.uint16], pool: int) -> IntArray | None:
+def shuffle_in_pools(
+    draws: NDArray[np.uint16], keys: NDArray[np.uint16], pool: int, laid_keys: NDArray[np.uint16] | None = None
+) -> IntArray | None:
     """Positions stably sorted by ``draws``, cut into pools of ``pool``, each stably sorted by
     descending ``keys`` (compiled counting and radix sorts), or ``None`` when not compiled
-    (or ``2**32`` positions or more)."""
+    (or ``2**32`` positions or more). ``laid_keys`` (contiguous, of n) receives the keys in
+    that order, written as the positions are."""
     n = draws.shape[0]
     module = _kernels(n) if n < 1 << 32 and keys.dtype == np.uint16 else None
     if module is None:
         return None
-    result: IntArray = module.shuffle_in_pools(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))))
+    laid = np.zeros(0, np.uint16) if laid_keys is None else laid_keys
+    result: IntArray = module.shuffle_in_pools(
+        np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))), laid
+    )
     return result
 
 

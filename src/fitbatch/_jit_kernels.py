@@ -270,10 +270,11 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
 
 @njit(cache=True, nogil=True)
 def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
-    draws: np.ndarray, keys: np.ndarray, pool: int
+    draws: np.ndarray, keys: np.ndarray, pool: int, laid_keys: np.ndarray
 ) -> np.ndarray:
     """Positions stably sorted by their 16-bit random draw (a shuffle), cut into pools of
-    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions).
+    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions);
+    ``laid_keys`` (of n, else empty) receives the keys in that order.
 
     The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
     by position), then a pass by its low byte inside each of those runs; each pool then takes
@@ -311,8 +312,14 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
         _byte_pass(b, a, s, e, np.uint64(32), count)
         _byte_pass(a, b, s, e, np.uint64(40), count)
     out = a.view(np.int64)
-    for j in range(n):
-        out[j] = np.int64(b[j] & positions)
+    if laid_keys.shape[0] == n:
+        for j in range(n):
+            c = b[j]
+            out[j] = np.int64(c & positions)
+            laid_keys[j] = 65535 - (c >> shift)
+    else:
+        for j in range(n):
+            out[j] = np.int64(b[j] & positions)
     return out
 
 

@@ -65,6 +65,18 @@ def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], F
     return keys, np.maximum.accumulate(edges)
 
 
+def keys_are_sizes(edges: FloatArray, integral: bool) -> bool:
+    """Whether :func:`size_keys` gave every size as its own key (integers below ``2**16``).
+
+    >>> keys_are_sizes(size_keys(np.array([5.0, 1.0]), True)[1], True)
+    True
+    >>> keys_are_sizes(size_keys(np.array([5.5, 1.0]), False)[1], False)
+    False
+    """
+    # the binned integer edges end at 2**16 - 1 only without binning; logarithmic ones at >= max
+    return integral and edges.size == KEY_LEVELS and float(edges[-1]) == KEY_LEVELS - 1
+
+
 def stable_argsort_u16(keys: NDArray[np.uint16]) -> IntArray:
     """Stable argsort of 16-bit keys (numpy uses an O(n) radix sort for them)."""
     return np.argsort(keys, kind="stable").astype(np.int64, copy=False)

@@ -206,14 +206,18 @@ def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[A
     return _gather_into(base, idx.astype(np.int64, copy=False))
 
 
-def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:
-    """Shuffle (if asked), cut into pools, sort each pool by descending size key: (order, pool starts)."""
+def _pooled_order(
+    ctx: Context, pool_size: int, laid_keys: NDArray[np.uint16] | None = None
+) -> tuple[IntArray, IntArray]:
+    """Shuffle (if asked), cut into pools, sort each pool by descending size key: (order, pool
+    starts). ``laid_keys`` (of n) receives the keys in that order (the compiled sort writes them
+    as it goes: no gather)."""
     n = len(ctx.sizes)
     keys, _ = ctx.keys()
     seg_starts = np.arange(0, n, pool_size, dtype=np.int64) if n else np.zeros(0, np.int64)
     if ctx.shuffle and n > 1 << 16:
         draws = _draws(n, ctx.rng("pools"))
-        compiled = _jit.shuffle_in_pools(draws, keys, pool_size)
+        compiled = _jit.shuffle_in_pools(draws, keys, pool_size, laid_keys)
         if compiled is not None:
             return compiled, seg_starts
         base = SK.stable_argsort_u16(draws)  # _random_positions, from the same draws
@@ -221,7 +225,10 @@ def _pooled_order(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray]:
     else:
         base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
     down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
-    return _gather_into(base, SK.sort_within_segments(down, pool_size)), seg_starts
+    order = _gather_into(base, SK.sort_within_segments(down, pool_size))
+    if laid_keys is not None:
+        np.take(keys, order, out=laid_keys)
+    return order, seg_starts
 
 
 def _pooled_layout(ctx: Context, pool_size: int) -> tuple[IntArray, IntArray, Levels]:

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _kernels as K
+from fitbatch import _sorting as SK
 from fitbatch._packing import first_fit_laid
 from fitbatch._validate import positive_int
 from fitbatch.strategies._base import (
@@ -162,9 +163,19 @@ class Packed(_Pools):
     def plan(self, ctx: Context) -> Result:
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
-        order, seg_starts = _pooled_order(ctx, self.pool_size)
-        # the sizes in batch order (measured by the plan; the loads when pools are re-packed)
-        order, starts, laid = first_fit_laid(ctx.sizes.values[order], order, seg_starts, ctx.budget, ctx.cap)
+        # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
+        # when every key is its size, the pool sort lays the keys out as it goes (no gather)
+        keys, edges = ctx.keys()
+        if SK.keys_are_sizes(edges, ctx.sizes.integral):
+            laid_keys = np.empty(keys.size, dtype=np.uint16)
+            order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
+            sizes = laid_keys.astype(np.float64)
+            del laid_keys
+        else:
+            order, seg_starts = _pooled_order(ctx, self.pool_size)
+            sizes = ctx.sizes.values[order]
+        order, starts, laid = first_fit_laid(sizes, order, seg_starts, ctx.budget, ctx.cap)
+        del sizes  # laid holds them now, in batch order
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
         if seg_starts.size <= 1:
