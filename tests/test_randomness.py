@@ -196,3 +196,18 @@ def test_measured_repeat_lands_near_the_knob(pytokens, target):
     sizes = pytokens[np.random.default_rng(0).integers(0, pytokens.size, 20_000)].astype(np.float64)
     rep = _quality(sizes[sizes <= 16384], fitbatch.Pooled(randomness=target))[1]
     assert 0.6 * target <= rep <= 1.2 * target, rep
+
+
+@pytest.mark.parametrize("n", [20_000, 200_000])
+def test_auto_spends_more_batches_on_smaller_sets(pytokens, n):
+    """Under 100,000 samples "auto" buys a lower repeat rate with up to 5 % more batches than exact
+    sorting (a small set is seen for many epochs); above it, less than 2 %."""
+    sizes = pytokens[np.random.default_rng(0).integers(0, pytokens.size, n)].astype(np.float64)
+    sizes = sizes[sizes <= 16384]
+    eff, rep, fill = _quality(sizes, fitbatch.Pooled())
+    ratio = len(fitbatch.plan_batches(sizes, 16384.0)) / len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+    assert fill <= 1.0
+    if n < 100_000:
+        assert rep <= 0.007 and 1.02 < ratio <= 1.05 and eff >= 0.95, (eff, rep, ratio)
+    else:
+        assert rep <= 0.007 and ratio <= 1.02 and eff >= 0.98, (eff, rep, ratio)
