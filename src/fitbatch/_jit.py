@@ -95,7 +95,7 @@ def _warm(module: ModuleType) -> None:
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
-    module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2)
+    module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2, np.empty(2, np.int32))
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
@@ -199,7 +199,11 @@ def first_fit_in_place(
     module = _kernels(LOAD_AT if sizes.shape[0] >= FIRST_FIT_AT else sizes.shape[0])
     if module is None:
         return None
-    starts: IntArray = module.first_fit_in_place(sizes, positions, np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap))
+    n = sizes.shape[0]
+    batch = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)  # each position's batch (half the bytes)
+    starts: IntArray = module.first_fit_in_place(
+        sizes, positions, np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap), batch
+    )
     return starts
 
 

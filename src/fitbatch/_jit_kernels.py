@@ -361,13 +361,13 @@ def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, 
 
 @njit(cache=True, nogil=True)
 def _first_fit_batches(  # pragma: no cover - compiled
-    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
-) -> tuple[np.ndarray, int]:
-    """The batch of every position (numbered in opening order) and the number of batches: the
-    loop of :func:`fitbatch._packing._first_fit_batches` (``cap``: at most ``n``), with the same
-    tree of remaining room and the same subtractions and comparisons in the same order."""
+    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
+) -> int:
+    """The batch of every position (numbered in opening order) written to ``batch``, and the
+    number of batches: the loop of :func:`fitbatch._packing._first_fit_batches` (``cap``: at
+    most ``n``), with the same tree of remaining room and the same subtractions and comparisons
+    in the same order."""
     n = sizes.shape[0]
-    batch = np.empty(n, dtype=np.int64)
     m = seg_starts.shape[0]
     total = 0  # batches of the segments done
     for s in range(m):
@@ -410,42 +410,51 @@ def _first_fit_batches(  # pragma: no cover - compiled
                 room[node] = most
                 node //= 2
         total += used
-    return batch, total
+    return total
 
 
 @njit(cache=True, nogil=True)
 def first_fit_in_place(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
-    sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int
+    sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
 ) -> np.ndarray:
     """:func:`fitbatch._packing.first_fit_laid` compiled: the batches of :func:`_first_fit_batches`,
-    with ``sizes`` and ``positions`` rearranged in place into batch order
-    (a segment's batches stay within it, so each segment goes through a buffer of its length:
-    no array of n more than the batch numbers); returns the batch starts."""
+    with ``sizes`` and ``positions`` rearranged in place into batch order; returns the batch starts.
+
+    ``batch`` is a buffer of ``n`` integers (int32 below ``2**31`` samples) for each position's
+    batch. A segment's batches stay within it, so each segment goes through buffers of its
+    length: no array of n more than the batch numbers.
+    """
     n = sizes.shape[0]
-    target, total = _first_fit_batches(sizes, seg_starts, budget, cap)
+    total = _first_fit_batches(sizes, seg_starts, budget, cap, batch)
     starts = np.zeros(total, dtype=np.int64)  # batch b starts after the samples of batches < b
     for i in range(n):
-        if target[i] + 1 < total:
-            starts[target[i] + 1] += 1
+        if batch[i] + 1 < total:
+            starts[batch[i] + 1] += 1
     for k in range(1, total):
         starts[k] += starts[k - 1]
-    fill = starts.copy()
-    for i in range(n):  # the batch number becomes where the position goes
-        b = target[i]
-        target[i] = fill[b]
-        fill[b] += 1
     m = seg_starts.shape[0]
     longest = 0
     for s in range(m):
         longest = max(longest, (seg_starts[s + 1] if s + 1 < m else n) - seg_starts[s])
     held_sizes = np.empty(longest, dtype=np.float64)
     held_positions = np.empty(longest, dtype=np.int64)
+    fill = np.empty(longest, dtype=np.int64)  # where the next sample of each of the segment's batches goes
     for s in range(m):
         a = seg_starts[s]
         b = seg_starts[s + 1] if s + 1 < m else n
+        if b <= a:
+            continue
+        first = np.int64(batch[a])  # the segment's first sample opens its first batch
+        end = first
+        while end < total and starts[end] < b:
+            fill[end - first] = starts[end]
+            end += 1
         for i in range(a, b):
-            held_sizes[target[i] - a] = sizes[i]
-            held_positions[target[i] - a] = positions[i]
+            k = np.int64(batch[i]) - first
+            to = fill[k] - a
+            fill[k] += 1
+            held_sizes[to] = sizes[i]
+            held_positions[to] = positions[i]
         sizes[a:b] = held_sizes[: b - a]
         positions[a:b] = held_positions[: b - a]
     return starts

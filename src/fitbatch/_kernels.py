@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -250,6 +251,12 @@ def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch) -> tuple[IntArray
 # --------------------------------------------------------------------------- sorted segments
 
 
+def _as_starts(buffer: array[int]) -> IntArray:
+    """Batch starts collected in an ``array("q")`` (8 bytes a start, where a list holds about 40:
+    6.5 B per sample at 10M in 1.6M batches) as an int64 array over its memory (no copy)."""
+    return np.frombuffer(buffer, dtype=np.int64)
+
+
 def _prefix_sums(values: FloatArray) -> FloatArray:
     """``[0, v0, v0+v1, ...]`` (n + 1 entries) without a second n-length temporary."""
     out = np.empty(values.shape[0] + 1, dtype=np.float64)
@@ -291,7 +298,7 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> IntArray:
     if budget * n < LONG_BATCH * csum[-1]:
         return _walk_counts(np.zeros(1, np.int64), n, _sum_counts(csum, budget, room))
     view = csum.data
-    out: list[int] = []
+    out = array("q")
     add = out.append
     i = 0
     # Invariant: i is a batch start; the bisection finds its end within [i + 1, i + room].
@@ -299,7 +306,7 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> IntArray:
         add(i)
         j = bisect.bisect_right(view, view[i] + budget, i + 1, i + 1 + min(n - i, room)) - 1
         i = j if j > i else i + 1
-    return np.asarray(out, dtype=np.int64)
+    return _as_starts(out)
 
 
 def _largest_count(hi: IntArray, fits: Callable[[IntArray], NDArray[np.bool_]]) -> IntArray:
@@ -365,7 +372,7 @@ def edge_counts(edges: FloatArray, budget: float, cost: CostModel, cap: int | No
 def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
     """Batch starts following ``i += counts[i]`` (counts never reach past their segment's end)."""
     view = counts.data
-    out: list[int] = []
+    out = array("q")
     add = out.append
     bounds = seg_starts.tolist() + [n]
     for a, end in zip(bounds[:-1], bounds[1:]):
@@ -373,7 +380,7 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
         while i < end:
             add(i)
             i += view[i]
-    return np.asarray(out, dtype=np.int64)
+    return _as_starts(out)
 
 
 def _walk_table(
@@ -392,9 +399,8 @@ def _walk_table(
     is_seg = np.zeros(cuts.size, dtype=bool)
     is_seg[np.searchsorted(cuts, seg_starts)] = True
     lv = np.ascontiguousarray(level).data
-    out: list[int] = []
+    out, i = array("q"), 0
     extend = out.extend
-    i = 0
     # Invariant: i is the next batch start (>= the current run's first position).
     for a, b, new_seg, end in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end):
         if new_seg:
@@ -410,7 +416,7 @@ def _walk_table(
         if i < b:
             out.append(i)
             i = end
-    return np.asarray(out, dtype=np.int64)
+    return _as_starts(out)
 
 
 def descending_starts(

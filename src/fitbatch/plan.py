@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from fitbatch import _kernels as K
 from fitbatch import _shapes as S
 from fitbatch._batch_plan import BatchPlan, measure_batches
-from fitbatch._rules import OVERSIZED, kept_positions, planning_budget, screen_oversized
+from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
@@ -89,8 +89,11 @@ def plan_batches(
     ([[1, 3], [5, 4], [2], [0]], [2.0, 3.0, 3.0, 4.0], 12.0)
     """
     opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
-    values = as_sizes(sizes, n)
-    return plan_with(values, opts, epoch, loss_sizes=check_loss_sizes(loss_sizes, len(values)))
+    checked = [as_sizes(sizes, n)]
+    loss = check_loss_sizes(loss_sizes, len(checked[0]))
+    # plan_with gets the only reference to the converted sizes, so that it can let them go once a
+    # skip screen has copied the kept ones (a name here would hold them for the whole call)
+    return plan_with(checked.pop(), opts, epoch, loss_sizes=loss)
 
 
 def plan_with(
@@ -104,21 +107,27 @@ def plan_with(
 
     ``shapes_over``: with ``max_shapes``, the samples the shape set is chosen over (default:
     ``sizes``; the rest of an epoch re-planned after a change passes all of the dataset).
+
+    When a skip screen leaves samples out, a copy of the kept sizes is planned and ``sizes`` is
+    no longer referenced (but for several limits, whose plan keeps them): a caller that passes
+    its only reference (as :func:`plan_batches` does) has them freed while the strategy plans.
     """
     epoch = non_negative_int("epoch", epoch)
     t0 = time.perf_counter()
-    values = sizes.values
     model, budget = check_limits(sizes.columns, opts.cost), opts.budget
-    alone = model.sample_cost(values)
-    skipped, kept = screen_oversized(alone, budget, opts.oversized, sizes=values, describe=describer(model, values))
+    skipped, sub, kept_alone = _screen(sizes, model, opts)
     if skipped.size:
         logger.warning("skipping %d oversized samples (budget %g)", skipped.size, budget)
-    sub = sizes if kept is None else sizes.subset(kept)
-    del kept  # made again after planning: one array of n fewer while the strategy plans
     shape_set, plan_model, strategy = None, model, opts.strategy
+    kept = sub  # the sizes measured: the strategy may plan them rounded up to shapes
     if opts.max_shapes is not None:  # plan sizes rounded up to the shape lengths (module _shapes)
         shape_set, sub, plan_model = S.bounded(sub, opts, shapes_over or sizes)
         strategy = S.grid_strategy(strategy)
+    n_all, limits = len(sizes), ((model, sizes.values) if isinstance(model, Limits) else None)
+    # from here on the kept samples stand for the dataset (a plan of several limits keeps its
+    # rows): after a skip screen plan_batches' sizes, whose only reference it hands over, are
+    # let go while the strategy plans (one array of n fewer)
+    del sizes
     ctx = Context(
         sizes=sub,
         budget=planning_budget(budget, sub.integral),
@@ -135,21 +144,18 @@ def plan_with(
     # (an empty selection by index: an empty slice would be a view that keeps them)
     ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None, _counts=None)
     del sub
-    in_order = result.identity and not skipped.size
-    order = result.order
-    if skipped.size:  # positions among the kept samples become dataset indices
-        if result.identity:  # in index order: the kept samples' indices themselves
-            result = dataclasses.replace(result, order=np.zeros(0, np.int64))
-            order = kept_positions(alone, budget)
-        else:  # in place; mode "clip" does not buffer (every position is in range)
-            order = np.take(kept_positions(alone, budget), order, out=order, mode="clip")
-    n = order.size
+    # measured in positions among the kept samples, before they become dataset indices
+    order, n = result.order, result.order.size
     offsets = np.append(result.starts, n).astype(np.int64, copy=False)
-    # the sizes the kernel gathered are the ones measured, unless it planned rounded-up shapes
+    # the sizes the kernel gathered (in plan order) are the ones measured, unless it planned
+    # rounded-up shapes: then the kept sizes themselves are let go before measuring
     laid = result.laid if opts.max_shapes is None else None
-    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None)
-    counts, costs, real, padded = measure_batches(sizes, model, None if in_order else order, offsets, laid=laid)
+    in_plan_order = laid is not None or result.identity
+    if laid is not None:
+        kept = Sizes(laid, kept.integral, kept.columns)
     del laid
+    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None)
+    counts, costs, real, padded = measure_batches(kept, model, None if in_plan_order else order, offsets)
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
@@ -158,13 +164,18 @@ def plan_with(
     perm = strategy.batch_order(ctx, counts.size - dropped_ids.size)
     if perm is not None:
         batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
-    dropped = order[K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])]
+    at = K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])
     del counts  # the plan counts its batches again (one array fewer at its peak)
-    if isinstance(model, Limits):  # every limit's bound: a per-sample total is not one
-        bound = samples_bound(model, budget, np.delete(values, np.concatenate([skipped, dropped]), axis=0))
+    dropped = order[at]
+    # the dropped samples' costs alone, in the order of dropped (as over the dataset's sizes)
+    dropped_alone = float(model.sample_cost(kept.values[at if in_plan_order else dropped]).sum()) if dropped.size else 0.0
+    del kept, at
+    if skipped.size:  # positions among the kept samples become dataset indices
+        order, dropped = _dataset_indices(skipped, n_all, order, dropped, result.identity)
+    if limits is not None:  # several limits: every limit's bound (a per-sample total is not one)
+        bound = samples_bound(model, budget, np.delete(limits[1], np.concatenate([skipped, dropped]), axis=0))
     else:
-        total_alone = float(alone.sum()) - float(alone[skipped].sum()) - float(alone[dropped].sum())
-        bound = lower_bound(model, budget, total_alone, n - dropped.size)
+        bound = lower_bound(model, budget, kept_alone - dropped_alone, n - dropped.size)
     plan = BatchPlan(
         order,
         offsets,
@@ -183,9 +194,34 @@ def plan_with(
         loss_sizes=loss_sizes,
         shape_set=shape_set,
     )
-    if isinstance(model, Limits):
-        plan._limits = (model, values)
+    plan._limits = limits
     plan.plan_seconds = time.perf_counter() - t0
     if dropped.size:
         logger.info("drop_last dropped %d samples in %d under-filled batches", dropped.size, dropped_ids.size)
     return plan
+
+
+def _screen(sizes: Sizes, model: CostModel, opts: PlanOptions) -> tuple[IntArray, Sizes, float]:
+    """The oversized policy applied: positions skipped, the kept sizes (``sizes`` itself when
+    none is skipped, else a copy) and the sum of the kept samples' costs alone."""
+    values = sizes.values
+    alone = model.sample_cost(values)
+    skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
+    kept_alone = float(alone.sum()) - float(alone[skipped].sum())
+    return skipped, (sizes if kept is None else sizes.subset(kept)), kept_alone
+
+
+def _dataset_indices(
+    skipped: IntArray, n_all: int, order: IntArray, dropped: IntArray, identity: bool
+) -> tuple[IntArray, IntArray]:
+    """``order`` and ``dropped``, positions among the samples a skip screen kept (those not in
+    ``skipped``, of ``n_all``), as dataset indices; ``identity``: ``order`` is all of them in order."""
+    mask = np.ones(n_all, dtype=bool)
+    mask[skipped] = False
+    kept = np.flatnonzero(mask).astype(np.int64, copy=False)
+    del mask
+    dropped = kept[dropped]
+    if identity:  # in index order: the kept samples' indices themselves
+        return kept, dropped
+    # in place; mode "clip" does not buffer (every position is in range)
+    return np.take(kept, order, out=order, mode="clip"), dropped

@@ -253,7 +253,9 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     if np.count_nonzero(loose) <= 1:
         return first
     n = first.order.size
-    lengths = np.diff(np.append(first.starts, n))
+    lengths = np.empty_like(first.starts)  # first.starts is not empty: a batch is loose
+    np.subtract(first.starts[1:], first.starts[:-1], out=lengths[:-1])
+    lengths[-1] = n - first.starts[-1]
     heads, sizes = first.starts[loose], lengths[loose]
     again = plan_rest(first.order[K._concat_ranges(heads, sizes)])
     # compact the kept positions to the front of the order buffer, the re-plan after them
@@ -279,7 +281,15 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     order[n_kept:] = again.order
     if laid is not None:
         laid[n_kept:] = again.laid
-    kept_starts = np.concatenate([[0], np.cumsum(lengths[~loose])[:-1]]) if (~loose).any() else np.zeros(0)
-    starts = np.concatenate([kept_starts, n_kept + again.starts]).astype(np.int64)
-    tails = np.concatenate([np.zeros(int(np.count_nonzero(~loose)), bool), again.tails])
+    # the kept batches' starts, then the re-plan's, written into one array
+    kept_lengths = lengths[~loose]
+    del lengths
+    n_first = kept_lengths.size
+    starts = np.empty(n_first + again.starts.size, dtype=np.int64)
+    if n_first:
+        starts[0] = 0
+        np.cumsum(kept_lengths[:-1], out=starts[1:n_first])
+    del kept_lengths
+    np.add(again.starts, n_kept, out=starts[n_first:])
+    tails = np.concatenate([np.zeros(n_first, bool), again.tails])
     return Result(order, starts, tails, laid=laid)

@@ -182,7 +182,8 @@ class Packed(_Pools):
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
-        loads = np.add.reduceat(laid, starts)  # one pool or more: starts is not empty
+        # each batch's load (one pool or more: starts is not empty) tells it is loose
+        loose = np.add.reduceat(laid, starts) < LOOSE * ctx.budget
         values = ctx.sizes.values
 
         def pack(rest: IntArray) -> Result:
@@ -190,7 +191,7 @@ class Packed(_Pools):
             rest, starts, laid = first_fit_laid(values[rest], rest, np.zeros(1, np.int64), ctx.budget, ctx.cap)
             return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid)
 
-        return replan(first, _loose_ends(loads < LOOSE * ctx.budget, starts, seg_starts), pack)
+        return replan(first, _loose_ends(loose, starts, seg_starts), pack)
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
@@ -206,13 +207,22 @@ def _reverse(a: NDArray[Any]) -> NDArray[Any]:
 def _loose_ends(loose: NDArray[np.bool_], starts: IntArray, seg_starts: IntArray) -> NDArray[np.bool_]:
     """The batches of each segment after its last tight one (and every segment's last batch).
 
+    Every segment starts a batch; one array of batch numbers is made, no other per batch.
+
     >>> _loose_ends(np.array([False, True, False, True, True]), np.array([0, 2, 4, 6, 8]), np.array([0, 5]))
     array([False, False,  True,  True,  True])
     """
-    seg = np.searchsorted(seg_starts, starts, side="right") - 1
-    last_tight = np.full(seg_starts.size, -1, dtype=np.int64)
-    tight = np.flatnonzero(~loose)
-    np.maximum.at(last_tight, seg[tight], tight)
-    ends = np.arange(starts.size) > last_tight[seg]
-    ends[np.append(np.flatnonzero(np.diff(seg)), starts.size - 1)] = True
-    return ends
+    n = starts.size
+    firsts = np.searchsorted(starts, seg_starts)  # each segment's first batch
+    tight = np.arange(n, dtype=np.int64)
+    tight[loose] = -1
+    after = np.maximum.reduceat(tight, firsts) + 1  # each segment's first batch after its last tight one
+    del tight
+    lasts = np.append(firsts[1:], n) - 1
+    np.maximum(after, firsts, out=after)  # (a segment with no tight batch: its first)
+    np.minimum(after, lasts, out=after)  # a segment's last batch is an end even when tight
+    # the runs [after, next segment's first) marked by +1 at their starts and -1 past their ends
+    marks = np.zeros(n + 1, dtype=np.int8)
+    marks[after] += 1
+    marks[lasts + 1] -= 1
+    return np.cumsum(marks[:-1], dtype=np.int8).astype(bool)
