@@ -15,7 +15,7 @@ printed table:
    by ``OOMGuard``: micro-batch count, no sample lost, sampler budget lowered;
 5. ``--steps`` training steps on batches planned with ``plan_batches(sizes, budget,
    cost=model, strategy="pooled")`` over the real length set
-   ``/work/shared/data/cpython_stdlib_functions.npy`` (goal: zero OOM, mean peak >= 90 % of
+   ``cpython_stdlib_functions`` (``../shared/data``, else ``tests/data``) (goal: zero OOM, mean peak >= 90 % of
    the capacity).
 
 ``--device cpu --tiny`` runs the same code paths on CPU in a minute (live-tensor tracker, a
@@ -48,7 +48,10 @@ from fitbatch.memory import (  # noqa: E402
 from fitbatch.memory.calibrate import calibrate  # noqa: E402
 from fitbatch.memory.guard import OOMGuard  # noqa: E402
 
-DATA = "/work/shared/data/cpython_stdlib_functions.npy"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import load  # noqa: E402
+
+DATA = "cpython_stdlib_functions"  # bench/_common.load: ../shared/data, else tests/data
 GiB = 2**30
 
 
@@ -368,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --device cpu --tiny for a dry run", file=sys.stderr)
         return 2
     tr = Trainer(args)
-    capacity = fitbatch.parse_budget(args.capacity if not args.tiny else "8MiB")
+    # --tiny on CUDA: 1 GiB leaves room for the context and the cuBLAS workspaces
+    tiny_capacity = "8MiB" if tr.device.type == "cpu" else "1GiB"
+    capacity = fitbatch.parse_budget(tiny_capacity if args.tiny else args.capacity)
     if tr.device.type == "cuda":
         total = torch.cuda.get_device_properties(tr.device).total_memory
         if capacity > 0.95 * total:
@@ -377,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        torch.cuda.set_per_process_memory_fraction(capacity / total, tr.device)
+        torch.cuda.set_per_process_memory_fraction(capacity / total, tr.device.index or 0)
         name = torch.cuda.get_device_name(tr.device)
     else:
         name = "cpu (dry run: live-tensor tracker, simulated OOM)"
-    sizes = np.load(DATA).astype(np.int64)
+    sizes = load(DATA).astype(np.int64)
     results: dict = {
         "device": name,
         "torch": torch.__version__,
@@ -410,7 +415,7 @@ def print_table(r: dict) -> None:
         (
             "collect_peak_memory",
             f"{r['collect']['measured']} measured, {r['collect']['failed']} OOM; "
-            f"size model max err {r['collect']['size_model_max_abs_err']:.2%}",
+            f"size model max err {r['collect']['size_model_max_abs_err']:.4%}",
         ),
         (
             "calibrate",
@@ -419,7 +424,7 @@ def print_table(r: dict) -> None:
         ),
         (
             "held-out shapes",
-            f"{len(h['shapes'])}: max |err| {h['max_abs_err']:.2%}, mean {h['mean_abs_err']:.2%}, "
+            f"{len(h['shapes'])}: max |err| {h['max_abs_err']:.4%}, mean {h['mean_abs_err']:.4%}, "
             f"bound covers {h['coverage']:.0%} (goal 5 %: {h['goal_5pct']})",
         ),
         (
