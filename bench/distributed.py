@@ -39,7 +39,7 @@ import numpy as np
 import fitbatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load, resample  # noqa: E402
+from _common import load, resample, synthetic  # noqa: E402
 
 SETS = {"cpython_stdlib_functions": "error", "cpython_stdlib_pytokens": "skip"}
 BUDGET = 16384.0
@@ -85,9 +85,12 @@ def row(name: str, sizes: np.ndarray, oversized: str, world: int, single: fitbat
 def few_steps_table(repeats: int = 5) -> str:
     """Straggler ratio with few steps per epoch: ``plan_for_world`` against splitting the leftover.
 
-    For each set, world size and target step count, ``repeats`` resamples (seeds 0..) of about
-    ``world * steps`` batches' worth of samples; "split" arranges the single-process plan (the
-    leftover batches halved, as before), "re-planned" what the sampler now does.
+    For each set (the two real ones, then the synthetic shapes of issue #18), world size and
+    target step count, ``repeats`` resamples (seeds 0..) of about ``world * steps`` batches'
+    worth of samples; "split" arranges the single-process plan (the leftover batches halved, as
+    before ``plan_for_world``), "re-planned" is what the sampler does. "wall" is the sum over
+    steps of the slowest rank's batch cost (the time of synchronous steps), re-planned over
+    split, and "idle" the share of rank time spent waiting, re-planned.
     """
     from fitbatch.distributed import arrange
     from fitbatch.options import PlanOptions
@@ -95,26 +98,31 @@ def few_steps_table(repeats: int = 5) -> str:
 
     cost = fitbatch.resolve_cost("padded")
     lines = [
-        "| set | W | steps | straggler split (min-max) | straggler re-planned (min-max) | batches single -> re-planned |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| set | W | steps | straggler split (min-max) | straggler re-planned (min-max) | wall re-planned / split | idle re-planned | batches single -> re-planned |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, oversized in SETS.items():
-        base = load(name)
+    bases = {name.removeprefix("cpython_stdlib_"): (load(name), oversized) for name, oversized in SETS.items()}
+    bases.update({name.split(" (")[0].removeprefix("synthetic "): (v, "error") for name, v in synthetic(200_000).items()})
+    for name, (base, oversized) in bases.items():
         base = base[base <= BUDGET]
         per_batch = max(1.0, BUDGET / (1.3 * float(base.mean())))
         for world, steps in ((8, 5), (8, 9), (64, 2), (64, 4)):
-            old, new, counts = [], [], []
+            old, new, counts, walls, idles = [], [], [], [], []
             for seed in range(repeats):
                 sizes = fitbatch.as_sizes(resample(base, int(world * steps * per_batch), seed=seed))
                 opts = PlanOptions.build(BUDGET, seed=seed, oversized=oversized)
                 single = plan_with(sizes, opts)
-                old.append(arrange(single, sizes, cost, world, seed=seed, epoch=0).straggler_ratio)
+                split = arrange(single, sizes, cost, world, seed=seed, epoch=0)
+                old.append(split.straggler_ratio)
                 sampler = fitbatch.BudgetBatchSampler(sizes, BUDGET, num_replicas=world, rank=0, seed=seed, oversized=oversized)
-                new.append(sampler.steps().straggler_ratio)
-                counts.append(f"{len(single)}->{len(sampler.steps().plan)}")
+                re = sampler.steps()
+                new.append(re.straggler_ratio)
+                walls.append(re.plan.costs[re.grid].max(axis=1).sum() / split.plan.costs[split.grid].max(axis=1).sum())
+                idles.append(straggler_and_idle(re.plan.costs[re.grid])[1])
+                counts.append(f"{len(single)}->{len(re.plan)}")
             lines.append(
-                f"| {name.removeprefix('cpython_stdlib_')} | {world} | {steps} | {min(old):.3f}-{max(old):.3f} "
-                f"| {min(new):.3f}-{max(new):.3f} | {', '.join(counts[:3])} |"
+                f"| {name} | {world} | {steps} | {min(old):.3f}-{max(old):.3f} | {min(new):.3f}-{max(new):.3f} "
+                f"| {min(walls):.3f}-{max(walls):.3f} | {min(idles):.3f}-{max(idles):.3f} | {', '.join(counts[:3])} |"
             )
     return "\n".join(lines)
 

@@ -45,6 +45,7 @@ from _common import (  # noqa: E402
     resample,
     seed_greedy,
     spearman_position_size,
+    synthetic,
 )
 
 import fitbatch  # noqa: E402
@@ -199,18 +200,6 @@ def quality_table(n: int, with_lhotse: bool) -> str:
 
 
 KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
-
-
-def synthetic(n: int) -> dict[str, np.ndarray]:
-    """In addition to the real sets: shapes like those issue #18 names (short verse-like
-    sentences, long-tailed quotations, molecule atom counts), whose epochs at 20k samples hold
-    only ~40 batches of 16,384 tokens. Not real data: they only show the few-batch regime."""
-    rng = np.random.default_rng(0)
-    return {
-        "synthetic verses (lognormal 3.3, 0.45)": np.clip(np.round(rng.lognormal(3.3, 0.45, n)), 3, None),
-        "synthetic quotes (lognormal 3.0, 1.0)": np.clip(np.round(rng.lognormal(3.0, 1.0, n)), 2, None),
-        "synthetic atoms (normal 27, 9)": np.clip(np.round(rng.normal(27, 9, n)), 3, None),
-    }
 
 
 def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False) -> tuple[str, list[tuple]]:

@@ -225,7 +225,7 @@ def plan_for_world(
     best = plan
     # Invariant: the plan at `hi` (best) has at most `target` batches; below `lo` nothing is tried.
     for _ in range(40):
-        if len(best) == target or hi - lo <= 1e-4 * opts.budget:
+        if hi - lo <= 1e-4 * opts.budget:
             break
         mid = (lo + hi) / 2
         trial = plan_with(sizes, dataclasses.replace(opts, budget=mid), epoch, loss_sizes=loss_sizes)
