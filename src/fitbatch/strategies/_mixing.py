@@ -329,8 +329,9 @@ def _solve(fit: Any, x: float, index: int, target: float, sign: float, strict: b
     for _ in range(_STEPS):
         got = fit(x)
         err = math.log(max(got[index], 1e-12) / target)
-        tried.append((strict and got[index] > 1.05 * target, abs(err), got))
-        if abs(err) < 0.05:
+        over = strict and got[index] > 1.05 * target
+        tried.append((over, abs(err), got))
+        if abs(err) < 0.05 and not over:  # (a fit within 5 % in log terms can be 5.1 % over)
             break
         slope = sign  # repeat ~ 1 / kappa**2 while every level is at its need
         if prev is not None and prev[0] != x and prev[1] != err:
