@@ -82,7 +82,7 @@ class Buckets(Strategy):
             return ids, top, np.bincount(ids, minlength=top.size)
         keys, edges = ctx.keys()
         if self.randomness is not None:
-            lut, top = mixed_levels(ctx, self.spread, self.randomness)
+            lut, top, _ = mixed_levels(ctx, self.spread, self.randomness)
         else:
             lut, top = fit_buckets(
                 keys,

@@ -17,7 +17,8 @@ of 1, which halves the repeat rate at about the same padding; the fit counts tha
 
 An epoch of fewer than ``AUTO_MIN_BATCHES`` batches cannot afford wide levels (each one would
 cost a whole batch): ``"auto"`` cuts it into levels of 0.6 of a batch (:func:`_batch_levels`),
-which the moving boundaries still mix.
+which the moving boundaries still mix; ``Pooled`` narrows them when an epoch would spend more
+than ``auto_excess`` more batches than exact sorting (one batch is 2-5 % of a few dozen).
 
 >>> import numpy as np
 >>> from fitbatch import _sorting as SK
@@ -98,9 +99,11 @@ def _per_batch(
 
 
 def mixed_levels(
-    ctx: Context, spread: float, randomness: float | str
-) -> tuple[NDArray[Any], FloatArray]:
-    """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled."""
+    ctx: Context, spread: float, randomness: float | str, level_width: float = LEVEL_BATCHES
+) -> tuple[NDArray[Any], FloatArray, bool]:
+    """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled,
+    and whether they are few-batch levels of ``level_width`` of a batch (``"auto"``, an epoch
+    of fewer than :data:`AUTO_MIN_BATCHES` batches)."""
     keys, edges = ctx.keys()
     hist = ctx.key_counts()
     lut, tops, below = _fit_levels(
@@ -114,10 +117,12 @@ def mixed_levels(
         ctx.sizes.values.ndim,
         ctx.population,
         KEEP if ctx.shuffle else 1.0,
+        level_width,
     )
+    few = below == 0.0  # only few-batch levels move upward from the level below
     if not ctx.shuffle:
-        return lut, tops
-    return shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below, hist)
+        return lut, tops, few
+    return (*shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below, hist), few)
 
 
 def level_shift(seed: int, epoch: int) -> float:
@@ -230,6 +235,7 @@ def _fit_levels(
     ndim: int,
     population: int | None,
     keep: float,
+    level_width: float = LEVEL_BATCHES,
 ) -> tuple[NDArray[Any], FloatArray, float]:
     """:func:`fit_mixed_buckets` from the samples per key (``hist``), and the ``below`` that
     :func:`shift_levels` moves these levels with."""
@@ -258,7 +264,7 @@ def _fit_levels(
     x0 = math.log(0.05 * keep / float(np.mean(c * c)))
     if randomness == "auto" and narrow_batches < AUTO_MIN_BATCHES:
         # a handful of batches cannot afford wide levels: levels of LEVEL_BATCHES of a batch
-        bucket, tops = _batch_levels(h / c, tops_all)
+        bucket, tops = _batch_levels(h / c, tops_all, level_width)
         return (*_lut_tops(bucket[group], tops, present), 0.0)
     if randomness != "auto":
         got = _solve(fit, x0, 2, float(randomness), -1.0)
@@ -274,10 +280,11 @@ def _fit_levels(
     return (*_lut_tops(got[0], got[1], present), 0.5)
 
 
-def _batch_levels(batches: FloatArray, tops: FloatArray) -> tuple[NDArray[np.int64], list[float]]:
-    """Levels of about :data:`LEVEL_BATCHES` of a batch each over keys from the largest down
-    (``batches``: each key's share of a full batch); a last level under half of that joins the
-    one above.
+def _batch_levels(
+    batches: FloatArray, tops: FloatArray, width: float = LEVEL_BATCHES
+) -> tuple[NDArray[np.int64], list[float]]:
+    """Levels of about ``width`` of a batch each over keys from the largest down (``batches``:
+    each key's share of a full batch); a last level under half of that joins the one above.
 
     Narrower levels pad less and repeat more: on 20,000 samples of three synthetic shapes
     (about 40 batches), levels of 0.5 / 0.6 / 0.75 of a batch gave co-batch repeat rates of
@@ -289,10 +296,10 @@ def _batch_levels(batches: FloatArray, tops: FloatArray) -> tuple[NDArray[np.int
     ([0, 0, 1, 1, 1], [5.0, 3.0])
     """
     before = np.cumsum(batches) - batches
-    cell = np.floor(before / LEVEL_BATCHES + 1e-9)
+    cell = np.floor(before / width + 1e-9)
     bucket = np.cumsum(np.diff(cell, prepend=cell[0]) != 0).astype(np.int64)
     last = int(bucket[-1])
-    if last > 0 and float(np.sum(batches[bucket == last])) < LEVEL_BATCHES / 2:
+    if last > 0 and float(np.sum(batches[bucket == last])) < width / 2:
         bucket = np.minimum(bucket, last - 1)
     firsts = np.flatnonzero(np.diff(bucket, prepend=-1))
     return bucket, tops[firsts].tolist()

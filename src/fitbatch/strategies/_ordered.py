@@ -4,6 +4,7 @@ and packed (bin packing within pools)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -25,10 +26,12 @@ from fitbatch.strategies._base import (
     _tails,
     replan,
 )
-from fitbatch.strategies._mixing import check_randomness, mixed_levels
+from fitbatch.strategies._mixing import LEVEL_BATCHES, auto_excess, check_randomness, mixed_levels
 
 # Packed batches filled below this share of the budget are packed again with every pool's.
 LOOSE = 0.95
+# "auto" few-batch levels over their batch allowance: up to this many narrowings, by 0.75 each
+NARROWER_LEVELS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +140,27 @@ class Pooled(_Pools):
     def plan(self, ctx: Context) -> Result:
         if self.randomness is None or len(ctx.sizes) == 0:
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
-        lut, tops = mixed_levels(ctx, self.spread, self.randomness)
+        lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
+        result = self._mixed(ctx, lut, tops)
+        if not (few and self.randomness == "auto"):
+            return result
+        # "auto" spends at most auto_excess more batches than exact sorting; with a few dozen
+        # batches one more is 2-5 %, and levels of LEVEL_BATCHES can cost two: narrower levels
+        # (less mixing) until the plan is within the allowance, else the fewest batches
+        sorted_count = Sorted().plan(ctx).starts.size
+        allowed = math.floor((1.0 + auto_excess(ctx.population or len(ctx.sizes))) * sorted_count + 1e-9)
+        width = LEVEL_BATCHES
+        for _ in range(NARROWER_LEVELS):
+            if result.starts.size <= allowed:
+                break
+            width *= 0.75
+            lut, tops, _ = mixed_levels(ctx, self.spread, self.randomness, width)
+            narrower = self._mixed(ctx, lut, tops)
+            if narrower.starts.size < result.starts.size:
+                result = narrower
+        return result
+
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> Result:
         level = lut[ctx.keys()[0]]
         rng = ctx.rng("pools") if ctx.shuffle else None
         # one pool: levels already draw partners at random, and pool borders only add padding
