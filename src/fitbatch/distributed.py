@@ -42,6 +42,7 @@ from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch.costs import CostModel
 from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
 from fitbatch.sizes import Sizes
+from fitbatch.strategies._recut import greedy_cuts
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,16 @@ def plan_for_world(
     >>> [len(b) for b in plan_for_world(sizes, opts, 0, 1)], [len(b) for b in plan_for_world(sizes, opts, 0, 3)]
     ([3, 3, 3, 1], [2, 2, 2, 2, 2])
     """
+    if world > 1:  # steps of several ranks: batches of even cost, not the cheapest cuts
+        with greedy_cuts():
+            return _plan_for_world(sizes, opts, epoch, world, policy, loss_sizes, shapes_over)
+    return plan_with(sizes, opts, epoch, loss_sizes=loss_sizes, shapes_over=shapes_over)
+
+
+def _plan_for_world(
+    sizes: Sizes, opts: PlanOptions, epoch: int, world: int, policy: str,
+    loss_sizes: FloatArray | None, shapes_over: Sizes | None,
+) -> BatchPlan:
     plan = plan_with(sizes, opts, epoch, loss_sizes=loss_sizes, shapes_over=shapes_over)
     n = len(plan)
     if world == 1 or policy != "split" or opts.drop_last or opts.max_shapes is not None or n % world == 0 or n >= FEW_STEPS * world:

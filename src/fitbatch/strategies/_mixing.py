@@ -18,7 +18,9 @@ of 1, which halves the repeat rate at about the same padding; the fit counts tha
 An epoch of fewer than ``AUTO_MIN_BATCHES`` batches cannot afford wide levels (each one would
 cost a whole batch): ``"auto"`` cuts it into levels of 0.6 of a batch (:func:`_batch_levels`),
 which the moving boundaries still mix; ``Pooled`` narrows them when an epoch would spend more
-than ``auto_excess`` more batches than exact sorting (one batch is 2-5 % of a few dozen).
+than ``auto_excess`` more batches than exact sorting (one batch is 2-5 % of a few dozen), and
+cuts the shuffled order at the least total cost for the same batch count
+(:mod:`fitbatch.strategies._recut`; one process only).
 
 >>> import numpy as np
 >>> from fitbatch import _sorting as SK

@@ -27,6 +27,8 @@ from fitbatch.strategies._base import (
     replan,
 )
 from fitbatch.strategies._mixing import LEVEL_BATCHES, auto_excess, check_randomness, mixed_levels
+from fitbatch.strategies._recut import enabled as recut_enabled
+from fitbatch.strategies._recut import least_cost_starts
 
 # Packed batches filled below this share of the budget are packed again with every pool's.
 LOOSE = 0.95
@@ -158,7 +160,7 @@ class Pooled(_Pools):
             narrower = self._mixed(ctx, lut, tops)
             if narrower.starts.size < result.starts.size:
                 result = narrower
-        return result
+        return _recut(ctx, result)
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> Result:
         level = lut[ctx.keys()[0]]
@@ -170,6 +172,17 @@ class Pooled(_Pools):
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
         return _greedy(ctx, order, seg_starts, None)
+
+
+def _recut(ctx: Context, result: Result) -> Result:
+    """The same order and batch count with the cheapest cuts (:mod:`._recut`), 1-D sizes."""
+    if ctx.sizes.values.ndim != 1 or ctx.multiple != 1 or result.starts.size < 2 or not recut_enabled():
+        return result
+    laid = np.asarray(ctx.sizes.values[result.order] if result.laid is None else result.laid, dtype=np.float64)
+    starts = least_cost_starts(laid, result.starts, ctx.budget, ctx.cost, ctx.cap)
+    if starts is None:
+        return result
+    return dataclasses.replace(result, starts=starts, tails=_tails(starts, np.zeros(1, np.int64), result.order.size))
 
 
 @dataclasses.dataclass(frozen=True)
