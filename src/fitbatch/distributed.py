@@ -227,7 +227,7 @@ def _plan_for_world(
 ) -> BatchPlan:
     plan = plan_with(sizes, opts, epoch, loss_sizes=loss_sizes, shapes_over=shapes_over)
     n = len(plan)
-    if world == 1 or policy != "split" or opts.drop_last or opts.max_shapes is not None or n % world == 0 or n >= FEW_STEPS * world:
+    if policy != "split" or opts.drop_last or opts.max_shapes is not None or n % world == 0 or n >= FEW_STEPS * world:
         return plan  # (drop_last keeps its full batches and drops; max_shapes keeps its shape set)
     target = -(-n // world) * world
     alone = opts.cost.sample_cost(sizes.values)
