@@ -18,6 +18,7 @@ from contracts import COSTS
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fitbatch import _greedy as G
 from fitbatch import _kernels as K
 from fitbatch import _sorting as SK
 from fitbatch._packing import first_fit_starts
@@ -96,7 +97,7 @@ def test_greedy_starts_with_carry_matches_reference(kind, n, seed, cost, budget,
     if carried:
         carry = K.OpenBatch(carried, before.max(axis=0), before.sum(axis=0))
     else:
-        carry = K._empty_state(sizes)
+        carry = G._empty_state(sizes)
     got, open_batch = K.greedy_starts(sizes, budget, model, cap=cap, multiple=multiple, carry=carry)
     want, want_open = R.greedy_starts(
         R.as_python(sizes), budget, R.model_cost(model), cap=cap, multiple=multiple,
@@ -125,6 +126,35 @@ def test_greedy_starts_in_two_calls_equals_one(kind, n, seed, cost, budget, cap,
     second, last_open = K.greedy_starts(sizes[k:], budget, model, cap=cap, carry=carry)
     assert np.concatenate([first, k + second]).tolist() == whole.tolist()
     assert last_open.count == whole_open.count
+
+
+@given(
+    n=st.sampled_from([300, 2000, 5000]),
+    long_share=st.floats(0, 1),
+    seed=st.integers(0, 2**16),
+    cost=st.sampled_from(sorted(COSTS)),
+    carried=st.integers(0, 3),
+    force_rate=st.sampled_from([0.0, 0.001]),
+)
+def test_greedy_starts_walks_long_batches_then_chunks_short_ones(n, long_share, seed, cost, carried, force_rate):
+    """Long batches (sizes 0-1) are walked a batch at a time; where the batches turn short
+    (sizes 20-40) the walk hands the rest, at a batch start, to the chunked scan: the reference's
+    starts and open batch either way, the carried batch and forced starts included."""
+    rng = np.random.default_rng(seed)
+    k = int(long_share * n)
+    sizes = np.concatenate([rng.integers(0, 2, k), rng.integers(20, 41, n - k)]).astype(np.float64)
+    model = COSTS[cost]
+    force = rng.random(n) < force_rate if force_rate else None
+    before = rng.integers(0, 2, carried).astype(np.float64)
+    carry = K.OpenBatch(carried, before.max(initial=0.0), before.sum()) if carried else None
+    got, open_batch = K.greedy_starts(sizes, 400.0, model, force=force, carry=carry)
+    forced = [] if force is None else np.flatnonzero(force).tolist()
+    want, want_open = R.greedy_starts(
+        R.as_python(sizes), 400.0, R.model_cost(model), forced=forced, carry=ref_carry(carry, False)
+    )
+    assert got.tolist() == want
+    assert open_batch.count == want_open[0]
+    assert float(open_batch.sum_size) == want_open[2]
 
 
 @pytest.mark.parametrize("n", [64 * 7 + 3, 1000, 2500, 4099])

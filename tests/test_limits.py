@@ -397,8 +397,8 @@ def test_real_function_lengths_with_synthetic_image_counts():
 )
 def test_compiled_rows_greedy_matches_numpy(case, cap, segment, poly):
     """The numba loop over rows (several limits) gives the numpy kernel's starts and open batch."""
+    from fitbatch import _greedy as G
     from fitbatch import _jit
-    from fitbatch import _kernels as K
 
     columns, budgets, kinds = case
     assert _jit.enabled(), "numba is installed in CI: the compiled loop must load"
@@ -416,18 +416,18 @@ def test_compiled_rows_greedy_matches_numpy(case, cap, segment, poly):
     )
     assert compiled is not None
     numpy_starts, open_batch = (
-        K._repair_seams(
-            K._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
+        G._repair_seams(
+            G._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
             8,
-            K._lockstep(
-                K._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
+            G._lockstep(
+                G._Greedy(rows, 1.0, limits, np.inf if cap is None else float(cap), force),
                 8,
-                K._empty_state(rows),
+                G._empty_state(rows),
             ),
-            K._empty_state(rows),
+            G._empty_state(rows),
         )
         if rows.shape[0]
-        else (np.zeros(0, np.int64), K._empty_state(rows))
+        else (np.zeros(0, np.int64), G._empty_state(rows))
     )
     assert compiled[0].tolist() == numpy_starts.tolist()
     if rows.shape[0]:

@@ -1,0 +1,261 @@
+"""The in-order greedy over sizes in any order, any cost model: batch start positions.
+
+A batch is a maximal run of consecutive positions whose cost fits the budget, never crossing a
+position that must start a batch, a lone sample over budget forming a batch of its own.
+:func:`greedy_starts` picks the cheapest of three forms that give the same starts:
+
+* with the ``fast`` extra (numba), the built-in cost models run a compiled per-sample loop
+  (:mod:`fitbatch._jit`: the same arithmetic);
+* long batches are walked one batch at a time, each end found by vectorised windows of doubling
+  width (a few numpy steps per batch);
+* short batches are chunked: the greedy runs in lock-step over all chunks at once (one numpy
+  step per position *within* a chunk), then each chunk seam is repaired sequentially: the true
+  chain entering a chunk is simulated with vectorised windows until it meets the chunk's local
+  chain, after which the two coincide.
+
+The walk goes first and hands the rest of the sequence to the chunks, at a batch start, once its
+batches average fewer samples than a chunk holds (the chunks then cost fewer numpy steps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch import _jit
+from fitbatch.costs import CostModel
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+# the walk judges its batches' average length after this many (before: too few to tell)
+WALK_JUDGE = 4
+
+
+class OpenBatch(NamedTuple):
+    """The batch still open at the end of a sequence: carried into the next call (streaming)."""
+
+    count: int  # type: ignore[assignment]  # shadows tuple.count; the name is public API
+    max_size: FloatArray  # shape () for 1-D sizes, (D,) for D-dimensional ones
+    sum_size: FloatArray
+
+
+
+
+
+class _Greedy(NamedTuple):
+    """What one greedy scan works on: sizes in order, the budget and cost, the count cap
+    (``inf``: none) and the positions that must start a batch."""
+
+    sizes: FloatArray
+    budget: float
+    cost: CostModel
+    cap: float
+    force: NDArray[np.bool_] | None
+
+
+def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, OpenBatch]:
+    """First position q in [p, end) that must start a new batch when ``state`` is open at p.
+
+    Returns (q, state of the open batch just before q); q == end when no new batch starts.
+    """
+    sizes, budget, cost, cap, force = g
+    count, mx, sm = state.count, state.max_size, state.sum_size
+    width = 64
+    while p < end:
+        stop = min(end, p + width)
+        x = sizes[p:stop]
+        run_max = np.maximum(np.maximum.accumulate(x, axis=0), mx)
+        run_sum = np.cumsum(x, axis=0) + sm
+        run_count = count + np.arange(1, stop - p + 1, dtype=np.float64)
+        bad = (cost.evaluate(run_count, run_max, run_sum) > budget) | (run_count > cap)
+        if force is not None:
+            bad |= force[p:stop]
+        if count == 0:
+            bad[0] = False  # an empty batch always takes its first sample
+        if bad.any():
+            k = int(bad.argmax())
+            if k == 0:
+                return p, OpenBatch(count, mx, sm)
+            return p + k, OpenBatch(count + k, run_max[k - 1], run_sum[k - 1])
+        count, mx, sm = count + (stop - p), run_max[-1], run_sum[-1]
+        p = stop
+        width *= 4
+    return end, OpenBatch(count, mx, sm)
+
+
+def _open_batch(sizes: FloatArray, start: int, end: int) -> OpenBatch:
+    part = sizes[start:end]
+    return OpenBatch(end - start, part.max(axis=0), part.sum(axis=0))
+
+
+def _empty_state(sizes: FloatArray) -> OpenBatch:
+    zero = np.zeros(sizes.shape[1:], dtype=np.float64)
+    return OpenBatch(0, zero, zero.copy())
+
+
+def greedy_starts(
+    sizes: FloatArray,
+    budget: float,
+    cost: CostModel,
+    *,
+    cap: int | None = None,
+    multiple: int = 1,
+    force: NDArray[np.bool_] | None = None,
+    carry: OpenBatch | None = None,
+) -> tuple[IntArray, OpenBatch]:
+    """Greedy batch starts over ``sizes`` (shape (n,) or (n, D)) in the given order.
+
+    ``force`` marks positions that must start a batch (segment starts). ``carry`` is a batch
+    left open by a previous call, continued at position 0. With ``multiple > 1`` each batch of
+    at least ``multiple`` samples is cut back to a multiple of it (the rest starts the next
+    batch); that path always walks.
+
+    Returns the start positions (int64, ascending) and the batch still open at the end.
+    """
+    n = sizes.shape[0]
+    capf = math.inf if cap is None else float(cap)
+    state = carry if carry is not None else _empty_state(sizes)
+    if n == 0:
+        return np.zeros(0, np.int64), state
+    g = _Greedy(sizes, budget, cost, capf, force)
+    if multiple > 1:
+        starts, state, _ = _walk_windows(g, multiple, state)
+        return starts, state
+    compiled = _jit.greedy(sizes, budget, cost, capf, force, state.count, state.max_size, state.sum_size)
+    if compiled is not None:
+        starts, (count, mx, sm) = compiled
+        return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
+    head, state, at = _walk_windows(g, 1, state, _chunk(n))
+    if at >= n:
+        return head, state
+    # short batches from `at` (a batch start) on: the chunked lock-step, from a fresh batch
+    rest = g._replace(sizes=sizes[at:], force=None if force is None else force[at:])
+    chunk = _chunk(n - at)
+    tail, state = _repair_seams(rest, chunk, _lockstep(rest, chunk, state), state)
+    return np.concatenate([head, tail + at]), state
+
+
+def _chunk(n: int) -> int:
+    """Positions per chunk of the lock-step scan over ``n`` (about sqrt(n) steps and seams)."""
+    return int(min(4096, max(64, math.isqrt(n))))
+
+
+def _lockstep(g: _Greedy, chunk: int, carry: OpenBatch) -> NDArray[np.bool_]:
+    """Greedy start flags computed independently in every chunk, all chunks at once."""
+    sizes, budget, cost, cap, force = g
+    n, tail = sizes.shape[0], sizes.shape[1:]
+    n_chunks = -(-n // chunk)
+    grid = np.zeros((n_chunks * chunk, *tail), dtype=np.float64)
+    grid[:n] = sizes
+    # (chunk, n_chunks[, D]): row t holds position t of every chunk, contiguous for the scan.
+    grid = np.ascontiguousarray(np.swapaxes(grid.reshape(n_chunks, chunk, *tail), 0, 1))
+    fgrid = None
+    if force is not None:
+        fpad = np.zeros(n_chunks * chunk, dtype=bool)
+        fpad[:n] = force
+        fgrid = np.ascontiguousarray(fpad.reshape(n_chunks, chunk).T)
+    flags = np.empty((chunk, n_chunks), dtype=bool)
+    count = np.zeros(n_chunks)
+    mx = np.zeros((n_chunks, *tail))
+    sm = np.zeros((n_chunks, *tail))
+    count[0], mx[0], sm[0] = carry.count, carry.max_size, carry.sum_size
+    expand = (slice(None),) + (None,) * len(tail)
+    # Invariant: before row t, (count, mx, sm)[c] describe the batch open in chunk c after its
+    # first t positions, assuming chunk c (c > 0) started a fresh batch at its first position.
+    for t in range(chunk):
+        x = grid[t]
+        new_count = count + 1
+        new_max = np.maximum(mx, x)
+        new_sum = sm + x
+        start = cost.evaluate(new_count, new_max, new_sum) > budget
+        if cap < math.inf:
+            start |= new_count > cap
+        if fgrid is not None:
+            start |= fgrid[t]
+        if t == 0:
+            start[1:] = True  # chunks assume a fresh batch at their first position
+            if carry.count == 0:
+                start[0] = True
+        flags[t] = start
+        count = np.where(start, 1.0, new_count)
+        mx = np.where(start[expand], x, new_max)
+        sm = np.where(start[expand], x, new_sum)
+    return flags.T.reshape(-1)[:n].copy()
+
+
+def _repair_seams(g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenBatch) -> tuple[IntArray, OpenBatch]:
+    """Make chunk-local start flags globally correct, chunk by chunk, left to right."""
+    sizes = g.sizes
+    n = sizes.shape[0]
+    open_start: int | None = None  # None: the batch carried in from before position 0 is open
+    first = np.flatnonzero(local[:chunk])
+    if first.size:
+        open_start = int(first[-1])
+    for c0 in range(chunk, n, chunk):
+        c1 = min(n, c0 + chunk)
+        if open_start is None:
+            state = _carried_through(sizes, carry, c0)
+        else:
+            state = _open_batch(sizes, open_start, c0)
+        p = c0
+        # Invariant: `state` is the true open batch at position p; flags in [c0, p) are true.
+        while True:
+            q, _ = _window_next(g, p, c1, state)
+            local[p:q] = False
+            if q >= c1 or local[q]:
+                break  # chunk done, or merged with the chunk's own chain: the rest is right
+            local[q] = True
+            state = OpenBatch(1, sizes[q].astype(np.float64), sizes[q].astype(np.float64))
+            p = q + 1
+        here = np.flatnonzero(local[c0:c1])
+        if here.size:
+            open_start = c0 + int(here[-1])
+    starts = np.flatnonzero(local).astype(np.int64)
+    if open_start is None:
+        return starts, _carried_through(sizes, carry, n)
+    return starts, _open_batch(sizes, open_start, n)
+
+
+def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch:
+    part = sizes[:end]
+    if end == 0:
+        return carry
+    return OpenBatch(carry.count + end, np.maximum(carry.max_size, part.max(axis=0)), carry.sum_size + part.sum(axis=0))
+
+
+def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch, chunk: int = 0) -> tuple[IntArray, OpenBatch, int]:
+    """Greedy starts walked batch by batch (each batch of at least ``multiple`` samples cut back
+    to a multiple of it). With ``chunk``, the walk stops at a batch start once its batches
+    (:data:`WALK_JUDGE` or more) average fewer than ``chunk`` samples: the lock-step scan is
+    cheaper there.
+
+    Returns the starts before the stop, the open batch there (empty at a stop) and the stop
+    position (``n`` when the walk reached the end).
+    """
+    sizes, force = g.sizes, g.force
+    n = sizes.shape[0]
+    starts: list[int] = []
+    batch_start = 0 if state.count == 0 else -state.count
+    p = 0
+    while p < n:
+        q, state = _window_next(g, p, n, state)
+        if q >= n:
+            break
+        size = q - batch_start
+        cut = batch_start + size - size % multiple
+        if size >= multiple and cut >= 0 and (force is None or not force[q]):
+            q = cut
+        if batch_start >= 0:
+            starts.append(batch_start)
+        batch_start = q
+        state = _empty_state(sizes)
+        p = q
+        if chunk and len(starts) + 1 >= WALK_JUDGE and q < chunk * (len(starts) + 1):
+            return np.asarray(starts, dtype=np.int64), state, q
+    if batch_start >= 0:
+        starts.append(batch_start)
+        state = _open_batch(sizes, batch_start, n)
+    return np.asarray(starts, dtype=np.int64), state, n
