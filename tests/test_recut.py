@@ -14,7 +14,14 @@ from fitbatch import _kernels as K
 from fitbatch.costs import PaddedCost, SumCost
 from fitbatch.distributed import plan_for_world
 from fitbatch.options import PlanOptions
+from fitbatch.strategies import _recut
 from fitbatch.strategies._recut import greedy_cuts, least_cost_starts
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
 
 
 def _total(values, starts, budget):
@@ -50,6 +57,59 @@ def test_cuts_are_the_cheapest_at_the_greedy_count(sizes, budget):
     assert _total(values, starts, budget) == _cheapest(values, budget, greedy.size)
     if got is not None:  # only returned when strictly cheaper than the walk
         assert _total(values, got, budget) < _total(values, greedy, budget)
+
+
+def _least_total(values, budget, k, cost, cap):
+    """The least total cost of ``k`` consecutive batches, by a plain programme over positions
+    (every start for every end; the reference for longer inputs than brute force reaches)."""
+    n = values.size
+    prefix = np.concatenate([[0.0], np.cumsum(values)])
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for _ in range(k):
+        nxt = np.full(n + 1, np.inf)
+        for p in range(1, n + 1):
+            q = np.arange(p)
+            mx = np.maximum.accumulate(values[:p][::-1])[::-1]
+            c = cost.evaluate((p - q).astype(np.float64), mx, prefix[p] - prefix[q])
+            fits = (c <= budget) & ((p - q) <= (np.inf if cap is None else cap))
+            nxt[p] = np.min(np.where(fits, best[q] + c, np.inf))
+        best = nxt
+    return best[n]
+
+
+SUM_AND_COUNT = fitbatch.costs.FunctionCost(lambda count, mx, sm: sm + 3.0 * count)
+COST_MODELS = {
+    "padded": PaddedCost(),
+    "polynomial": fitbatch.PaddedPolynomial(fixed=5.0, linear=2.0, quadratic=0.01),
+    "sum + count": SUM_AND_COUNT,
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(20, 110),
+    seed=st.integers(0, 2**16),
+    cost=st.sampled_from(sorted(COST_MODELS)),
+    budget=st.sampled_from([150.0, 400.0, 900.0]),
+    cap=st.one_of(st.none(), st.integers(8, 40)),
+    block=st.sampled_from([1, 7, 1 << 16]),
+)
+def test_cuts_match_a_plain_programme(monkeypatch_module, n, seed, cost, budget, cap, block):
+    """Longer orders, costs that read the sum or add a fixed part, a count cap and stage
+    matrices in blocks of a few rows: the least total cost at the walk's batch count."""
+    values = np.random.default_rng(seed).integers(1, 30, n).astype(np.float64)
+    model = COST_MODELS[cost]
+    greedy = K.greedy_starts(values, budget, model, cap=cap)[0]
+    monkeypatch_module.setattr(_recut, "MAX_STAGE_PAIRS", block)
+    got = least_cost_starts(values, greedy, budget, model, cap)
+    starts = greedy if got is None else got
+    ends = np.append(starts[1:], n)
+    mx = np.maximum.reduceat(values, starts)
+    costs = model.evaluate((ends - starts).astype(np.float64), mx, np.add.reduceat(values, starts))
+    assert starts.size == greedy.size and np.all(np.diff(starts) > 0)
+    assert costs.max() <= budget and (cap is None or np.max(ends - starts) <= cap)
+    assert np.isclose(costs.sum(), _least_total(values, budget, greedy.size, model, cap), rtol=1e-9)
 
 
 def test_sum_cost_keeps_the_walk():

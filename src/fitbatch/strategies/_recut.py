@@ -33,8 +33,8 @@ FloatArray = NDArray[np.float64]
 # second of numpy per 2**26); beyond it (batches of many thousands of samples) the greedy cuts stay
 MAX_PAIRS = 1 << 24
 
-# ... in blocks of at most this many (the block's few matrices: about 64 MiB at the peak)
-MAX_STAGE_PAIRS = 1 << 20
+# ... in blocks of at most this many (a block's few matrices stay in the CPU's cache: 512 KiB each)
+MAX_STAGE_PAIRS = 1 << 16
 
 _greedy_only = contextvars.ContextVar("fitbatch_greedy_cuts", default=False)
 
@@ -84,31 +84,41 @@ def least_cost_starts(
     high = np.append(starts, n)  # starts[0] is 0
     low = n - np.append(back, n)[k_all - np.arange(k_all + 1)]
     widths = high - low + 1
-    if np.any(widths <= 0) or int(np.sum(widths[1:] * widths[:-1])) > MAX_PAIRS:
+    # each end window lies past the one before (else K - 1 batches would hold the order: only a
+    # cost that is not monotone can do that, and then the walk's cuts stay)
+    if np.any(widths <= 0) or np.any(low[1:] <= high[:-1]) or int(np.sum(widths[1:] * widths[:-1])) > MAX_PAIRS:
         return None
     prefix = np.concatenate([[0.0], np.cumsum(values)])
     capf = np.inf if cap is None else float(cap)
+    sum_free = cost.max_count(values[:1], budget) is not None
     best = np.zeros(1)  # least cost of the first k batches, per end in [low[k], high[k]]
     choice = []
     for k in range(1, k_all + 1):
-        prev = np.arange(low[k - 1], high[k - 1] + 1)
+        first, stop = int(low[k - 1]), int(high[k - 1]) + 1  # the previous ends: starts here
+        prev = np.arange(first, stop, dtype=np.float64)
+        own = values[first:stop]
         all_ends = np.arange(low[k], high[k] + 1)
+        # max(values[q:p]) = max(the starts' own values from q on, the values from stop up to p)
+        from_start = np.maximum.accumulate(own[::-1])[::-1]
+        to_end = np.maximum.accumulate(np.concatenate([[-np.inf], values[stop : max(stop, int(all_ends[-1]))]]))
         stage_best, stage_pick = np.empty(all_ends.size), np.empty(all_ends.size, np.int64)
         rows = max(1, MAX_STAGE_PAIRS // prev.size)
         for at in range(0, all_ends.size, rows):  # blocks of ends: bounded matrices
             ends = all_ends[at : at + rows]
-            count = ends[:, None] - prev[None, :]
-            mx = _window_max(values, prev, ends)
-            sm = prefix[ends][:, None] - prefix[prev][None, :]
-            c = cost.evaluate(np.maximum(count, 1).astype(np.float64).ravel(), mx.ravel(), sm.ravel())
-            bad = (count < 1) | (count > capf) | (c.reshape(count.shape) > budget)
-            total = best[None, :] + c.reshape(count.shape)
-            total[bad] = np.inf
+            count = ends[:, None] - prev[None, :]  # >= 1: every end lies past every start
+            mx = np.maximum(from_start[None, :], to_end[ends - stop][:, None])
+            # a cost with a closed-form count (max_count) does not read the sum: not built then
+            sm = mx if sum_free else prefix[ends][:, None] - prefix[first:stop][None, :]
+            c = cost.evaluate(count.ravel(), mx.ravel(), sm.ravel()).reshape(count.shape)
+            ok = c <= budget
+            if capf < np.inf:
+                ok &= count <= capf
+            total = np.where(ok, c + best[None, :], np.inf)
             pick = np.argmin(total, axis=1)
             stage_best[at : at + ends.size] = total[np.arange(ends.size), pick]
             stage_pick[at : at + ends.size] = pick
         best = stage_best
-        choice.append(prev[stage_pick])
+        choice.append(first + stage_pick)
     ends = np.append(starts[1:], n)
     mx = np.maximum.reduceat(values, starts)
     greedy = float(np.sum(cost.evaluate((ends - starts).astype(np.float64), mx, prefix[ends] - prefix[starts])))
@@ -122,18 +132,3 @@ def least_cost_starts(
         end = start
     return out
 
-
-def _window_max(values: FloatArray, prev: IntArray, ends: IntArray) -> FloatArray:
-    """``max(values[q:p])`` for every start ``q`` in ``prev`` and end ``p`` in ``ends`` (both
-    runs of consecutive positions; ``-inf`` where ``p <= q``)."""
-    first, stop = int(prev[0]), int(prev[-1]) + 1  # starts are first..stop-1
-    head = values[first:stop]
-    # rows: for p < stop, the max over q..p-1 of the starts' own values
-    rows = np.where(ends[:, None] > prev[None, :], head[None, :], -np.inf)
-    out = np.maximum.accumulate(rows[:, ::-1], axis=1)[:, ::-1]
-    # p beyond the starts: also the values from stop up to p
-    beyond = ends > stop
-    if np.any(beyond):
-        tail = np.maximum.accumulate(values[stop : int(ends[-1])])
-        out[beyond] = np.maximum(out[beyond], tail[ends[beyond] - stop - 1][:, None])
-    return out
