@@ -14,7 +14,9 @@ position that must start a batch, a lone sample over budget forming a batch of i
   chain, after which the two coincide.
 
 The walk goes first and hands the rest of the sequence to the chunks, at a batch start, once its
-batches average fewer samples than a chunk holds (the chunks then cost fewer numpy steps).
+batches average fewer samples than a chunk holds (the chunks then cost fewer numpy steps); when
+the samples' own costs allow only about one batch per chunk, it walks on through short batches
+(an order may start with them) up to twice that many.
 """
 
 from __future__ import annotations
@@ -128,7 +130,11 @@ def greedy_starts(
     if compiled is not None:
         starts, (count, mx, sm) = compiled
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
-    head, state, at = _walk_windows(g, 1, state, _chunk(n))
+    chunk = _chunk(n)
+    # batches cost at least their samples alone: when that allows few batches (about one per
+    # chunk), walk them, handing over only past twice that many
+    few = float(np.sum(cost.sample_cost(sizes))) <= budget * (n / chunk)
+    head, state, at = _walk_windows(g, 1, state, chunk, most=2 * (n // chunk) if few else 0)
     if at >= n:
         return head, state
     # short batches from `at` (a batch start) on: the chunked lock-step, from a fresh batch
@@ -226,11 +232,13 @@ def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch
     return OpenBatch(carry.count + end, np.maximum(carry.max_size, part.max(axis=0)), carry.sum_size + part.sum(axis=0))
 
 
-def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch, chunk: int = 0) -> tuple[IntArray, OpenBatch, int]:
+def _walk_windows(
+    g: _Greedy, multiple: int, state: OpenBatch, chunk: int = 0, most: int = 0
+) -> tuple[IntArray, OpenBatch, int]:
     """Greedy starts walked batch by batch (each batch of at least ``multiple`` samples cut back
-    to a multiple of it). With ``chunk``, the walk stops at a batch start once its batches
-    (:data:`WALK_JUDGE` or more) average fewer than ``chunk`` samples: the lock-step scan is
-    cheaper there.
+    to a multiple of it). With ``chunk``, the walk stops at a batch start once it has walked
+    more than ``most`` batches or, without ``most``, once its batches (:data:`WALK_JUDGE` or
+    more) average fewer than ``chunk`` samples: the lock-step scan is cheaper there.
 
     Returns the starts before the stop, the open batch there (empty at a stop) and the stop
     position (``n`` when the walk reached the end).
@@ -253,7 +261,8 @@ def _walk_windows(g: _Greedy, multiple: int, state: OpenBatch, chunk: int = 0) -
         batch_start = q
         state = _empty_state(sizes)
         p = q
-        if chunk and len(starts) + 1 >= WALK_JUDGE and q < chunk * (len(starts) + 1):
+        walked = len(starts) + 1
+        if chunk and (walked > most if most else walked >= WALK_JUDGE and q < chunk * walked):
             return np.asarray(starts, dtype=np.int64), state, q
     if batch_start >= 0:
         starts.append(batch_start)
