@@ -7,6 +7,7 @@ from a fairseq checkout:
     pip install cython
     python bench/vs_fairseq.py --fairseq-pyx /path/to/fairseq/fairseq/data/data_utils_fast.pyx
     python bench/vs_fairseq.py --n 10000000 --repeat 3    # with fairseq installed
+    FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30  # small sets, numpy
 
 Both sides plan the same sizes (a real length set resampled to ``--n``, samples over the budget
 left out) under the padded cost (fairseq's ``max_tokens``: batch count x longest) and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import platform
 import subprocess
 import sys
@@ -78,7 +80,7 @@ def run_fairseq(fs: Any, sizes: np.ndarray, budget: int) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=10_000_000)
+    p.add_argument("--n", type=int, nargs="+", default=[10_000_000], help="one table per size")
     p.add_argument("--budget", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--fairseq-pyx", help="fairseq's fairseq/data/data_utils_fast.pyx, compiled for this run")
@@ -88,28 +90,36 @@ def main(argv: list[str] | None = None) -> None:
         fs = fairseq_module(args.fairseq_pyx, Path(tmp))
         print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
               f"{platform.machine()}; fairseq batch_by_size_vec: {'compiled here' if fs else 'not available'}")
-        print(f"\n{args.n:,} samples per set (resampled, seed 0), budget {args.budget} padded tokens, "
-              f"plan + batches as index arrays, best of {args.repeat}\n")
-        print("| set | plan | time s | vs fairseq | batches |")
-        print("|---|---|---:|---:|---:|")
-        for name in SETS:
-            base = load(name)
-            sizes = resample(base[base <= args.budget], args.n).astype(np.int64)
-            fs_time = None
-            if fs is not None:
-                fs_time, batches = best_time(lambda x=sizes: run_fairseq(fs, x, args.budget), args.repeat)
-                print(f"| {name.removeprefix('cpython_stdlib_')} | fairseq batch_by_size_vec (sorted) | {fs_time:.3f} | 1.00x | {len(batches):,} |")
-                del batches
-            for strategy in STRATEGIES:
-                seconds, batches = best_time(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, args.budget, strategy=s)), args.repeat)
-                ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
-                print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch {strategy} | {seconds:.3f} | {ratio} | {len(batches):,} |")
-                del batches
-            # the sum cost (packing; fairseq has no such budget: compared for time only)
-            seconds, batches = best_time(lambda x=sizes: list(fitbatch.plan_batches(x, args.budget, cost="sum", strategy="packed")), args.repeat)
-            ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
-            print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch packed, sum cost | {seconds:.3f} | {ratio} | {len(batches):,} |")
+        for n in args.n:
+            table(fs, n, args.budget, args.repeat)
+
+
+def table(fs: Any, n: int, budget: int, repeat: int) -> None:
+    """One markdown table: fairseq and every fitbatch strategy on ``n`` samples of each set."""
+    jit = os.environ.get("FITBATCH_JIT", "")
+    compiled = {"0": "numpy only (FITBATCH_JIT=0)", "1": "numba loaded (FITBATCH_JIT=1)"}.get(jit, "numba from 1M samples planned (default)")
+    print(f"\n{n:,} samples per set (resampled, seed 0), budget {budget} padded tokens, "
+          f"plan + batches as index arrays, best of {repeat}; fitbatch kernels: {compiled}\n")
+    print("| set | plan | time ms | vs fairseq | batches |")
+    print("|---|---|---:|---:|---:|")
+    for name in SETS:
+        base = load(name)
+        sizes = resample(base[base <= budget], n).astype(np.int64)
+        fs_time = None
+        if fs is not None:
+            fs_time, batches = best_time(lambda x=sizes: run_fairseq(fs, x, budget), repeat)
+            print(f"| {name.removeprefix('cpython_stdlib_')} | fairseq batch_by_size_vec (sorted) | {fs_time * 1e3:.2f} | 1.00x | {len(batches):,} |")
             del batches
+        for strategy in STRATEGIES:
+            seconds, batches = best_time(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, budget, strategy=s)), repeat)
+            ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
+            print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch {strategy} | {seconds * 1e3:.2f} | {ratio} | {len(batches):,} |")
+            del batches
+        # the sum cost (packing; fairseq has no such budget: compared for time only)
+        seconds, batches = best_time(lambda x=sizes: list(fitbatch.plan_batches(x, budget, cost="sum", strategy="packed")), repeat)
+        ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
+        print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch packed, sum cost | {seconds * 1e3:.2f} | {ratio} | {len(batches):,} |")
+        del batches
 
 
 if __name__ == "__main__":

@@ -6,17 +6,16 @@ position that must start a batch, a lone sample over budget forming a batch of i
 
 * with the ``fast`` extra (numba), the built-in cost models run a compiled per-sample loop
   (:mod:`fitbatch._jit`: the same arithmetic);
-* long batches are walked one batch at a time, each end found by vectorised windows of doubling
-  width (a few numpy steps per batch);
-* short batches are chunked: the greedy runs in lock-step over all chunks at once (one numpy
-  step per position *within* a chunk), then each chunk seam is repaired sequentially: the true
-  chain entering a chunk is simulated with vectorised windows until it meets the chunk's local
-  chain, after which the two coincide.
+* few batches are walked one at a time, each end found by vectorised windows of doubling width
+  (a few numpy steps per batch);
+* many are chunked: the greedy runs in lock-step over all chunks at once (one numpy step per
+  position *within* a chunk), then each chunk seam is repaired sequentially: the true chain
+  entering a chunk is simulated with vectorised windows until it meets the chunk's local chain,
+  after which the two coincide.
 
-The walk goes first and hands the rest of the sequence to the chunks, at a batch start, once its
-batches average fewer samples than a chunk holds (the chunks then cost fewer numpy steps); when
-the samples' own costs allow only about one batch per chunk, it walks on through short batches
-(an order may start with them) up to twice that many.
+"Few" is judged before planning: a batch costs at least its samples alone, so when their costs
+sum to about one budget per chunk or less, the walk goes first; should it find more than twice
+that many batches, it hands the rest of the sequence, at a batch start, to the chunks.
 """
 
 from __future__ import annotations
@@ -32,8 +31,6 @@ from fitbatch.costs import CostModel
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
-# the walk judges its batches' average length after this many (before: too few to tell)
-WALK_JUDGE = 4
 
 
 class OpenBatch(NamedTuple):
@@ -131,13 +128,14 @@ def greedy_starts(
         starts, (count, mx, sm) = compiled
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
     chunk = _chunk(n)
+    head, at = np.zeros(0, np.int64), 0
     # batches cost at least their samples alone: when that allows few batches (about one per
-    # chunk), walk them, handing over only past twice that many
-    few = float(np.sum(cost.sample_cost(sizes))) <= budget * (n / chunk)
-    head, state, at = _walk_windows(g, 1, state, chunk, most=2 * (n // chunk) if few else 0)
+    # chunk), walk them, handing over only past twice that many (an order may start short)
+    if float(np.sum(cost.sample_cost(sizes))) <= budget * (n / chunk):
+        head, state, at = _walk_windows(g, 1, state, most=2 * (n // chunk))
     if at >= n:
         return head, state
-    # short batches from `at` (a batch start) on: the chunked lock-step, from a fresh batch
+    # the rest from `at` (a batch start: a fresh batch unless nothing was walked) in lock-step
     rest = g._replace(sizes=sizes[at:], force=None if force is None else force[at:])
     chunk = _chunk(n - at)
     tail, state = _repair_seams(rest, chunk, _lockstep(rest, chunk, state), state)
@@ -233,12 +231,11 @@ def _carried_through(sizes: FloatArray, carry: OpenBatch, end: int) -> OpenBatch
 
 
 def _walk_windows(
-    g: _Greedy, multiple: int, state: OpenBatch, chunk: int = 0, most: int = 0
+    g: _Greedy, multiple: int, state: OpenBatch, most: int = 0
 ) -> tuple[IntArray, OpenBatch, int]:
     """Greedy starts walked batch by batch (each batch of at least ``multiple`` samples cut back
-    to a multiple of it). With ``chunk``, the walk stops at a batch start once it has walked
-    more than ``most`` batches or, without ``most``, once its batches (:data:`WALK_JUDGE` or
-    more) average fewer than ``chunk`` samples: the lock-step scan is cheaper there.
+    to a multiple of it), stopping at a batch start once more than ``most`` batches are walked
+    (``0``: never).
 
     Returns the starts before the stop, the open batch there (empty at a stop) and the stop
     position (``n`` when the walk reached the end).
@@ -261,8 +258,7 @@ def _walk_windows(
         batch_start = q
         state = _empty_state(sizes)
         p = q
-        walked = len(starts) + 1
-        if chunk and (walked > most if most else walked >= WALK_JUDGE and q < chunk * walked):
+        if most and len(starts) + 1 > most:
             return np.asarray(starts, dtype=np.int64), state, q
     if batch_start >= 0:
         starts.append(batch_start)
