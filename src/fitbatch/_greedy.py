@@ -129,9 +129,11 @@ def greedy_starts(
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
     chunk = _chunk(n)
     head, at = np.zeros(0, np.int64), 0
-    # batches cost at least their samples alone: when that allows few batches (about one per
-    # chunk), walk them, handing over only past twice that many (an order may start short)
-    if float(np.sum(cost.sample_cost(sizes))) <= budget * (n / chunk):
+    # batches cost at least their samples alone, and each forced start begins one: when that
+    # allows few batches (about one per chunk), walk them, handing over only past twice that
+    # many (an order may start short)
+    least = max(float(np.sum(cost.sample_cost(sizes))) / budget, 0 if force is None else int(np.count_nonzero(force)))
+    if least <= n / chunk:
         head, state, at = _walk_windows(g, 1, state, most=2 * (n // chunk))
     if at >= n:
         return head, state
