@@ -8,6 +8,7 @@ Run from the repository root:
     python bench/plan.py --frontier      # randomness= frontier at 20k and 100k beside lhotse
     python bench/plan.py --frontier --frontier-n 20000 100000 1000000 --plot docs/plan_quality.png
     python bench/plan.py --frontier --synthetic  # also three synthetic sets at N <= 100k
+    python bench/plan.py --few-batch     # plan time of few-batch epochs, cheapest vs greedy cuts
 
 It prints markdown tables:
 
@@ -274,6 +275,39 @@ def frontier_plot(points: list[tuple], path: str) -> None:
     fig.savefig(path, dpi=90)
 
 
+def few_batch_table(ns: list[int], repeat: int) -> str:
+    """Plan time of few-batch "auto" epochs (under 64 batches): the default, which cuts the
+    shuffled order at the least total cost, against the greedy walk's cuts (``greedy_cuts``)."""
+    from fitbatch.strategies._recut import greedy_cuts
+
+    def timed(sizes: np.ndarray, epoch: int) -> float:
+        return best_time(lambda: fitbatch.plan_batches(sizes, BUDGET, epoch=epoch), repeat)[0]
+
+    def walk(sizes: np.ndarray, epoch: int) -> float:
+        with greedy_cuts():
+            return timed(sizes, epoch)
+
+    rows = []
+    for n in ns:
+        bases = {name.removeprefix("cpython_stdlib_"): resample(load(name), n) for name in SETS}
+        bases.update(synthetic(n))
+        for name, base in bases.items():
+            for continuous in (False, True):
+                sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
+                sizes = sizes[sizes <= BUDGET]
+                batches = len(fitbatch.plan_batches(sizes, BUDGET))
+                if batches >= 64:
+                    continue
+                cut = [timed(sizes, e) * 1e3 for e in range(5)]
+                greedy = [walk(sizes, e) * 1e3 for e in range(5)]
+                rows.append(f"| {n:,} | {name} | {'continuous' if continuous else 'integer'} | {batches} | "
+                            f"{np.median(cut):.1f} / {max(cut):.1f} | {np.median(greedy):.1f} / {max(greedy):.1f} |")
+    jit = {"0": "numpy only", "1": "numba loaded"}.get(os.environ.get("FITBATCH_JIT", ""), "default")
+    head = (f"\n### Few-batch epochs: plan time, ms, median / max over epochs 0-4 (best of {repeat} each; kernels: {jit})\n\n"
+            "| N | set | sizes | batches | cheapest cuts (default) | greedy cuts |\n|---|---|---|---|---|---|")
+    return "\n".join([head, *rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=None, help="sample counts (0 = real size)")
@@ -285,7 +319,11 @@ def main() -> None:
     parser.add_argument("--frontier-n", type=int, nargs="*", default=[20_000, 100_000])
     parser.add_argument("--plot", default=None, help="save the frontier plot (matplotlib) here")
     parser.add_argument("--synthetic", action="store_true", help="frontier: add three synthetic sets (few-batch epochs)")
+    parser.add_argument("--few-batch", action="store_true", help="only the plan times of few-batch epochs (10k, 20k)")
     args = parser.parse_args()
+    if args.few_batch:
+        print(few_batch_table([10_000, 20_000], max(args.repeat, 5)), flush=True)
+        return
     logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
     if args.frontier:
         table, points = frontier_table(args.frontier_n, not args.no_lhotse, args.synthetic)
