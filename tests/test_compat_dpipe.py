@@ -219,7 +219,7 @@ def test_seed_tutorial_prints_the_documented_shapes():
     for line in lines[27:30]:
         assert re.fullmatch(r"\(5, 10, 10, \d+\) \(5,\)", line)
     for line in lines[30:33]:
-        k, depth = re.fullmatch(r"\((\d), 10, 10, (\d+)\) \(\1,\)", line).groups()
+        k, depth = re.fullmatch(r"\((\d+), 10, 10, (\d+)\) \(\1,\)", line).groups()
         assert int(k) >= 1 and int(depth) <= 100
     assert len(lines) == 33
     assert ns["THREADED"] < 0.8 * ns["SERIAL"]
