@@ -137,9 +137,10 @@ def test_greedy_starts_in_two_calls_equals_one(kind, n, seed, cost, budget, cap,
     force_rate=st.sampled_from([0.0, 0.001]),
 )
 def test_greedy_starts_walks_long_batches_then_chunks_short_ones(n, long_share, seed, cost, carried, force_rate):
-    """Long batches (sizes 0-1) are walked a batch at a time; where the batches turn short
-    (sizes 20-40) the walk hands the rest, at a batch start, to the chunked scan: the reference's
-    starts and open batch either way, the carried batch and forced starts included."""
+    """Mostly long batches (sizes 0-1) are few, so they are walked a batch at a time; the short
+    ones after them (sizes 20-40) outnumber what the walk expected, and it hands the rest, at a
+    batch start, to the chunked scan (with fewer long batches all goes to the chunks): the
+    reference's starts and open batch every way, the carried batch and forced starts included."""
     rng = np.random.default_rng(seed)
     k = int(long_share * n)
     sizes = np.concatenate([rng.integers(0, 2, k), rng.integers(20, 41, n - k)]).astype(np.float64)
