@@ -18,12 +18,6 @@ from fitbatch.strategies import _recut
 from fitbatch.strategies._recut import greedy_cuts, least_cost_starts
 
 
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
-
-
 def _total(values, starts, budget):
     ends = list(starts[1:]) + [values.size]
     costs = [(b - a) * values[a:b].max() for a, b in zip(starts, ends)]
@@ -95,14 +89,15 @@ COST_MODELS = {
     cap=st.one_of(st.none(), st.integers(8, 40)),
     block=st.sampled_from([1, 7, 1 << 16]),
 )
-def test_cuts_match_a_plain_programme(monkeypatch_module, n, seed, cost, budget, cap, block):
+def test_cuts_match_a_plain_programme(n, seed, cost, budget, cap, block):
     """Longer orders, costs that read the sum or add a fixed part, a count cap and stage
     matrices in blocks of a few rows: the least total cost at the walk's batch count."""
     values = np.random.default_rng(seed).integers(1, 30, n).astype(np.float64)
     model = COST_MODELS[cost]
     greedy = K.greedy_starts(values, budget, model, cap=cap)[0]
-    monkeypatch_module.setattr(_recut, "MAX_STAGE_PAIRS", block)
-    got = least_cost_starts(values, greedy, budget, model, cap)
+    with pytest.MonkeyPatch.context() as mp:  # per example: later tests keep the real blocks
+        mp.setattr(_recut, "MAX_STAGE_PAIRS", block)
+        got = least_cost_starts(values, greedy, budget, model, cap)
     starts = greedy if got is None else got
     ends = np.append(starts[1:], n)
     mx = np.maximum.reduceat(values, starts)

@@ -100,7 +100,7 @@ def least_cost_starts(
         all_ends = np.arange(low[k], high[k] + 1)
         # max(values[q:p]) = max(the starts' own values from q on, the values from stop up to p)
         from_start = np.maximum.accumulate(own[::-1])[::-1]
-        to_end = np.maximum.accumulate(np.concatenate([[-np.inf], values[stop : max(stop, int(all_ends[-1]))]]))
+        to_end = np.maximum.accumulate(np.concatenate([[-np.inf], values[stop : int(all_ends[-1])]]))
         stage_best, stage_pick = np.empty(all_ends.size), np.empty(all_ends.size, np.int64)
         rows = max(1, MAX_STAGE_PAIRS // prev.size)
         for at in range(0, all_ends.size, rows):  # blocks of ends: bounded matrices
