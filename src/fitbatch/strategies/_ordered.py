@@ -144,7 +144,7 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         result = self._mixed(ctx, lut, tops)
-        if not (few and self.randomness == "auto"):
+        if not few:  # (few-batch levels come only from "auto")
             return result
         # "auto" spends at most auto_excess more batches than exact sorting; with a few dozen
         # batches one more is 2-5 %, and levels of LEVEL_BATCHES can cost two: narrower levels
