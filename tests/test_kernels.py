@@ -24,6 +24,14 @@ from fitbatch import _sorting as SK
 from fitbatch._packing import first_fit_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
+
+
+@pytest.fixture(autouse=True)
+def numpy_kernels(monkeypatch):
+    """The numpy forms under test: once numba is loaded (by an earlier test module, or past
+    ``LOAD_AT`` samples) the built-in costs would run the compiled loops, which test_jit.py
+    compares with these."""
+    monkeypatch.setenv("FITBATCH_JIT", "0")
 ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))
 
 
@@ -156,6 +164,46 @@ def test_greedy_starts_walks_long_batches_then_chunks_short_ones(n, long_share, 
     assert got.tolist() == want
     assert open_batch.count == want_open[0]
     assert float(open_batch.sum_size) == want_open[2]
+
+
+@given(
+    n=st.sampled_from([1, 2, 65, 300, 2000]),
+    run_share=st.floats(0, 0.5),
+    seed=st.integers(0, 2**16),
+    cost=st.sampled_from(["padded", "polynomial"]),
+    cap=st.one_of(st.none(), st.integers(1, 600)),
+    force_rate=st.sampled_from([0.0, 0.01]),
+    carried=st.integers(0, 3),
+    block=st.sampled_from([1, 7, 1 << 16]),
+    levels=st.one_of(st.none(), st.integers(1, 9)),
+)
+def test_chain_of_lifted_batch_ends_is_the_greedy(n, run_share, seed, cost, cap, force_rate, carried, block, levels):
+    """A cost of count and padded length: every start's batch end by binary lifting over 1-9
+    window widths (or as many as the sizes call for), in blocks of 1, 7 or 2**16 starts,
+    chained from the first batch. Runs of sizes 0-1 among sizes 20-40 make batches longer
+    than the lifted windows reach (walked where the chain meets them); count caps, forced
+    starts and a carried batch cut the rest. The reference's starts and open batch every way."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(20, 41, n).astype(np.float64)
+    for at in rng.choice(n, size=int(run_share * 8) + 1):
+        sizes[at : at + int(rng.integers(1, 300))] = rng.integers(0, 2)
+    force = rng.random(n) < force_rate if force_rate else None
+    before = rng.integers(0, 2, carried).astype(np.float64)
+    carry = K.OpenBatch(carried, before.max(initial=0.0), before.sum()) if carried else G._empty_state(sizes)
+    model = COSTS[cost]
+    if levels is None:
+        levels = G._lift_levels(model.sample_cost(sizes), 400.0)
+    g = G._Greedy(sizes, 400.0, model, math.inf if cap is None else float(cap), force)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(G, "LIFT_BLOCK", block)
+        got, open_batch = G._chain_starts(g, carry, levels)
+    forced = [] if force is None else np.flatnonzero(force).tolist()
+    want, want_open = R.greedy_starts(
+        R.as_python(sizes), 400.0, R.model_cost(model), cap=cap, forced=forced,
+        carry=ref_carry(carry if carried else None, False),
+    )
+    assert got.tolist() == want
+    assert (open_batch.count, float(open_batch.max_size), float(open_batch.sum_size)) == want_open
 
 
 @pytest.mark.parametrize("n", [64 * 7 + 3, 1000, 2500, 4099])

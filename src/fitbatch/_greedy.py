@@ -11,7 +11,10 @@ position that must start a batch, a lone sample over budget forming a batch of i
 * many are chunked: the greedy runs in lock-step over all chunks at once (one numpy step per
   position *within* a chunk), then each chunk seam is repaired sequentially: the true chain
   entering a chunk is simulated with vectorised windows until it meets the chunk's local chain,
-  after which the two coincide.
+  after which the two coincide;
+* when those chains do not meet (near-equal sizes in a row, as the pooled levels lay them out)
+  and the cost reads only the count and padded length, the rest is chained from every
+  position's batch end, found for all positions at once by binary lifting.
 
 "Few" is judged before planning: a batch costs at least its samples alone, so when their costs
 sum to about one budget per chunk or less, the walk goes first; should it find more than twice
@@ -27,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _jit
-from fitbatch.costs import CostModel
+from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -132,7 +135,8 @@ def greedy_starts(
     # batches cost at least their samples alone, and each forced start begins one: when that
     # allows few batches (about one per chunk), walk them, handing over only past twice that
     # many (an order may start short)
-    least = max(float(np.sum(cost.sample_cost(sizes))) / budget, 0 if force is None else int(np.count_nonzero(force)))
+    alone = cost.sample_cost(sizes)
+    least = max(float(np.sum(alone)) / budget, 0 if force is None else int(np.count_nonzero(force)))
     if least <= n / chunk:
         head, state, at = _walk_windows(g, 1, state, most=2 * (n // chunk))
     if at >= n:
@@ -140,8 +144,96 @@ def greedy_starts(
     # the rest from `at` (a batch start: a fresh batch unless nothing was walked) in lock-step
     rest = g._replace(sizes=sizes[at:], force=None if force is None else force[at:])
     chunk = _chunk(n - at)
-    tail, state = _repair_seams(rest, chunk, _lockstep(rest, chunk, state), state)
+    lift = alone[at:] if sizes.ndim == 1 and type(cost) in _LIFTED else None
+    tail, state = _repair_seams(rest, chunk, _lockstep(rest, chunk, state), state, lift)
     return np.concatenate([head, tail + at]), state
+
+
+_LIFTED = (PaddedCost, PaddedPolynomial)  # sum-free, non-decreasing in count and length
+LIFT_POSITIONS = 700  # positions x levels of lifting that cost what one window step does
+LIFT_BLOCK = 1 << 16  # starts whose batch ends are found together (memory: ~ 8 B x levels each)
+
+
+def _chain_starts(g: _Greedy, state: OpenBatch, levels: int) -> tuple[IntArray, OpenBatch]:
+    """Greedy starts for a cost of count and padded length alone, from the batch ends.
+
+    The batch starting fresh at each position ends where the next starts: found for every
+    position at once by binary lifting over windows of 2**k positions (a batch fits while its
+    count and longest sample fit, so the end is the longest run that fits). The greedy's
+    starts are then the chain of ends from the first batch, one list lookup per batch. A
+    batch longer than the ``2**levels`` positions the windows reach is walked when the chain
+    meets it.
+    """
+    sizes, force = g.sizes, g.force
+    n = sizes.shape[0]
+    first = 0
+    if state.count:
+        first, state = _window_next(g, 0, n, state)
+        if first >= n:
+            return np.zeros(0, np.int64), state
+    ends = np.concatenate([_batch_ends(g, lo, min(n, lo + LIFT_BLOCK), levels) for lo in range(first, n, LIFT_BLOCK)])
+    if force is not None:
+        forced = np.flatnonzero(force)
+        after = np.searchsorted(forced, np.arange(first, n), side="right")
+        ends = np.minimum(ends, np.append(forced, n)[after])
+    if g.cap < math.inf:
+        ends = np.minimum(ends, np.arange(first, n) + int(g.cap))
+    reach = ends.tolist()
+    starts: list[int] = []
+    p = first
+    while p < n:
+        starts.append(p)
+        q = reach[p - first]
+        if q < 0:  # past the lifted windows: walk this batch
+            q, _ = _window_next(g, p, n, _empty_state(sizes))
+        p = q
+    return np.asarray(starts, dtype=np.int64), _open_batch(sizes, starts[-1], n)
+
+
+def _lift_levels(alone: FloatArray, budget: float) -> int:
+    """How many window widths (2**0 .. 2**(levels - 1)) to lift over, from the samples' costs
+    alone (``alone``): each level costs a few vectorised steps over all positions, and every
+    batch longer than ``2**levels`` a walk (about :data:`LIFT_POSITIONS` positions' worth).
+    A batch that long holds only samples that cost ``budget / 2**levels`` or less alone, so
+    at most that many samples / ``2**levels`` batches are walked.
+
+    >>> _lift_levels(np.full(10_000, 100.0), 1000.0)  # ten a batch: no walks from 4 levels
+    4
+    """
+    n = alone.shape[0]
+    step = max(1, n // 65536)  # counted on a regular sample of positions
+    depth = np.log2(budget / np.maximum(alone[::step], budget / 8192.0))  # up to 13
+    small = np.bincount(np.clip(depth, 0, 13).astype(np.int64), minlength=14)[::-1].cumsum()[::-1] * step
+    levels = np.arange(1, 13)
+    spent = levels * float(n) + small[levels] / 2.0**levels * LIFT_POSITIONS
+    return int(levels[int(np.argmin(spent))])
+
+
+def _batch_ends(g: _Greedy, lo: int, hi: int, levels: int) -> IntArray:
+    """Where the batch starting fresh at each position of [lo, hi) would end without forced
+    starts or a count cap (``-1``: past the ``2**levels - 1`` positions the lifting reaches)."""
+    sizes, budget, cost = g.sizes, g.budget, g.cost
+    n = sizes.shape[0]
+    top = min(n, hi + (1 << levels))
+    window = [sizes[lo:top].astype(np.float64, copy=False)]  # window[k][i]: max of 2**k from lo + i
+    for k in range(1, levels):
+        prev, half = window[-1], 1 << (k - 1)
+        window.append(np.maximum(prev[:-half], prev[half:]))
+    start = np.arange(lo, hi, dtype=np.int64)
+    end = start + 1  # a batch always takes its first sample
+    longest = window[0][: hi - lo]
+    # Invariant: [start, end) fits and holds the longest sample `longest`; every extension by
+    # the windows tried so far failed, so the true end lies before end + 2**k.
+    for k in range(levels - 1, -1, -1):
+        width = 1 << k
+        if window[k].size == 0:
+            continue  # no window of this width fits before the end
+        inside = end + width <= top
+        grown = np.maximum(longest, window[k][np.where(inside, end - lo, 0)])
+        fits = inside & (cost.evaluate((end + width - start).astype(np.float64), grown, grown) <= budget)
+        end = np.where(fits, end + width, end)
+        longest = np.where(fits, grown, longest)
+    return np.where((end - start >= 1 << levels) & (end < n), -1, end)
 
 
 def _chunk(n: int) -> int:
@@ -192,15 +284,32 @@ def _lockstep(g: _Greedy, chunk: int, carry: OpenBatch) -> NDArray[np.bool_]:
     return flags.T.reshape(-1)[:n].copy()
 
 
-def _repair_seams(g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenBatch) -> tuple[IntArray, OpenBatch]:
-    """Make chunk-local start flags globally correct, chunk by chunk, left to right."""
+def _repair_seams(
+    g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenBatch, alone: FloatArray | None = None
+) -> tuple[IntArray, OpenBatch]:
+    """Make chunk-local start flags globally correct, chunk by chunk, left to right.
+
+    Chains that meet soon after a seam (sizes in random order) make this a few vectorised steps
+    a seam. In an order of near-equal sizes they can run out of phase for a whole chunk; for a
+    cost of count and padded length alone (``alone``: each sample's cost alone) the rest is
+    then chained from lifted batch ends (:func:`_chain_starts`) once the seams so far took
+    more window steps than lifting their chunks would cost (:data:`LIFT_POSITIONS`).
+    """
     sizes = g.sizes
     n = sizes.shape[0]
     open_start: int | None = None  # None: the batch carried in from before position 0 is open
     first = np.flatnonzero(local[:chunk])
     if first.size:
         open_start = int(first[-1])
-    for c0 in range(chunk, n, chunk):
+    walked, levels = 0, 1  # levels: at least one, until the handover looks near
+    for seam, c0 in enumerate(range(chunk, n, chunk)):
+        # a window step costs about as much as lifting LIFT_POSITIONS positions one level
+        if alone is not None and open_start is not None and seam >= 4 and walked * LIFT_POSITIONS > seam * chunk * levels:
+            levels = _lift_levels(alone, g.budget)  # worked out once the handover looks near
+            if walked * LIFT_POSITIONS > seam * chunk * levels:
+                rest = g._replace(sizes=sizes[open_start:], force=None if g.force is None else g.force[open_start:])
+                tail, state = _chain_starts(rest, _empty_state(sizes), levels)
+                return np.concatenate([np.flatnonzero(local[:open_start]), tail + open_start]), state
         c1 = min(n, c0 + chunk)
         if open_start is None:
             state = _carried_through(sizes, carry, c0)
@@ -210,6 +319,7 @@ def _repair_seams(g: _Greedy, chunk: int, local: NDArray[np.bool_], carry: OpenB
         # Invariant: `state` is the true open batch at position p; flags in [c0, p) are true.
         while True:
             q, _ = _window_next(g, p, c1, state)
+            walked += 1
             local[p:q] = False
             if q >= c1 or local[q]:
                 break  # chunk done, or merged with the chunk's own chain: the rest is right
