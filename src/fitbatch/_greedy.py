@@ -171,19 +171,22 @@ def _chain_starts(g: _Greedy, state: OpenBatch, levels: int) -> tuple[IntArray, 
         first, state = _window_next(g, 0, n, state)
         if first >= n:
             return np.zeros(0, np.int64), state
-    ends = np.concatenate([_batch_ends(g, lo, min(n, lo + LIFT_BLOCK), levels) for lo in range(first, n, LIFT_BLOCK)])
-    if force is not None:
-        forced = np.flatnonzero(force)
-        after = np.searchsorted(forced, np.arange(first, n), side="right")
-        ends = np.minimum(ends, np.append(forced, n)[after])
-    if g.cap < math.inf:
-        ends = np.minimum(ends, np.arange(first, n) + int(g.cap))
-    reach = ends.tolist()
+    forced = None if force is None else np.append(np.flatnonzero(force), n)
     starts: list[int] = []
-    p = first
+    reach: list[int] = []
+    p, lo = first, 0
     while p < n:
+        if p >= lo + len(reach):  # the ends of a block of starts from p: found together
+            lo = p
+            ends = _batch_ends(g, lo, min(n, lo + LIFT_BLOCK), levels)
+            here = np.arange(lo, lo + ends.size)
+            if forced is not None:  # up to the next forced start
+                ends = np.where(ends < 0, ends, np.minimum(ends, forced[np.searchsorted(forced, here, side="right")]))
+            if g.cap < math.inf:
+                ends = np.where(ends < 0, ends, np.minimum(ends, here + int(g.cap)))
+            reach = ends.tolist()
         starts.append(p)
-        q = reach[p - first]
+        q = reach[p - lo]
         if q < 0:  # past the lifted windows: walk this batch
             q, _ = _window_next(g, p, n, _empty_state(sizes))
         p = q
@@ -211,7 +214,8 @@ def _lift_levels(alone: FloatArray, budget: float) -> int:
 
 def _batch_ends(g: _Greedy, lo: int, hi: int, levels: int) -> IntArray:
     """Where the batch starting fresh at each position of [lo, hi) would end without forced
-    starts or a count cap (``-1``: past the ``2**levels - 1`` positions the lifting reaches)."""
+    starts or a count cap (``-1``: it holds ``2**levels`` samples, all the windows reach, and
+    may go on)."""
     sizes, budget, cost = g.sizes, g.budget, g.cost
     n = sizes.shape[0]
     top = min(n, hi + (1 << levels))
