@@ -129,6 +129,22 @@ def test_epoch_repeat_rate_refuses_epoch():
         fitbatch.epoch_repeat_rate([1, 2, 3], 4, epoch=2)
 
 
+def test_epoch_repeat_rate_averages_consecutive_pairs(functions):
+    """pairs=k is the mean of the pairs (a, b), (a + 1, b + 1), ...; one pair by default."""
+    sizes = functions[:8000]
+    kw = dict(strategy=fitbatch.Pooled(randomness=0.05), seed=3)
+    plans = [fitbatch.plan_batches(sizes, 16384, epoch=e, **kw) for e in range(2, 7)]
+    each = [fitbatch.repeat_rate(plans[k], plans[k + 1]) for k in range(4)]
+    assert fitbatch.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), pairs=4, **kw) == pytest.approx(np.mean(each), abs=1e-12)
+    assert fitbatch.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), **kw) == pytest.approx(each[0], abs=1e-12)
+
+
+@pytest.mark.parametrize("pairs", [0, -1, 1.5, True, "2"])
+def test_epoch_repeat_rate_refuses_bad_pairs(pairs):
+    with pytest.raises(ValueError, match="pairs must be a whole number >= 1"):
+        fitbatch.epoch_repeat_rate([1, 2, 3], 4, pairs=pairs)
+
+
 # ------------------------------------------------- level boundaries that move every epoch
 
 
@@ -207,8 +223,8 @@ def test_auto_spends_more_batches_on_smaller_sets(pytokens, n):
     eff, rep, fill = _quality(sizes, fitbatch.Pooled())
     ratio = len(fitbatch.plan_batches(sizes, 16384.0)) / len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
     assert fill <= 1.0
-    if n < 100_000:
-        assert rep <= 0.007 and 1.02 < ratio <= 1.05 and eff >= 0.95, (eff, rep, ratio)
+    if n < 100_000:  # (epoch 1 came to 1.06x and is fitted again within 1.05x: 0.0072 repeat)
+        assert rep <= 0.008 and 1.02 < ratio <= 1.05 and eff >= 0.95, (eff, rep, ratio)
     else:
         assert rep <= 0.007 and ratio <= 1.02 and eff >= 0.98, (eff, rep, ratio)
 
@@ -217,14 +233,17 @@ def test_auto_reaches_its_allowance_on_continuous_sizes(pytokens):
     """The secant for "auto" may land within its 5 % tolerance yet just over the strict 5 %
     ceiling: it must then go on, not fall back to a far earlier fit. On 10,000 real pytokens with
     continuous sizes the first such landing (0.0525 excess against 0.05) used to be discarded for
-    a fit spending 1.4 % (repeat 0.032; lhotse's DynamicBucketingSampler repeats 0.011 there)."""
+    a fit spending 1.4 % (repeat 0.032; lhotse's DynamicBucketingSampler repeats 0.011 there).
+    Epoch 1 aims as high, lands at 1.06x and is fitted again 3 % lower until within 1.05x
+    (repeat 0.015 against epoch 0: 0.0095 over the allowance)."""
     rng = np.random.default_rng(0)
     sizes = pytokens[rng.integers(0, pytokens.size, 10_000)] + np.random.default_rng(1).random(10_000)
     sizes = sizes[sizes <= 16384]
     eff, rep, fill = _quality(sizes, fitbatch.Pooled())
-    ratio = len(fitbatch.plan_batches(sizes, 16384.0)) / len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+    sorted_count = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+    ratios = [len(fitbatch.plan_batches(sizes, 16384.0, epoch=e)) / sorted_count for e in (0, 1)]
     assert fill <= 1.0
-    assert rep <= 0.011 and 1.03 < ratio <= 1.05 and eff >= 0.95, (eff, rep, ratio)
+    assert rep <= 0.02 and 1.03 < ratios[0] <= 1.05 and ratios[1] <= 1.05 and eff >= 0.95, (eff, rep, ratios)
 
 
 @pytest.mark.parametrize("budget", [16384, 65536])

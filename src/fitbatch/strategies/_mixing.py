@@ -101,11 +101,16 @@ def _per_batch(
 
 
 def mixed_levels(
-    ctx: Context, spread: float, randomness: float | str, level_width: float = LEVEL_BATCHES
+    ctx: Context,
+    spread: float,
+    randomness: float | str,
+    level_width: float = LEVEL_BATCHES,
+    excess_scale: float = 1.0,
 ) -> tuple[NDArray[Any], FloatArray, bool]:
     """:func:`fit_mixed_buckets` over the epoch's size keys, shifted for the epoch when shuffled,
     and whether they are few-batch levels of ``level_width`` of a batch (``"auto"``, an epoch
-    of fewer than :data:`AUTO_MIN_BATCHES` batches)."""
+    of fewer than :data:`AUTO_MIN_BATCHES` batches). ``excess_scale`` scales the batches
+    ``"auto"`` may spend (:func:`auto_excess`, :data:`AUTO_MAX_EXCESS`)."""
     keys, edges = ctx.keys()
     hist = ctx.key_counts()
     lut, tops, below = _fit_levels(
@@ -120,6 +125,7 @@ def mixed_levels(
         ctx.population,
         KEEP if ctx.shuffle else 1.0,
         level_width,
+        excess_scale,
     )
     few = below == 0.0  # only few-batch levels move upward from the level below
     if not ctx.shuffle:
@@ -238,6 +244,7 @@ def _fit_levels(
     population: int | None,
     keep: float,
     level_width: float = LEVEL_BATCHES,
+    excess_scale: float = 1.0,
 ) -> tuple[NDArray[Any], FloatArray, float]:
     """:func:`fit_mixed_buckets` from the samples per key (``hist``), and the ``below`` that
     :func:`shift_levels` moves these levels with."""
@@ -272,13 +279,14 @@ def _fit_levels(
         got = _solve(fit, x0, 2, float(randomness), -1.0)
         return (*_lut_tops(got[0], got[1], present), 0.5)
     n = float(h.sum()) if population is None else float(population)
-    got = _solve(fit, x0, 3, auto_excess(n), +1.0)
+    got = _solve(fit, x0, 3, excess_scale * auto_excess(n), +1.0)
     if got[2] < AUTO_LOW:  # more random than needed: back off to AUTO_LOW, from either side
         got = _solve(fit, x0, 2, AUTO_LOW, -1.0, strict=False)
     elif got[2] > AUTO_HIGH:
         # at least as random as AUTO_HIGH unless that costs more than AUTO_MAX_EXCESS
         high = _solve(fit, x0, 2, AUTO_HIGH, -1.0)
-        got = high if high[3] <= AUTO_MAX_EXCESS else _solve(fit, x0, 3, AUTO_MAX_EXCESS, +1.0)
+        most = excess_scale * AUTO_MAX_EXCESS
+        got = high if high[3] <= most else _solve(fit, x0, 3, most, +1.0)
     return (*_lut_tops(got[0], got[1], present), 0.5)
 
 

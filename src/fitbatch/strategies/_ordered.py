@@ -26,7 +26,7 @@ from fitbatch.strategies._base import (
     _tails,
     replan,
 )
-from fitbatch.strategies._mixing import LEVEL_BATCHES, auto_excess, check_randomness, mixed_levels
+from fitbatch.strategies._mixing import AUTO_MAX_EXCESS, LEVEL_BATCHES, auto_excess, check_randomness, mixed_levels
 from fitbatch.strategies._recut import enabled as recut_enabled
 from fitbatch.strategies._recut import least_cost_starts
 
@@ -34,6 +34,11 @@ from fitbatch.strategies._recut import least_cost_starts
 LOOSE = 0.95
 # "auto" few-batch levels over their batch allowance: up to this many narrowings, by 0.75 each
 NARROWER_LEVELS = 4
+# ... and other "auto" epochs over AUTO_MAX_EXCESS: up to this many fits aiming 3 % lower each
+THRIFTIER_FITS = 8
+# "auto" epochs whose batch target (auto_excess) is at least this are checked against exact
+# sorting: sets of up to 100,000 samples (above, the target is 2 % or less and epochs stay within 2.5 %)
+CHECKED_EXCESS = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +122,9 @@ class Pooled(_Pools):
     (default) takes the lowest repeat rate whose levels cost about 2 % more batches than exact
     sorting at 100k samples (less above, up to 5 % below: small sets are seen for many
     epochs), within [0.005, 0.15]; epochs of under 64 batches get levels of 0.6 of a batch.
+    On sets of up to 100,000 samples every "auto" epoch is checked against exact sorting and
+    fitted again, a little less random, until it spends at most 5 % more batches (the fit aims
+    at its share on average; the epochs whose levels moved least can land over it).
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
@@ -144,23 +152,29 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         result = self._mixed(ctx, lut, tops)
-        if not few:  # (few-batch levels come only from "auto")
+        excess = auto_excess(ctx.population or len(ctx.sizes))
+        if self.randomness != "auto" or not (few or excess >= CHECKED_EXCESS):
             return result
-        # "auto" spends at most auto_excess more batches than exact sorting; with a few dozen
-        # batches one more is 2-5 %, and levels of LEVEL_BATCHES can cost two: narrower levels
-        # (less mixing) until the plan is within the allowance, else the fewest batches
+        # "auto" spends at most auto_excess more batches than exact sorting on a few-batch epoch
+        # (one more batch is 2-5 % of a few dozen, and levels of LEVEL_BATCHES can cost two) and
+        # at most AUTO_MAX_EXCESS on any other (its fit aims at auto_excess on average; on sets
+        # of under CHECKED_EXCESS's samples an epoch whose levels moved badly can spend more):
+        # narrower levels (less mixing) until the plan is within the allowance, else the fewest
         sorted_count = Sorted().plan(ctx).starts.size
-        allowed = math.floor((1.0 + auto_excess(ctx.population or len(ctx.sizes))) * sorted_count + 1e-9)
-        width = LEVEL_BATCHES
-        for _ in range(NARROWER_LEVELS):
+        allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
+        width, scale = LEVEL_BATCHES, 1.0
+        for _ in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
             if result.starts.size <= allowed:
                 break
-            width *= 0.75
-            lut, tops, _ = mixed_levels(ctx, self.spread, self.randomness, width)
+            if few:
+                width *= 0.75
+            else:  # small steps: the batch count is not monotone in the fit's target
+                scale *= 0.97
+            lut, tops, _ = mixed_levels(ctx, self.spread, self.randomness, width, scale)
             narrower = self._mixed(ctx, lut, tops)
             if narrower.starts.size < result.starts.size:
                 result = narrower
-        return _recut(ctx, result)
+        return _recut(ctx, result) if few else result
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> Result:
         level = lut[ctx.keys()[0]]
