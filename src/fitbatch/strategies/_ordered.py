@@ -26,7 +26,13 @@ from fitbatch.strategies._base import (
     _tails,
     replan,
 )
-from fitbatch.strategies._mixing import AUTO_MAX_EXCESS, LEVEL_BATCHES, auto_excess, check_randomness, mixed_levels
+from fitbatch.strategies._mixing import (
+    AUTO_MAX_EXCESS,
+    LEVEL_BATCHES,
+    auto_excess,
+    check_randomness,
+    mixed_levels,
+)
 from fitbatch.strategies._recut import enabled as recut_enabled
 from fitbatch.strategies._recut import least_cost_starts
 
