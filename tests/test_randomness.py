@@ -247,19 +247,22 @@ def test_auto_reaches_its_allowance_on_continuous_sizes(pytokens):
     assert rep <= 0.02 and 1.03 < ratios[0] <= 1.05 and ratios[1] <= 1.05 and eff >= 0.95, (eff, rep, ratios)
 
 
+@pytest.mark.parametrize("strategy", ["pooled", "buckets"])
 @pytest.mark.parametrize("name", ["functions", "pytokens"])
 @pytest.mark.parametrize("n", [10_000, 20_000, 40_000])
-def test_auto_keeps_within_five_percent_of_sorting_every_epoch(name, n, functions, pytokens):
+def test_auto_keeps_within_five_percent_of_sorting_every_epoch(strategy, name, n, functions, pytokens):
     """"auto" aims at up to 5 % more batches than exact sorting on average; an epoch whose level
     boundaries moved least used to land over it (20,000 function lengths: 1.056x in one of eight
-    epochs, pytokens 1.061x) and is now fitted again until within it. Eight epochs each."""
+    epochs, pytokens 1.061x; buckets 1.074x) and is now fitted again until within it. Eight
+    epochs each."""
     base = functions if name == "functions" else pytokens
     sizes = base[np.random.default_rng(n).integers(0, base.size, n)].astype(np.float64)
     sizes = sizes[sizes <= 16384]
     sorted_count = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
-    counts = [len(fitbatch.plan_batches(sizes, 16384.0, epoch=e)) for e in range(8)]
+    counts = [len(fitbatch.plan_batches(sizes, 16384.0, strategy=strategy, epoch=e)) for e in range(8)]
     assert max(counts) <= math.floor(1.05 * sorted_count + 1e-9), (counts, sorted_count)
-    assert min(counts) > sorted_count  # still mixing: the allowance is spent, not dropped
+    if strategy == "pooled":  # still mixing: the allowance is spent, not dropped
+        assert min(counts) > sorted_count  # (buckets plans few-batch leftovers sorted)
 
 
 @pytest.mark.parametrize("budget", [16384, 65536])

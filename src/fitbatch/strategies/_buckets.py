@@ -22,7 +22,14 @@ from fitbatch.strategies._base import (
     _shuffled_by_level,
     replan,
 )
-from fitbatch.strategies._mixing import _per_batch, check_randomness, mixed_levels
+from fitbatch.strategies._mixing import (
+    AUTO_MIN_BATCHES,
+    LEVEL_BATCHES,
+    _per_batch,
+    check_randomness,
+    mixed_levels,
+)
+from fitbatch.strategies._ordered import within_allowance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +77,11 @@ class Buckets(Strategy):
         ids, top, _ = self._buckets(ctx)
         return ids, top
 
-    def _buckets(self, ctx: Context) -> tuple[NDArray[Any], FloatArray, NDArray[np.int64]]:
-        """:meth:`bucket_ids` and the samples in each bucket."""
+    def _buckets(
+        self, ctx: Context, width: float = LEVEL_BATCHES, scale: float = 1.0
+    ) -> tuple[NDArray[Any], FloatArray, NDArray[np.int64]]:
+        """:meth:`bucket_ids` and the samples in each bucket (``width``, ``scale``: see
+        :func:`~fitbatch.strategies._ordered.within_allowance`)."""
         if self.boundaries is not None:
             values = (
                 ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.order_cost(ctx.sizes.values)
@@ -82,7 +92,7 @@ class Buckets(Strategy):
             return ids, top, np.bincount(ids, minlength=top.size)
         keys, edges = ctx.keys()
         if self.randomness is not None:
-            lut, top, _ = mixed_levels(ctx, self.spread, self.randomness)
+            lut, top, _ = mixed_levels(ctx, self.spread, self.randomness, width, scale)
         else:
             lut, top = fit_buckets(
                 keys,
@@ -103,7 +113,15 @@ class Buckets(Strategy):
         n = len(ctx.sizes)
         if n == 0:
             return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
-        ids, top, counts = self._buckets(ctx)
+        result = self._plan(ctx, LEVEL_BATCHES, 1.0)
+        if self.boundaries is not None or self.randomness != "auto":
+            return result
+        few = result.starts.size < AUTO_MIN_BATCHES  # (as mixed_levels judges, from the plan)
+        return within_allowance(ctx, result, few, lambda width, scale: self._plan(ctx, width, scale))
+
+    def _plan(self, ctx: Context, width: float, scale: float) -> Result:
+        n = len(ctx.sizes)
+        ids, top, counts = self._buckets(ctx, width, scale)
         n_buckets = top.size
         # shuffled, then by descending bucket id (16-bit keys where possible: an O(n) radix sort)
         order = _shuffled_by_level(n, ctx.rng("buckets") if ctx.shuffle else None, ids, n_buckets - 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -41,7 +42,8 @@ LOOSE = 0.95
 # "auto" few-batch levels over their batch allowance: up to this many narrowings, by 0.75 each
 NARROWER_LEVELS = 4
 # ... and other "auto" epochs over AUTO_MAX_EXCESS: up to this many fits aiming 3 % lower each
-THRIFTIER_FITS = 8
+# (the last a quarter as high)
+THRIFTIER_FITS = 9
 # "auto" epochs whose batch target (auto_excess) is at least this are checked against exact
 # sorting: sets of up to 100,000 samples (above, the target is 2 % or less and epochs stay within 2.5 %)
 CHECKED_EXCESS = 0.02
@@ -158,28 +160,13 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         result = self._mixed(ctx, lut, tops)
-        excess = auto_excess(ctx.population or len(ctx.sizes))
-        if self.randomness != "auto" or not (few or excess >= CHECKED_EXCESS):
+        if self.randomness != "auto":
             return result
-        # "auto" spends at most auto_excess more batches than exact sorting on a few-batch epoch
-        # (one more batch is 2-5 % of a few dozen, and levels of LEVEL_BATCHES can cost two) and
-        # at most AUTO_MAX_EXCESS on any other (its fit aims at auto_excess on average; on sets
-        # of under CHECKED_EXCESS's samples an epoch whose levels moved badly can spend more):
-        # narrower levels (less mixing) until the plan is within the allowance, else the fewest
-        sorted_count = Sorted().plan(ctx).starts.size
-        allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
-        width, scale = LEVEL_BATCHES, 1.0
-        for _ in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
-            if result.starts.size <= allowed:
-                break
-            if few:
-                width *= 0.75
-            else:  # small steps: the batch count is not monotone in the fit's target
-                scale *= 0.97
-            lut, tops, _ = mixed_levels(ctx, self.spread, self.randomness, width, scale)
-            narrower = self._mixed(ctx, lut, tops)
-            if narrower.starts.size < result.starts.size:
-                result = narrower
+
+        def refit(width: float, scale: float) -> Result:
+            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2])
+
+        result = within_allowance(ctx, result, few, refit)
         return _recut(ctx, result) if few else result
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> Result:
@@ -192,6 +179,37 @@ class Pooled(_Pools):
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
         return _greedy(ctx, order, seg_starts, None)
+
+
+def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[float, float], Result]) -> Result:
+    """An ``"auto"`` plan within its batch allowance against exact sorting, else the fewest.
+
+    A few-batch epoch may spend ``auto_excess`` more batches than sorting (one batch is 2-5 %
+    of a few dozen, and levels of :data:`LEVEL_BATCHES` can cost two): narrower levels until it
+    does. Any other epoch of a set whose target is at least :data:`CHECKED_EXCESS` may spend
+    :data:`AUTO_MAX_EXCESS`: the fit aims at its target on average, and an epoch whose level
+    boundaries moved least can land over the cap; it is fitted again aiming 3 % lower each time
+    (the last time a quarter as high).
+    ``refit(width, scale)`` plans with few-batch levels of ``width`` of a batch, or with the
+    target scaled by ``scale``.
+    """
+    excess = auto_excess(ctx.population or len(ctx.sizes))
+    if not (few or excess >= CHECKED_EXCESS):
+        return result
+    sorted_count = Sorted().plan(ctx).starts.size
+    allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
+    width, scale = LEVEL_BATCHES, 1.0
+    for k in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
+        if result.starts.size <= allowed:
+            break
+        if few:
+            width *= 0.75
+        else:  # small steps (the count is not monotone in the target), then a last, long one
+            scale = scale * 0.97 if k < THRIFTIER_FITS - 1 else scale / 4.0
+        narrower = refit(width, scale)
+        if narrower.starts.size < result.starts.size:
+            result = narrower
+    return result
 
 
 def _recut(ctx: Context, result: Result) -> Result:
