@@ -23,7 +23,6 @@ from fitbatch.strategies._base import (
     replan,
 )
 from fitbatch.strategies._mixing import (
-    AUTO_MIN_BATCHES,
     LEVEL_BATCHES,
     _per_batch,
     check_randomness,
@@ -74,14 +73,14 @@ class Buckets(Strategy):
 
     def bucket_ids(self, ctx: Context) -> tuple[NDArray[Any], FloatArray]:
         """Bucket of every sample (0 = smallest sizes) and each bucket's upper edge."""
-        ids, top, _ = self._buckets(ctx)
+        ids, top, _, _ = self._buckets(ctx)
         return ids, top
 
     def _buckets(
         self, ctx: Context, width: float = LEVEL_BATCHES, scale: float = 1.0
-    ) -> tuple[NDArray[Any], FloatArray, NDArray[np.int64]]:
-        """:meth:`bucket_ids` and the samples in each bucket (``width``, ``scale``: see
-        :func:`~fitbatch.strategies._ordered.within_allowance`)."""
+    ) -> tuple[NDArray[Any], FloatArray, NDArray[np.int64], bool]:
+        """:meth:`bucket_ids`, the samples in each bucket and whether the levels are few-batch
+        ones (``width``, ``scale``: see :func:`~fitbatch.strategies._ordered.within_allowance`)."""
         if self.boundaries is not None:
             values = (
                 ctx.sizes.values if ctx.sizes.values.ndim == 1 else ctx.cost.order_cost(ctx.sizes.values)
@@ -89,10 +88,11 @@ class Buckets(Strategy):
             ids = np.searchsorted(np.asarray(self.boundaries), values, side="left").astype(np.int64)
             top = np.zeros(len(self.boundaries) + 1)
             np.maximum.at(top, ids, values)
-            return ids, top, np.bincount(ids, minlength=top.size)
+            return ids, top, np.bincount(ids, minlength=top.size), False
         keys, edges = ctx.keys()
+        few = False
         if self.randomness is not None:
-            lut, top, _ = mixed_levels(ctx, self.spread, self.randomness, width, scale)
+            lut, top, few = mixed_levels(ctx, self.spread, self.randomness, width, scale)
         else:
             lut, top = fit_buckets(
                 keys,
@@ -107,30 +107,31 @@ class Buckets(Strategy):
         # samples per bucket from samples per key: 2**16 additions, not n
         counts = np.zeros(top.size, dtype=np.int64)
         np.add.at(counts, lut.astype(np.int64), ctx.key_counts())
-        return lut[keys], top, counts
+        return lut[keys], top, counts, few
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
         if n == 0:
             return Result(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
-        result = self._plan(ctx, LEVEL_BATCHES, 1.0)
+        result, few = self._plan(ctx, LEVEL_BATCHES, 1.0)
         if self.boundaries is not None or self.randomness != "auto":
             return result
-        few = result.starts.size < AUTO_MIN_BATCHES  # (as mixed_levels judges, from the plan)
-        return within_allowance(ctx, result, few, lambda width, scale: self._plan(ctx, width, scale))
+        return within_allowance(ctx, result, few, lambda width, scale: self._plan(ctx, width, scale)[0])
 
-    def _plan(self, ctx: Context, width: float, scale: float) -> Result:
+    def _plan(self, ctx: Context, width: float, scale: float) -> tuple[Result, bool]:
+        """The plan over buckets fitted with ``width`` and ``scale``, and whether they are
+        few-batch levels."""
         n = len(ctx.sizes)
-        ids, top, counts = self._buckets(ctx, width, scale)
+        ids, top, counts, few = self._buckets(ctx, width, scale)
         n_buckets = top.size
         # shuffled, then by descending bucket id (16-bit keys where possible: an O(n) radix sort)
         order = _shuffled_by_level(n, ctx.rng("buckets") if ctx.shuffle else None, ids, n_buckets - 1)
         counts = counts[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.values.ndim > 1:
-            return _greedy(ctx, order, seg_starts, None)
+            return _greedy(ctx, order, seg_starts, None), few
         first = _greedy(ctx, order, seg_starts, (ids[order], top))
-        return self._replan_leftovers(ctx, first)
+        return self._replan_leftovers(ctx, first), few
 
     def _replan_leftovers(self, ctx: Context, first: Result) -> Result:
         """Plan the short last batch of every bucket together, sorted, for fewer batches."""
