@@ -33,6 +33,7 @@ import os
 import platform
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -212,9 +213,9 @@ def quality_table(n: int, with_lhotse: bool) -> str:
 KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
 
 
-def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False) -> tuple[str, list[tuple]]:
-    """Padding efficiency, repeat rate and batches vs sorted for each randomness= value."""
-    rows, points = [], []
+def frontier_sets(ns: list[int], with_synthetic: bool) -> Iterator[tuple[int, str, str, np.ndarray, int]]:
+    """(N, set, "integer" / "continuous", sizes within the budget, sorted batch count) for every
+    row of the frontier tables: the real sets at each N, and the synthetic shapes at N <= 100k."""
     for n in ns:
         bases = {name: resample(load(name), n) for name in SETS}
         if with_synthetic and n <= 100_000:  # only small sets have few-batch epochs
@@ -223,25 +224,30 @@ def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = Fals
             for continuous in (False, True):
                 sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
                 keep = sizes[sizes <= BUDGET]
-                opt = optimal_padded_batches(keep, BUDGET)
-                kind = "continuous" if continuous else "integer"
-                for strategy in ("pooled", "buckets"):
-                    for knob in KNOBS:
-                        s = fitbatch.Pooled(randomness=knob) if strategy == "pooled" else fitbatch.Buckets(randomness=knob)
-                        p0 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=0)
-                        p1 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=1)
-                        st = p0.stats()
-                        rep = repeat_rate(p0, p1, keep.size)
-                        points.append((n, name, kind, strategy, knob, st.padding_efficiency, rep, len(p0) / opt))
-                        rows.append(f"| {n:,} | {name} | {kind} | {strategy} | {knob} | {st.padding_efficiency:.3f} | "
-                                    f"{rep:.3f} | {len(p0) / opt:.3f} | {st.max_fill:.3f} |")
-                got = lhotse_metrics(keep) if with_lhotse else None
-                if got is not None:
-                    eff, ratio, rep, _ = got
-                    points.append((n, name, kind, "lhotse", None, eff, rep, ratio))
-                    rows.append(f"| {n:,} | {name} | {kind} | lhotse DynamicBucketingSampler | 30 buckets | {eff:.3f} | "
-                                f"{rep:.3f} | {ratio:.3f} | – |")
-                print(rows[-1], flush=True, file=sys.stderr)
+                yield n, name, "continuous" if continuous else "integer", keep, optimal_padded_batches(keep, BUDGET)
+
+
+def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False) -> tuple[str, list[tuple]]:
+    """Padding efficiency, repeat rate and batches vs sorted for each randomness= value."""
+    rows, points = [], []
+    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic):
+        for strategy in ("pooled", "buckets"):
+            for knob in KNOBS:
+                s = fitbatch.Pooled(randomness=knob) if strategy == "pooled" else fitbatch.Buckets(randomness=knob)
+                p0 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=0)
+                p1 = fitbatch.plan_batches(keep, BUDGET, strategy=s, epoch=1)
+                st = p0.stats()
+                rep = repeat_rate(p0, p1, keep.size)
+                points.append((n, name, kind, strategy, knob, st.padding_efficiency, rep, len(p0) / opt))
+                rows.append(f"| {n:,} | {name} | {kind} | {strategy} | {knob} | {st.padding_efficiency:.3f} | "
+                            f"{rep:.3f} | {len(p0) / opt:.3f} | {st.max_fill:.3f} |")
+        got = lhotse_metrics(keep) if with_lhotse else None
+        if got is not None:
+            eff, ratio, rep, _ = got
+            points.append((n, name, kind, "lhotse", None, eff, rep, ratio))
+            rows.append(f"| {n:,} | {name} | {kind} | lhotse DynamicBucketingSampler | 30 buckets | {eff:.3f} | "
+                        f"{rep:.3f} | {ratio:.3f} | – |")
+        print(rows[-1], flush=True, file=sys.stderr)
     head = (
         f"\n### randomness= frontier (budget {BUDGET:g}, padded cost; repeat = co-batch repeat rate epoch 0 -> 1)\n\n"
         "| N | set | sizes | strategy | randomness | padding eff | repeat | batches vs sorted | max fill |\n"
@@ -255,33 +261,25 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool) -> str:
     epoch pairs (0 -> 1, 1 -> 2, ...): the repeat rate of one pair depends on how far the level
     boundaries moved between those two epochs, so a single pair can flatter either side."""
     rows = []
-    for n in ns:
-        bases = {name: resample(load(name), n) for name in SETS}
-        if with_synthetic and n <= 100_000:
-            bases.update(synthetic(n))
-        for name, base in bases.items():
-            for continuous in (False, True):
-                sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
-                keep = sizes[sizes <= BUDGET]
-                opt = optimal_padded_batches(keep, BUDGET)
-                ours = [fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)]
-                theirs = lhotse_plans(keep, pairs + 1)
-                if theirs is None:
-                    raise SystemExit("--pairs needs lhotse (pip install lhotse)")
-                cells = []
-                for plans in (ours, theirs):
-                    reps = np.array([repeat_rate(plans[e], plans[e + 1], keep.size) for e in range(pairs)])
-                    effs = [p.stats().padding_efficiency for p in plans]
-                    cells.append((float(np.mean(effs)), reps, max(len(p) for p in plans) / opt))
-                (fe, fr, fb), (le, lr, lb) = cells
-                wins = int(np.sum(fr <= lr))
-                ok = fe >= le and fr.mean() <= lr.mean() and fb <= 1.05
-                rows.append(
-                    f"| {n:,} | {name} | {'continuous' if continuous else 'integer'} | {fe:.3f} / {le:.3f} | "
-                    f"{fr.min():.3f}-{fr.max():.3f} / {lr.min():.3f}-{lr.max():.3f} | **{fr.mean():.3f}** / {lr.mean():.3f} | "
-                    f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} |"
-                )
-                print(rows[-1], flush=True, file=sys.stderr)
+    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic):
+        ours = [fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)]
+        theirs = lhotse_plans(keep, pairs + 1)
+        if theirs is None:
+            raise SystemExit("--pairs needs lhotse (pip install lhotse)")
+        cells = []
+        for plans in (ours, theirs):
+            reps = np.array([repeat_rate(plans[e], plans[e + 1], keep.size) for e in range(pairs)])
+            effs = [p.stats().padding_efficiency for p in plans]
+            cells.append((float(np.mean(effs)), reps, max(len(p) for p in plans) / opt))
+        (fe, fr, fb), (le, lr, lb) = cells
+        wins = int(np.sum(fr <= lr))
+        ok = fe >= le and fr.mean() <= lr.mean() and fb <= 1.05
+        rows.append(
+            f"| {n:,} | {name} | {kind} | {fe:.3f} / {le:.3f} | "
+            f"{fr.min():.3f}-{fr.max():.3f} / {lr.min():.3f}-{lr.max():.3f} | **{fr.mean():.3f}** / {lr.mean():.3f} | "
+            f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} |"
+        )
+        print(rows[-1], flush=True, file=sys.stderr)
     head = (
         f"\n### The default beside lhotse over {pairs} epoch pairs (budget {BUDGET:g}, padded cost)\n\n"
         "| N | set | sizes | padding eff (mean) | repeat per pair (min-max) | repeat (mean) | batches vs sorted (most) "
