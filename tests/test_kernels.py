@@ -24,6 +24,7 @@ from fitbatch import _sorting as SK
 from fitbatch._packing import first_fit_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
+ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,6 @@ def numpy_kernels(monkeypatch):
     ``LOAD_AT`` samples) the built-in costs would run the compiled loops, which test_jit.py
     compares with these."""
     monkeypatch.setenv("FITBATCH_JIT", "0")
-ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))
 
 
 def make_sizes(kind: str, n: int, seed: int) -> np.ndarray:
