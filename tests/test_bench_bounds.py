@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import numpy as np
+from contracts import load_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from distributed import lone_batch_bound  # noqa: E402
+lone_batch_bound = load_script(Path(__file__).resolve().parents[1] / "bench" / "distributed.py", "bench_distributed").lone_batch_bound
 
 
 def least_lone_waste(lone: np.ndarray, world: int, n_steps: int) -> float:
