@@ -56,7 +56,8 @@ def lone_batch_bound(sizes: np.ndarray, budget: float, world: int, n_steps: int)
     programme) bounds the mean over steps. Everything else is treated as freely divisible, so
     the bound is loose: it says how much the lone batches alone force, no more.
     """
-    lone = np.sort(np.asarray(sizes, np.float64)[2 * np.asarray(sizes) > budget])[::-1]
+    values = np.asarray(sizes, np.float64)
+    lone = np.sort(values[2 * values > budget])[::-1]
     k = lone.size
     if k == 0:
         return 1.0
