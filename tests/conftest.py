@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,18 @@ settings.register_profile(
     database=None,  # nothing written into the repository
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.load_profile("fitbatch")
+# A deeper search on demand (not in CI): FITBATCH_HYPOTHESIS=hunt, random examples, HUNT_EXAMPLES
+# of them (default 300) per property.
+settings.register_profile(
+    "hunt",
+    max_examples=int(os.environ.get("HUNT_EXAMPLES", "300")),
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("FITBATCH_HYPOTHESIS", "fitbatch"))
 
 
 def load_lengths(name: str) -> np.ndarray:
