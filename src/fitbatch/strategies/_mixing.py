@@ -366,32 +366,32 @@ def _fit_once(
     spread: float,
     kappa2: float,
 ) -> tuple[NDArray[np.int64], list[float]]:
-    bucket = np.zeros(h.size, np.int64)
     tops: list[float] = []
-    hl, cl, tl, ll = h.tolist(), c.tolist(), tops_all.tolist(), low_logs.tolist()
+    firsts: list[int] = []  # each bucket's first key
+    hl, cl, tl = h.tolist(), c.tolist(), tops_all.tolist()
     batches = 0.0
-    top = top_log = need = ct = 0.0
+    top_log = need = ct = 0.0
     widen = math.log1p(spread)
-    # Invariant: keys before j are assigned; the open bucket has upper edge `top`, holds `batches`
-    # batches of `ct` samples and may close once batches x log-width reaches `need`.
-    for j in range(len(hl)):
+    log = math.log
+    # Invariant: keys before j are assigned; the open bucket has upper edge tops[-1], holds
+    # `batches` batches of `ct` samples and may close once batches x log-width reaches `need`.
+    for j, low_log in enumerate(low_logs.tolist()):
         # close once wide and full enough, at a key that widens it past ``spread`` or that would
         # fit more samples per batch than the bucket's top (a count cliff: padding for nothing)
-        if (
-            batches
-            and (top_log - ll[j] > widen or cl[j] != ct)
-            and batches * (top_log - ll[j]) >= need
-        ):
-            batches = 0.0
+        if batches:
+            width = top_log - low_log
+            if (width > widen or cl[j] != ct) and batches * width >= need:
+                batches = 0.0
         if batches == 0.0:
             top = tl[j]
-            top_log = math.log(max(top, 1e-300))
+            top_log = log(max(top, 1e-300))
             ct = cl[j]
             need = kappa2 * ct * ct
             tops.append(top)
-        bucket[j] = len(tops) - 1
+            firsts.append(j)
         batches += hl[j] / ct
-    if len(tops) > 1 and batches * (top_log - ll[-1]) < need:
+    bucket = np.repeat(np.arange(len(tops), dtype=np.int64), np.diff(firsts, append=len(hl)))
+    if len(tops) > 1 and batches * (top_log - float(low_logs[-1])) < need:
         # the smallest sizes ran out before the bucket was wide and full enough: join the one above
         bucket = np.minimum(bucket, len(tops) - 2)
         tops.pop()
