@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -621,3 +622,15 @@ def test_lower_bound_rounds_float_sums_without_an_absolute_epsilon():
 def test_lower_bound_is_at_least_one_and_never_above_a_plan(sizes, budget):
     plan = fitbatch.plan_batches(sizes, budget, cost="sum", strategy="packed")
     assert 1 <= plan.stats().lower_bound <= len(plan)
+
+
+@pytest.mark.parametrize("strategy", ["buckets", "pooled", "sorted"])
+def test_samples_that_cost_nothing_plan_quietly_in_one_batch_with_a_bound_of_one(strategy):
+    """Two-column sizes whose padded cost is 0 (a zero column): no overflow warning from the size
+    keys, every sample once, and the lower bound of a non-empty plan is one batch."""
+    sizes = np.array([[0.0, 8.0], [0.0, 5.0], [0.0, 0.0]])  # a batch of them costs 0 x 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = fitbatch.plan_batches(sizes, 60.0, strategy=strategy)
+    assert sorted(plan.order.tolist()) == [0, 1, 2]
+    assert plan.stats().lower_bound == 1 and len(plan) == 1

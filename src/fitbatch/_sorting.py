@@ -56,7 +56,8 @@ def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], F
     np.minimum(t, np.float32(KEY_LEVELS - 1), out=t)
     keys = t.astype(np.uint16)
     del t
-    edges = unit * np.expm1(np.arange(1, KEY_LEVELS + 1, dtype=np.float64) / scale)
+    with np.errstate(over="ignore"):  # all sizes 0 (scale 1): the unused top keys' edges are inf
+        edges = unit * np.expm1(np.arange(1, KEY_LEVELS + 1, dtype=np.float64) / scale)
     edges[-1] = max(edges[-1], vmax)
     low = values > edges[keys]
     if low.any():
