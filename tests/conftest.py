@@ -26,7 +26,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 # A deeper search on demand (not in CI): FITBATCH_HYPOTHESIS=hunt, random examples, HUNT_EXAMPLES
-# of them (default 300) per property.
+# of them (default 300) per property (a test's own max_examples still wins).
 settings.register_profile(
     "hunt",
     max_examples=int(os.environ.get("HUNT_EXAMPLES", "300")),
