@@ -508,3 +508,21 @@ def test_descending_search_path_does_not_cut_a_segments_last_batch():
     assert got.tolist() == [0, 5]
     got = K.descending_starts(level, edges, sizes, seg, 3.0, COSTS["sum"], multiple=2)
     assert got.tolist() == [0, 2, 5, 7]  # [2, 5) runs to the segment end: not cut
+
+
+@pytest.mark.parametrize("budget", [7.0 * (1 - 1e-12), 7.0, 6.875])
+def test_sum_counts_compare_the_exact_difference_far_into_an_order(budget):
+    """Sizes of k/8 add exactly; 200,000 sizes of 1000 before them make the prefix sums large,
+    where ``csum[i] + budget`` rounds. The count is still the last j with
+    ``csum[j] - csum[i] <= budget``, as a brute force finds it."""
+    tail = np.random.default_rng(3).integers(0, 57, 600) / 8.0
+    sizes = np.concatenate([np.full(200_000, 1000.0), tail])
+    csum = K._prefix_sums(sizes)
+    got = K._sum_counts(csum, budget, sizes.size)[200_000:]
+    want = []
+    for i in range(200_000, sizes.size):
+        j = i + 1
+        while j < sizes.size and csum[j + 1] - csum[i] <= budget:
+            j += 1
+        want.append(j - i)
+    assert got.tolist() == want

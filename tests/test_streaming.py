@@ -91,6 +91,17 @@ def test_sequential_equals_indexed_plan(n, seed, kind, cost, budget, cap, oversi
         assert s.padding_efficiency == pytest.approx(want.stats().padding_efficiency)
 
 
+def test_sequential_stream_equals_indexed_plan_at_exact_budget_ties_far_into_the_stream():
+    """8,191 sizes of k/8 under a sum budget of 7 (lowered by one part in 1e12, as both planners
+    do for fractional sizes): a pair summing to exactly 7 is over it wherever it lies. The
+    indexed plan's prefix sums start at the first item, the stream's at its open batch, so a
+    test of ``csum[j] <= csum[i] + budget`` rounded differently for each (item 6,076 here)."""
+    sizes = make_sizes(8191, 0, "dyadic")
+    want = fitbatch.plan_batches(sizes, 7.0, cost="sum", strategy="sequential", oversized="single")
+    for batch in (False, True):
+        assert list(stream_of(sizes, batch, budget=7.0, cost="sum", oversized="single")) == want.to_lists()
+
+
 def test_sequential_long_open_batch_uses_the_kernel_carry():
     # a budget far above the stream's total keeps one batch open across many chunks
     sizes = make_sizes(3 * SP.SEQUENTIAL_CHUNK + 17, 1, "int")

@@ -123,7 +123,7 @@ def greedy_rows(  # pragma: no cover - compiled; checked against the numpy kerne
 
 @njit(cache=True, nogil=True)
 def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray:  # pragma: no cover - compiled
-    """Batch starts where the batch at i ends after the last j with csum[j] <= csum[i] + budget.
+    """Batch starts where the batch at i ends after the last j with csum[j] - csum[i] <= budget.
 
     ``csum`` is the running sum ``[0, s0, s0 + s1, ...]`` added in order, as ``np.cumsum`` does.
     """
@@ -140,10 +140,10 @@ def prefix_sum_starts(sizes: np.ndarray, budget: float, room: int) -> np.ndarray
     while i < n:
         starts[k] = i
         k += 1
-        limit = csum[i] + budget
+        base = csum[i]
         stop = i + room if room < n - i else n
         j = i + 1
-        while j < stop and csum[j + 1] <= limit:
+        while j < stop and csum[j + 1] - base <= budget:
             j += 1
         i = j
     return starts[:k].copy()

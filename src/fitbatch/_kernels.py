@@ -68,11 +68,39 @@ def plain_sum(cost: CostModel) -> bool:
 
 def _sum_counts(csum: FloatArray, budget: float, room: IntArray | int) -> IntArray:
     """Per position i, the most samples from i whose sum fits: the last j with
-    ``csum[j] <= csum[i] + budget``, at least 1 and at most ``room`` (the sum-cost greedy)."""
+    ``csum[j] - csum[i] <= budget``, at least 1 and at most ``room`` (the sum-cost greedy).
+
+    Compared as a difference, not as ``csum[j] <= csum[i] + budget``: far into a long order that
+    sum rounds to the prefix's own precision, which can admit a batch over a (lowered) budget or
+    leave one out, so a batch would depend on where the order started (a stream against the same
+    sizes planned at once). The search finds the candidate; neighbours are then checked exactly.
+    """
+    first = np.arange(csum.size - 1, dtype=np.int64)
     reach = np.searchsorted(csum, csum[:-1] + budget, side="right")
     reach -= 1
-    reach -= np.arange(csum.size - 1, dtype=np.int64)
+    # whole sizes and a whole budget add exactly (the common case): nothing to settle
+    exact = float(budget).is_integer() and csum[-1] + budget < 2.0**53 and np.array_equal(csum, np.floor(csum))
+    if not exact:
+        _settle(csum, first, reach, budget)
+    reach -= first
     return np.clip(reach, 1, room, out=reach)
+
+
+def _settle(csum: FloatArray, first: IntArray, reach: IntArray, budget: float) -> None:
+    """Move each ``reach`` (in place) to the last j >= first with ``csum[j] - csum[first] <= budget``
+    (sizes are >= 0, so the difference grows with j); the search put it within a rounding of it."""
+    last = csum.size - 1
+    while True:
+        over = np.flatnonzero((reach > first) & (csum[reach] - csum[first] > budget))
+        if not over.size:
+            break
+        reach[over] -= 1
+    while True:
+        nxt = np.minimum(reach + 1, last)
+        under = np.flatnonzero((reach < last) & (csum[nxt] - csum[first] <= budget))
+        if not under.size:
+            break
+        reach[under] += 1
 
 
 def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> IntArray:
@@ -94,7 +122,13 @@ def sum_starts(sizes: FloatArray, budget: float, cap: int | None) -> IntArray:
     # Invariant: i is a batch start; the bisection finds its end within [i + 1, i + room].
     while i < n:
         add(i)
-        j = bisect.bisect_right(view, view[i] + budget, i + 1, i + 1 + min(n - i, room)) - 1
+        end = i + min(n - i, room)  # the last csum index this batch may reach
+        j = bisect.bisect_right(view, view[i] + budget, i + 1, end + 1) - 1
+        # the same exact difference test as _sum_counts
+        while j > i and view[j] - view[i] > budget:
+            j -= 1
+        while j < end and view[j + 1] - view[i] <= budget:
+            j += 1
         i = j if j > i else i + 1
     return _as_starts(out)
 
