@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -217,3 +218,14 @@ def test_weights_must_match_the_size_dimensions(cls):
     with pytest.raises(ValueError, match=rf"^{cls.__name__}\(.*weights=\(1.0,\)\) has 1 weight but the sizes have "
                                          r"D=2 dimensions \(shape \(N, 2\)\); pass one weight per dimension"):
         fitbatch.plan_batches([[1, 2], [3, 4]], 205, cost=model)
+
+
+@pytest.mark.parametrize("cost", ["padded", "polynomial"])
+def test_max_count_of_a_subnormal_size_is_unbounded_without_a_warning(cost):
+    """budget / 5e-324 overflows: the closed-form count is inf (no limit), and numpy's overflow
+    warning stays inside (found by a random hunt over the cost properties)."""
+    model = fitbatch.resolve_cost(cost)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = model.max_count(np.array([5e-324, 0.0, 2.0]), 1e6)
+    assert got[0] > 1e300 and np.isinf(got[1]) and got[2] == pytest.approx(model.max_count(np.array([2.0]), 1e6)[0])

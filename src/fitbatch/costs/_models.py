@@ -298,7 +298,7 @@ class PaddedCost(CostModel):
 
     def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
         length = _reduce_length(max_size, self.weights, self)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):  # a subnormal length: no limit (inf)
             return np.where(length > 0, budget / np.where(length > 0, length, 1.0), np.inf)
 
 
@@ -343,7 +343,7 @@ class PaddedPolynomial(CostModel):
     def max_count(self, max_size: NDArray[Any], budget: float) -> FloatArray:
         unit = self.per_sample(_reduce_length(max_size, self.weights, self))
         room = budget - self.fixed
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # subnormal unit: inf
             out = np.where(unit > 0, room / np.where(unit > 0, unit, 1.0), np.inf)
         return np.where(room < 0, 0.0, out)
 
