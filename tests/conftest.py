@@ -29,12 +29,9 @@ settings.register_profile(
 # of them (default 300) per property (a test's own max_examples still wins).
 settings.register_profile(
     "hunt",
+    parent=settings.get_profile("fitbatch"),
     max_examples=int(os.environ.get("HUNT_EXAMPLES", "300")),
-    deadline=None,
     derandomize=False,
-    print_blob=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("FITBATCH_HYPOTHESIS", "fitbatch"))
 
