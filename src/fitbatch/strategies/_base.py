@@ -201,6 +201,12 @@ def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[A
         del draws
     else:
         base = np.arange(n, dtype=np.int64) if rng is None else _random_positions(n, rng)
+    return _by_level(base, level, top)
+
+
+def _by_level(base: IntArray, level: NDArray[Any], top: int) -> IntArray:
+    """The positions ``base`` (an array this function may reuse) stably sorted by descending
+    ``level`` (every level in ``[0, top]``)."""
     down = top - level[base]
     idx = np.argsort(down.astype(np.uint16) if top < 1 << 16 else down, kind="stable")
     return _gather_into(base, idx.astype(np.int64, copy=False))

@@ -15,11 +15,13 @@ from fitbatch import _kernels as K
 from fitbatch import _sorting as SK
 from fitbatch._packing import first_fit_laid
 from fitbatch._validate import positive_int
+from fitbatch.strategies import _lattice
 from fitbatch.strategies._base import (
     Context,
     IntArray,
     Result,
     Strategy,
+    _by_level,
     _greedy,
     _pooled_layout,
     _pooled_order,
@@ -130,6 +132,9 @@ class Pooled(_Pools):
     (default) takes the lowest repeat rate whose levels cost about 2 % more batches than exact
     sorting at 100k samples (less above, up to 5 % below: small sets are seen for many
     epochs), within [0.005, 0.15]; epochs of under 64 batches get levels of 0.6 of a batch.
+    On sets of up to 65,536 samples the other "auto" epochs lay each level out on a lattice
+    instead of at random (``fitbatch.strategies._lattice``): the pairs of one epoch's batches
+    are spread apart in the next, which about halves the repeat rate at the same levels.
     On sets of up to 100,000 samples every "auto" epoch is checked against exact sorting and
     fitted again, a little less random, until it spends at most 5 % more batches (the fit aims
     at its share on average; the epochs whose levels moved least can land over it).
@@ -159,21 +164,27 @@ class Pooled(_Pools):
         if self.randomness is None or len(ctx.sizes) == 0:
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
-        result = self._mixed(ctx, lut, tops)
-        if self.randomness != "auto":
+        auto = self.randomness == "auto"
+        lattice = auto and not few and ctx.shuffle and len(ctx.sizes) <= _lattice.MAX_SAMPLES
+        result = self._mixed(ctx, lut, tops, lattice)
+        if not auto:
             return result
 
         def refit(width: float, scale: float) -> Result:
-            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2])
+            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice)
 
         result = within_allowance(ctx, result, few, refit)
         return _recut(ctx, result) if few else result
 
-    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> Result:
-        level = lut[ctx.keys()[0]]
-        rng = ctx.rng("pools") if ctx.shuffle else None
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool = False) -> Result:
+        keys = ctx.keys()[0]
+        level = lut[keys]
         # one pool: levels already draw partners at random, and pool borders only add padding
-        order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
+        if lattice:  # each level in the epoch's lattice layout (last epoch's partners part)
+            order = _by_level(_lattice.lattice_order(keys, ctx.seed, ctx.epoch), level, tops.size - 1)
+        else:
+            rng = ctx.rng("pools") if ctx.shuffle else None
+            order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
         del level  # not held while the greedy gathers the sizes
         seg_starts = np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
