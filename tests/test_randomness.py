@@ -295,29 +295,33 @@ def test_auto_few_batch_levels_keep_the_batch_allowance(functions, budget):
 # --------------------------------------------------------------------------- lattice orders
 
 
-def _pair_repeats(sizes, seeds, pairs=5):
-    """Mean co-batch repeat over ``pairs`` consecutive epoch pairs of the default plan, and the
-    mean padding efficiency, over ``seeds``."""
+def _pair_repeats(sizes, seeds, strategy="pooled", pairs=5):
+    """Mean co-batch repeat over ``pairs`` consecutive epoch pairs of ``strategy`` ("auto"), and
+    the mean padding efficiency, over ``seeds``."""
     reps, effs = [], []
     for seed in seeds:
-        plans = [fitbatch.plan_batches(sizes, 16384.0, seed=seed, epoch=e) for e in range(pairs + 1)]
+        plans = [
+            fitbatch.plan_batches(sizes, 16384.0, seed=seed, epoch=e, strategy=strategy) for e in range(pairs + 1)
+        ]
         reps += [repeat_rate(plans[e], plans[e + 1], sizes.size) for e in range(pairs)]
         effs += [p.stats().padding_efficiency for p in plans]
     return float(np.mean(reps)), float(np.mean(effs))
 
 
+@pytest.mark.parametrize("strategy", ["pooled", "buckets"])
 @pytest.mark.parametrize("n", [10_000, 20_000])
-def test_auto_lattice_order_parts_last_epochs_partners(pytokens, n, monkeypatch):
+def test_auto_lattice_order_parts_last_epochs_partners(pytokens, n, strategy, monkeypatch):
     """Inside its levels "auto" lays samples out on a lattice whose consecutive epochs share no
     short vector (``strategies/_lattice.py``): on real file lengths it repeats about half the
     pairs a random order inside the same levels repeats, at the same padding. Over seeds 0-3 and
     five epoch pairs: 10k 0.0079 against 0.0166, 20k 0.0046 against 0.0085 (lhotse's
-    DynamicBucketingSampler repeats 0.011 and 0.0055 there, `bench/plan.py --pairs 5`)."""
+    DynamicBucketingSampler repeats 0.011 and 0.0055 there, `bench/plan.py --pairs 5`). `Buckets`
+    fits the same levels and lays them out the same way."""
     sizes = pytokens[np.random.default_rng(0).integers(0, pytokens.size, n)].astype(np.float64)
     sizes = sizes[sizes <= 16384]
-    lattice, lattice_eff = _pair_repeats(sizes, range(4))
+    lattice, lattice_eff = _pair_repeats(sizes, range(4), strategy)
     monkeypatch.setattr(fitbatch.strategies._lattice, "MAX_SAMPLES", 0)  # random order inside levels
-    shuffled, shuffled_eff = _pair_repeats(sizes, range(4))
+    shuffled, shuffled_eff = _pair_repeats(sizes, range(4), strategy)
     assert lattice <= 0.7 * shuffled, (lattice, shuffled)
     assert abs(lattice_eff - shuffled_eff) <= 0.005, (lattice_eff, shuffled_eff)
 

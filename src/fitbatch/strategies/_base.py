@@ -16,6 +16,7 @@ from fitbatch import _kernels as K
 from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
+from fitbatch.strategies import _lattice
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -202,6 +203,15 @@ def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[A
     else:
         base = np.arange(n, dtype=np.int64) if rng is None else _random_positions(n, rng)
     return _by_level(base, level, top)
+
+
+def _mixed_order(ctx: Context, level: NDArray[Any], top: int, purpose: str, lattice: bool) -> IntArray:
+    """The positions by descending ``level``: inside each level in the epoch's lattice layout
+    (``lattice``, :mod:`._lattice`), else shuffled with ``ctx.rng(purpose)`` (index order when
+    the plan is not shuffled)."""
+    if lattice:
+        return _by_level(_lattice.lattice_order(ctx.keys()[0], ctx.seed, ctx.epoch), level, top)
+    return _shuffled_by_level(len(ctx.sizes), ctx.rng(purpose) if ctx.shuffle else None, level, top)
 
 
 def _by_level(base: IntArray, level: NDArray[Any], top: int) -> IntArray:

@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 from fitbatch import _sorting as SK
 from fitbatch._validate import fraction, positive_int
 from fitbatch.costs import CostModel
+from fitbatch.strategies import _lattice
 from fitbatch.strategies._base import (
     Context,
     FloatArray,
@@ -19,7 +20,7 @@ from fitbatch.strategies._base import (
     Result,
     Strategy,
     _greedy,
-    _shuffled_by_level,
+    _mixed_order,
     replan,
 )
 from fitbatch.strategies._mixing import (
@@ -45,7 +46,9 @@ class Buckets(Strategy):
     ``randomness=None`` keeps the earlier fitting: buckets as narrow as ``spread`` holding at
     least ``min_batches`` full batches (on small datasets 1/64 of the epoch's batches, at least 2).
     Inside a bucket samples are shuffled and cut into equal-count batches sized for the bucket's
-    largest sample; every bucket's leftover is planned together, sorted, at the end.
+    largest sample; every bucket's leftover is planned together, sorted, at the end. ``"auto"``
+    lays buckets out on a lattice instead of shuffling them where :class:`Pooled` does (sets of
+    up to 65,536 samples, epochs of 64 batches or more: ``fitbatch.strategies._lattice``).
 
     >>> import fitbatch
     >>> sizes = [1, 9, 2, 7, 3, 8, 2, 6]
@@ -124,8 +127,9 @@ class Buckets(Strategy):
         n = len(ctx.sizes)
         ids, top, counts, few = self._buckets(ctx, width, scale)
         n_buckets = top.size
-        # shuffled, then by descending bucket id (16-bit keys where possible: an O(n) radix sort)
-        order = _shuffled_by_level(n, ctx.rng("buckets") if ctx.shuffle else None, ids, n_buckets - 1)
+        # mixed (see _mixed_order), then by descending bucket id (16-bit keys: an O(n) radix sort)
+        lattice = self.boundaries is None and _lattice.applies(self.randomness, few, ctx.shuffle, n)
+        order = _mixed_order(ctx, ids, n_buckets - 1, "buckets", lattice)
         counts = counts[::-1]
         seg_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0].astype(np.int64)
         if ctx.sizes.values.ndim > 1:

@@ -48,6 +48,18 @@ HEAD = 256
 MAX_SAMPLES = 1 << 16
 
 
+def applies(randomness: object, few: bool, shuffle: bool, n: int) -> bool:
+    """Whether a plan lays its levels out on the lattice: ``randomness="auto"``, shuffled, an
+    epoch of many batches (not few-batch levels) and at most :data:`MAX_SAMPLES` samples.
+
+    A number for ``randomness`` keeps a random order, so that the rate lands where asked.
+
+    >>> applies("auto", False, True, 20_000), applies(0.1, False, True, 20_000), applies("auto", True, True, 500)
+    (True, False, False)
+    """
+    return randomness == "auto" and not few and shuffle and n <= MAX_SAMPLES
+
+
 def lattice_order(keys: NDArray[np.uint16], seed: int, epoch: int) -> IntArray:
     """Positions ``0..n-1`` in epoch ``epoch``'s lattice layout over the size ``keys``.
 

@@ -21,11 +21,10 @@ from fitbatch.strategies._base import (
     IntArray,
     Result,
     Strategy,
-    _by_level,
     _greedy,
+    _mixed_order,
     _pooled_layout,
     _pooled_order,
-    _shuffled_by_level,
     _tails,
     replan,
 )
@@ -165,7 +164,7 @@ class Pooled(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         auto = self.randomness == "auto"
-        lattice = auto and not few and ctx.shuffle and len(ctx.sizes) <= _lattice.MAX_SAMPLES
+        lattice = _lattice.applies(self.randomness, few, ctx.shuffle, len(ctx.sizes))
         result = self._mixed(ctx, lut, tops, lattice)
         if not auto:
             return result
@@ -177,14 +176,9 @@ class Pooled(_Pools):
         return _recut(ctx, result) if few else result
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool = False) -> Result:
-        keys = ctx.keys()[0]
-        level = lut[keys]
-        # one pool: levels already draw partners at random, and pool borders only add padding
-        if lattice:  # each level in the epoch's lattice layout (last epoch's partners part)
-            order = _by_level(_lattice.lattice_order(keys, ctx.seed, ctx.epoch), level, tops.size - 1)
-        else:
-            rng = ctx.rng("pools") if ctx.shuffle else None
-            order = _shuffled_by_level(len(ctx.sizes), rng, level, tops.size - 1)
+        level = lut[ctx.keys()[0]]
+        # one pool: levels already mix partners, and pool borders only add padding
+        order = _mixed_order(ctx, level, tops.size - 1, "pools", lattice)
         del level  # not held while the greedy gathers the sizes
         seg_starts = np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
