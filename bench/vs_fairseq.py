@@ -8,6 +8,7 @@ from a fairseq checkout:
     python bench/vs_fairseq.py --fairseq-pyx /path/to/fairseq/fairseq/data/data_utils_fast.pyx
     python bench/vs_fairseq.py --n 10000000 --repeat 3    # with fairseq installed
     FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30  # small sets, numpy
+    FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30 --epochs 20
 
 Both sides plan the same sizes (a real length set resampled to ``--n``, samples over the budget
 left out) under the padded cost (fairseq's ``max_tokens``: batch count x longest) and
@@ -19,7 +20,9 @@ left out) under the padded cost (fairseq's ``max_tokens``: batch count x longest
   with the sum cost (a token budget without padding, which fairseq has no mode for: time only).
 
 Times are the best of ``--repeat`` runs; "vs fairseq" is fairseq's time / fitbatch's (above 1:
-fitbatch is faster).
+fitbatch is faster). With ``--epochs K`` the fitbatch cells are instead what a sampler pays per
+epoch: epochs 1..K of one ``Sizes`` (planned once at epoch 0 first), the mean per epoch, the best
+of 3 such runs (a ``Sizes`` keeps what does not depend on the epoch: size keys, level fits).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=int, default=16384)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--fairseq-pyx", help="fairseq's fairseq/data/data_utils_fast.pyx, compiled for this run")
+    p.add_argument("--epochs", type=int, default=0, help="fitbatch: mean per epoch over epochs 1..K of one Sizes")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,15 +96,30 @@ def main(argv: list[str] | None = None) -> None:
         print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
               f"{platform.machine()}; fairseq batch_by_size_vec: {'compiled here' if fs else 'not available'}")
         for n in args.n:
-            table(fs, n, args.budget, args.repeat)
+            table(fs, n, args.budget, args.repeat, args.epochs)
 
 
-def table(fs: Any, n: int, budget: int, repeat: int) -> None:
+def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tuple[float, list[Any]]:
+    """Seconds per epoch over epochs 1..``epochs`` of one ``Sizes`` planned once at epoch 0 first
+    (best of 3 runs), and the last epoch's batches."""
+    best, batches = float("inf"), []
+    for _ in range(3):
+        held = fitbatch.as_sizes(sizes)
+        list(fitbatch.plan_batches(held, budget, **options))
+        start = time.perf_counter()
+        for epoch in range(1, epochs + 1):
+            batches = list(fitbatch.plan_batches(held, budget, epoch=epoch, **options))
+        best = min(best, (time.perf_counter() - start) / epochs)
+    return best, batches
+
+
+def table(fs: Any, n: int, budget: int, repeat: int, epochs: int = 0) -> None:
     """One markdown table: fairseq and every fitbatch strategy on ``n`` samples of each set."""
     jit = os.environ.get("FITBATCH_JIT", "")
     compiled = {"0": "numpy only (FITBATCH_JIT=0)", "1": "numba loaded (FITBATCH_JIT=1)"}.get(jit, "numba from 1M samples planned (default)")
+    how = f"fitbatch: mean per epoch over epochs 1-{epochs} of one Sizes" if epochs else f"best of {repeat}"
     print(f"\n{n:,} samples per set (resampled, seed 0), budget {budget} padded tokens, "
-          f"plan + batches as index arrays, best of {repeat}; fitbatch kernels: {compiled}\n")
+          f"plan + batches as index arrays, {how} (fairseq: best of {repeat}); fitbatch kernels: {compiled}\n")
     print("| set | plan | time ms | vs fairseq | batches |")
     print("|---|---|---:|---:|---:|")
     for name in SETS:
@@ -111,12 +131,18 @@ def table(fs: Any, n: int, budget: int, repeat: int) -> None:
             print(f"| {name.removeprefix('cpython_stdlib_')} | fairseq batch_by_size_vec (sorted) | {fs_time * 1e3:.2f} | 1.00x | {len(batches):,} |")
             del batches
         for strategy in STRATEGIES:
-            seconds, batches = best_time(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, budget, strategy=s)), repeat)
+            if epochs:
+                seconds, batches = per_epoch(sizes, budget, epochs, strategy=strategy)
+            else:
+                seconds, batches = best_time(lambda s=strategy, x=sizes: list(fitbatch.plan_batches(x, budget, strategy=s)), repeat)
             ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
             print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch {strategy} | {seconds * 1e3:.2f} | {ratio} | {len(batches):,} |")
             del batches
         # the sum cost (packing; fairseq has no such budget: compared for time only)
-        seconds, batches = best_time(lambda x=sizes: list(fitbatch.plan_batches(x, budget, cost="sum", strategy="packed")), repeat)
+        if epochs:
+            seconds, batches = per_epoch(sizes, budget, epochs, cost="sum", strategy="packed")
+        else:
+            seconds, batches = best_time(lambda x=sizes: list(fitbatch.plan_batches(x, budget, cost="sum", strategy="packed")), repeat)
         ratio = f"{fs_time / seconds:.2f}x" if fs_time else "–"
         print(f"| {name.removeprefix('cpython_stdlib_')} | fitbatch packed, sum cost | {seconds * 1e3:.2f} | {ratio} | {len(batches):,} |")
         del batches

@@ -335,9 +335,9 @@ def test_lattice_order_is_not_used_where_it_cannot_help():
     calls = []
     real = _lattice.lattice_order
 
-    def spy(keys, seed, epoch):
+    def spy(keys, seed, epoch, by_rank=None):
         calls.append(keys.size)
-        return real(keys, seed, epoch)
+        return real(keys, seed, epoch, by_rank)
 
     try:
         _lattice.lattice_order = spy
@@ -404,3 +404,31 @@ def test_searched_epochs_keep_their_neighbours_apart():
     for e in range(9):
         got = _lattice.merit(np.array([a[e + 1]]), [a[e]], m)[0]
         assert got > np.median(_lattice.merit(draws, [a[e]], m)), e
+
+
+def test_level_fits_and_sorted_counts_are_kept_across_epochs_and_change_no_plan(functions, monkeypatch):
+    """The level fit and the sorted batch count depend on the sizes and settings, not on the
+    epoch: a ``Sizes`` keeps them (the latest eight settings, read-only), planning again fits
+    nothing, and every plan equals the plan of fresh sizes, which fit again."""
+    from fitbatch.strategies import _mixing
+
+    sizes = functions[np.random.default_rng(2).integers(0, functions.size, 6_000)].astype(np.float64)
+    sizes = sizes[sizes <= 1000]
+    held = fitbatch.as_sizes(sizes)
+    fits = []
+    real = _mixing._fit_levels
+    monkeypatch.setattr(_mixing, "_fit_levels", lambda *a, **k: fits.append(1) or real(*a, **k))
+    for budget in (2048.0, 16384.0):  # many batches (lattice), few batches (recut)
+        for epoch in range(4):
+            kept = fitbatch.plan_batches(held, budget, epoch=epoch)
+            assert kept.to_lists() == fitbatch.plan_batches(sizes, budget, epoch=epoch).to_lists()
+            before = len(fits)
+            assert fitbatch.plan_batches(held, budget, epoch=epoch).to_lists() == kept.to_lists()
+            assert len(fits) == before, "planned again: no fit"
+    memo = held.cached("remembered level fit", dict)
+    assert memo and all(not lut.flags.writeable and not tops.flags.writeable for lut, tops, _ in memo.values())
+    assert held.cached("remembered sorted count", dict)  # integer sizes: every size its own key
+    assert held.cached("remembered lattice ranks", dict)  # the many-batch epochs' lattice layout
+    for k in range(12):
+        fitbatch.plan_batches(held, 1000.0 + 50 * k, epoch=5)
+    assert len(memo) == _mixing.REMEMBERED

@@ -17,6 +17,7 @@ from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
 from fitbatch.strategies import _lattice
+from fitbatch.strategies._mixing import remembered
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -210,7 +211,9 @@ def _mixed_order(ctx: Context, level: NDArray[Any], top: int, purpose: str, latt
     (``lattice``, :mod:`._lattice`), else shuffled with ``ctx.rng(purpose)`` (index order when
     the plan is not shuffled)."""
     if lattice:
-        return _by_level(_lattice.lattice_order(ctx.keys()[0], ctx.seed, ctx.epoch), level, top)
+        keys = ctx.keys()[0]
+        by_rank = remembered(ctx, ("lattice ranks", ctx.seed), lambda: _lattice.ranked(keys, ctx.seed))
+        return _by_level(_lattice.lattice_order(keys, ctx.seed, ctx.epoch, by_rank), level, top)
     return _shuffled_by_level(len(ctx.sizes), ctx.rng(purpose) if ctx.shuffle else None, level, top)
 
 

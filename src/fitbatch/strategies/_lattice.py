@@ -60,8 +60,22 @@ def applies(randomness: object, few: bool, shuffle: bool, n: int) -> bool:
     return randomness == "auto" and not few and shuffle and n <= MAX_SAMPLES
 
 
-def lattice_order(keys: NDArray[np.uint16], seed: int, epoch: int) -> IntArray:
-    """Positions ``0..n-1`` in epoch ``epoch``'s lattice layout over the size ``keys``.
+def ranked(keys: NDArray[np.uint16], seed: int) -> IntArray:
+    """The positions in the order of their rank: by size key, equal keys in an order drawn once
+    per seed (keyed on epoch 0: the ranks stay the same from epoch to epoch).
+
+    >>> ranked(np.array([3, 1, 2, 1], dtype=np.uint16), seed=0)[2:].tolist()
+    [2, 0]
+    """
+    ties = _rng.generator(seed, 0, "lattice ranks").permutation(keys.size)
+    return ties[np.argsort(keys[ties], kind="stable")]
+
+
+def lattice_order(
+    keys: NDArray[np.uint16], seed: int, epoch: int, by_rank: IntArray | None = None
+) -> IntArray:
+    """Positions ``0..n-1`` in epoch ``epoch``'s lattice layout over the size ``keys``
+    (``by_rank``: :func:`ranked`, when the caller keeps it).
 
     A stable sort of the result by level keeps each level's samples in this layout.
 
@@ -73,9 +87,7 @@ def lattice_order(keys: NDArray[np.uint16], seed: int, epoch: int) -> IntArray:
     (True, False)
     """
     n = keys.size
-    # one tie order per seed (keyed on epoch 0): the ranks must stay the same from epoch to epoch
-    ties = _rng.generator(seed, 0, "lattice ranks").permutation(n)
-    by_rank = ties[np.argsort(keys[ties], kind="stable")]
+    by_rank = ranked(keys, seed) if by_rank is None else by_rank
     modulus = prime_at_least(max(n, 5))
     a = multiplier(seed, epoch, modulus)
     b = int(_rng.generator(seed, epoch, "lattice offset").integers(modulus))

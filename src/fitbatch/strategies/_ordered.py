@@ -34,6 +34,7 @@ from fitbatch.strategies._mixing import (
     auto_excess,
     check_randomness,
     mixed_levels,
+    remembered,
 )
 from fitbatch.strategies._recut import enabled as recut_enabled
 from fitbatch.strategies._recut import least_cost_starts
@@ -201,7 +202,7 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
     excess = auto_excess(ctx.population or len(ctx.sizes))
     if not (few or excess >= CHECKED_EXCESS):
         return result
-    sorted_count = Sorted().plan(ctx).starts.size
+    sorted_count = _sorted_count(ctx)
     allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
     width, scale = LEVEL_BATCHES, 1.0
     for k in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
@@ -215,6 +216,18 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
         if narrower.starts.size < result.starts.size:
             result = narrower
     return result
+
+
+def _sorted_count(ctx: Context) -> int:
+    """Batches of the :class:`Sorted` plan; kept across epochs where every size is its own key
+    (equal keys are equal sizes, so the order of ties, the epoch's, changes no batch)."""
+
+    def count() -> int:
+        return int(Sorted().plan(ctx).starts.size)
+
+    if ctx.sizes.values.ndim != 1 or not SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral):
+        return count()
+    return int(remembered(ctx, ("sorted count", ctx.budget, ctx.cost, ctx.cap, ctx.multiple), count))
 
 
 def _recut(ctx: Context, result: Result) -> Result:
