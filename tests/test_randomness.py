@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fitbatch
-import fitbatch.strategies._lattice
 from fitbatch import BudgetBatchSampler
+from fitbatch.strategies import _base, _lattice, _mixing
 
 KNOBS = (0.02, 0.3, 1.0, "auto", None)
 
@@ -320,17 +320,15 @@ def test_auto_lattice_order_parts_last_epochs_partners(pytokens, n, strategy, mo
     sizes = pytokens[np.random.default_rng(0).integers(0, pytokens.size, n)].astype(np.float64)
     sizes = sizes[sizes <= 16384]
     lattice, lattice_eff = _pair_repeats(sizes, range(4), strategy)
-    monkeypatch.setattr(fitbatch.strategies._lattice, "MAX_SAMPLES", 0)  # random order inside levels
+    monkeypatch.setattr(_lattice, "MAX_SAMPLES", 0)  # random order inside levels
     shuffled, shuffled_eff = _pair_repeats(sizes, range(4), strategy)
     assert lattice <= 0.7 * shuffled, (lattice, shuffled)
     assert abs(lattice_eff - shuffled_eff) <= 0.005, (lattice_eff, shuffled_eff)
 
 
-def test_lattice_order_is_not_used_where_it_cannot_help():
+def test_lattice_order_is_not_used_where_it_cannot_help(monkeypatch):
     """Few-batch epochs, explicit ``randomness=`` (which lands on the rate asked for), unshuffled
     plans and sets over ``MAX_SAMPLES`` keep a random order (or the index order) inside levels."""
-    from fitbatch.strategies import _lattice
-
     sizes = np.random.default_rng(3).integers(1, 400, 5_000).astype(np.float64)
     calls = []
     real = _lattice.lattice_order
@@ -339,17 +337,14 @@ def test_lattice_order_is_not_used_where_it_cannot_help():
         calls.append(keys.size)
         return real(keys, seed, epoch, by_rank)
 
-    try:
-        _lattice.lattice_order = spy
-        fitbatch.plan_batches(sizes, 2048.0, epoch=1)  # 5,000 samples of ~200 in 2,048: many batches
-        assert calls, "auto, shuffled, many batches: the lattice order"
-        calls.clear()
-        fitbatch.plan_batches(sizes, 2048.0, epoch=1, strategy=fitbatch.Pooled(randomness=0.1))
-        fitbatch.plan_batches(sizes, 2048.0, epoch=1, shuffle=False)
-        fitbatch.plan_batches(sizes[:300], 16384.0, epoch=1)  # a few batches
-        assert not calls
-    finally:
-        _lattice.lattice_order = real
+    monkeypatch.setattr(_lattice, "lattice_order", spy)
+    fitbatch.plan_batches(sizes, 2048.0, epoch=1)  # 5,000 samples of ~200 in 2,048: many batches
+    assert calls, "auto, shuffled, many batches: the lattice order"
+    calls.clear()
+    fitbatch.plan_batches(sizes, 2048.0, epoch=1, strategy=fitbatch.Pooled(randomness=0.1))
+    fitbatch.plan_batches(sizes, 2048.0, epoch=1, shuffle=False)
+    fitbatch.plan_batches(sizes[:300], 16384.0, epoch=1)  # a few batches
+    assert not calls
 
 
 @settings(max_examples=40, deadline=None)
@@ -361,8 +356,6 @@ def test_lattice_order_is_not_used_where_it_cannot_help():
 def test_best_multiplier_is_the_candidate_of_greatest_merit(modulus, draws, partners):
     """The pruned search returns what scoring every candidate over every difference returns, and
     ``merit`` is its definition: the least ``|d| max(|a d|_M, |p d|_M)**2`` over ``M**2``."""
-    from fitbatch.strategies import _lattice
-
     candidates = np.array([x % (modulus - 1) + 1 for x in draws], dtype=np.int64)
     partners = [p % (modulus - 1) + 1 for p in partners]
 
@@ -385,8 +378,6 @@ def test_best_multiplier_is_the_candidate_of_greatest_merit(modulus, draws, part
     epoch=st.integers(0, 9),
 )
 def test_lattice_order_lays_every_sample_once_the_same_way_every_time(keys, seed, epoch):
-    from fitbatch.strategies import _lattice
-
     k = np.asarray(keys, dtype=np.uint16)
     order = _lattice.lattice_order(k, seed, epoch)
     assert sorted(order.tolist()) == list(range(k.size))
@@ -396,8 +387,6 @@ def test_lattice_order_lays_every_sample_once_the_same_way_every_time(keys, seed
 def test_searched_epochs_keep_their_neighbours_apart():
     """Every searched multiplier beats the median draw against its neighbours (a random multiplier
     pair, unsearched, often has a short vector: 0.0340 of pairs met again in one such pair)."""
-    from fitbatch.strategies import _lattice
-
     m = _lattice.prime_at_least(20_000)
     a = [_lattice.multiplier(0, e, m) for e in range(10)]
     draws = np.random.default_rng(0).integers(1, m, size=64)
@@ -410,8 +399,6 @@ def test_level_fits_and_sorted_counts_are_kept_across_epochs_and_change_no_plan(
     """The level fit and the sorted batch count depend on the sizes and settings, not on the
     epoch: a ``Sizes`` keeps them (the latest eight settings, read-only), planning again fits
     nothing, and every plan equals the plan of fresh sizes, which fit again."""
-    from fitbatch.strategies import _mixing
-
     sizes = functions[np.random.default_rng(2).integers(0, functions.size, 6_000)].astype(np.float64)
     sizes = sizes[sizes <= 1000]
     held = fitbatch.as_sizes(sizes)
@@ -431,4 +418,4 @@ def test_level_fits_and_sorted_counts_are_kept_across_epochs_and_change_no_plan(
     assert held.cached("remembered lattice ranks", dict)  # the many-batch epochs' lattice layout
     for k in range(12):
         fitbatch.plan_batches(held, 1000.0 + 50 * k, epoch=5)
-    assert len(memo) == _mixing.REMEMBERED
+    assert len(memo) == _base.REMEMBERED

@@ -17,7 +17,6 @@ from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
 from fitbatch.strategies import _lattice
-from fitbatch.strategies._mixing import remembered
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -204,6 +203,37 @@ def _shuffled_by_level(n: int, rng: np.random.Generator | None, level: NDArray[A
     else:
         base = np.arange(n, dtype=np.int64) if rng is None else _random_positions(n, rng)
     return _by_level(base, level, top)
+
+
+# results kept per set of 1-D sizes that depend on the sizes and settings but not on the epoch
+# (a level fit: only its shift is the epoch's; a sorted batch count; the lattice ranks): later
+# epochs and re-plans at the same budget reuse them. Up to this many distinct settings each.
+REMEMBERED = 8
+
+
+def remembered(ctx: Context, settings: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    """``compute()``, kept with the 1-D sizes for the :data:`REMEMBERED` latest distinct
+    ``settings`` (whose first item names what is computed; the oldest goes first). Arrays in the
+    result are made read-only; settings that do not hash (a cost holding arrays) compute every
+    time."""
+    if ctx.sizes.values.ndim != 1:
+        return compute()
+    try:
+        hash(settings)
+    except TypeError:
+        return compute()
+    memo: dict[tuple[Any, ...], Any] = ctx.sizes.cached(f"remembered {settings[0]}", dict)
+    value = memo.get(settings)
+    if value is not None:
+        return value
+    value = compute()
+    for item in value if isinstance(value, tuple) else (value,):
+        if isinstance(item, np.ndarray):
+            item.setflags(write=False)
+    memo[settings] = value
+    while len(memo) > REMEMBERED:
+        memo.pop(next(iter(memo)), None)
+    return value
 
 
 def _mixed_order(ctx: Context, level: NDArray[Any], top: int, purpose: str, lattice: bool) -> IntArray:

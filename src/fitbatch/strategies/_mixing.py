@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,6 +44,7 @@ from numpy.typing import NDArray
 from fitbatch import _rng
 from fitbatch import _sorting as SK
 from fitbatch.costs import CostModel
+from fitbatch.strategies._base import remembered
 
 if TYPE_CHECKING:
     from fitbatch.strategies._base import Context
@@ -132,36 +132,6 @@ def mixed_levels(
     if not ctx.shuffle:
         return lut, tops, few
     return (*shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below, hist), few)
-
-
-# results kept per set of 1-D sizes that depend on the sizes and settings but not on the epoch
-# (a level fit: only its shift is the epoch's; a sorted batch count): later epochs and re-plans
-# at the same budget reuse them. Up to this many distinct settings each.
-REMEMBERED = 8
-
-
-def remembered(ctx: Context, settings: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
-    """``compute()``, kept with the 1-D sizes for the :data:`REMEMBERED` latest distinct
-    ``settings`` (whose first item names what is computed; the oldest goes first). Arrays in the result are made
-    read-only; settings that do not hash (a cost holding arrays) compute every time."""
-    if ctx.sizes.values.ndim != 1:
-        return compute()
-    try:
-        hash(settings)
-    except TypeError:
-        return compute()
-    memo: dict[tuple[Any, ...], Any] = ctx.sizes.cached(f"remembered {settings[0]}", dict)
-    value = memo.get(settings)
-    if value is not None:
-        return value
-    value = compute()
-    for item in value if isinstance(value, tuple) else (value,):
-        if isinstance(item, np.ndarray):
-            item.setflags(write=False)
-    memo[settings] = value
-    while len(memo) > REMEMBERED:
-        memo.pop(next(iter(memo)), None)
-    return value
 
 
 def level_shift(seed: int, epoch: int) -> float:

@@ -26,6 +26,7 @@ from fitbatch.strategies._base import (
     _pooled_layout,
     _pooled_order,
     _tails,
+    remembered,
     replan,
 )
 from fitbatch.strategies._mixing import (
@@ -34,7 +35,6 @@ from fitbatch.strategies._mixing import (
     auto_excess,
     check_randomness,
     mixed_levels,
-    remembered,
 )
 from fitbatch.strategies._recut import enabled as recut_enabled
 from fitbatch.strategies._recut import least_cost_starts
@@ -176,7 +176,7 @@ class Pooled(_Pools):
         result = within_allowance(ctx, result, few, refit)
         return _recut(ctx, result) if few else result
 
-    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool = False) -> Result:
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool) -> Result:
         level = lut[ctx.keys()[0]]
         # one pool: levels already mix partners, and pool borders only add padding
         order = _mixed_order(ctx, level, tops.size - 1, "pools", lattice)
