@@ -22,7 +22,8 @@ left out) under the padded cost (fairseq's ``max_tokens``: batch count x longest
 Times are the best of ``--repeat`` runs; "vs fairseq" is fairseq's time / fitbatch's (above 1:
 fitbatch is faster). With ``--epochs K`` the fitbatch cells are instead what a sampler pays per
 epoch: epochs 1..K of one ``Sizes`` (planned once at epoch 0 first), the mean per epoch, the best
-of 3 such runs (a ``Sizes`` keeps what does not depend on the epoch: size keys, level fits).
+of 3 such runs (a ``Sizes`` keeps what does not depend on the epoch: size keys, level fits,
+sorted batch counts, lattice ranks).
 """
 
 from __future__ import annotations
