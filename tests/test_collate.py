@@ -105,6 +105,36 @@ def test_hf_collate_pads_each_field_with_its_own_value():
     assert out["label_id"].tolist() == [3, 4]
 
 
+def test_an_empty_sample_keeps_the_fields_types():
+    """An empty list (a tokenizer's output for empty text) has no dtype of its own: numpy's
+    float64 for ``[]`` must not turn a batch of token ids into floats."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from fitbatch import make_hf_collate
+
+    out = make_hf_collate(pad_token_id=2)(
+        [{"input_ids": [], "labels": []}, {"input_ids": [5, 6], "labels": [5, 6]}]
+    )
+    assert {k: v.dtype for k, v in out.items()} == dict.fromkeys(out, torch.int64)
+    assert out["input_ids"].tolist() == [[2, 2], [5, 6]]
+    assert out["labels"].tolist() == [[-100, -100], [5, 6]]
+    assert out["attention_mask"].tolist() == [[0, 0], [1, 1]]
+    config = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    torch.manual_seed(0)
+    assert torch.isfinite(LlamaForCausalLM(config)(**out).loss)  # the ids index an embedding
+
+    batch = pad_collate([[], [5, 6]])
+    assert batch.values.dtype == torch.int64 and batch.values.tolist() == [[0, 0], [5, 6]]
+    assert batch.lengths.tolist() == [0, 2]
+    floats = make_pad_collate(-1.0)([[], np.array([0.5], np.float32)])
+    assert floats.values.dtype == torch.float32 and floats.values.tolist() == [[-1.0], [0.5]]
+    assert pad_collate([[], []]).values.dtype == torch.int64  # only empty lists: the padding value's type
+    assert make_pad_collate(-1.0)([[]]).values.dtype == torch.float64
+    empty = np.array([], np.int32)  # an empty array has a type, and keeps it
+    assert pad_collate([empty, np.array([1], np.int32)]).values.dtype == torch.int32
+
+
 def test_hf_collate_given_mask_multiple_and_position_ids():
     from fitbatch import make_hf_collate
 

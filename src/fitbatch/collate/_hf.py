@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fitbatch.collate._pad import padded_dtype
 from fitbatch.collate._shapes import _pick, as_shapes
 
 RETURN_TENSORS = ("pt", "np")
@@ -153,7 +154,8 @@ def _collate(
             raise ValueError(
                 f"field {key!r}: samples differ beyond their first (length) axis: {sorted(tails)}"
             )
-        dtype = np.result_type(*items) if key != "attention_mask" else np.int64
+        raw = [sample[key] for sample in batch]
+        dtype = padded_dtype(items, raw, fill) if key != "attention_mask" else np.int64
         padded = np.full((rows, length, *tails.pop()), fill, dtype=dtype)
         # every real position (row i, t < lens[i]) receives the concatenated tokens, in order
         real = (

@@ -60,7 +60,23 @@ def _is_sequence(x: Any) -> bool:
     return hasattr(x, "shape") and len(x.shape) >= 1
 
 
-def _pad(items: Sequence[Any], value: float, multiple: int) -> PaddedBatch:
+def padded_dtype(arrays: Sequence[np.ndarray], raw: Sequence[Any], fill: float) -> np.dtype[Any]:
+    """The dtype of a padded field: its samples' common type, where an empty list has none.
+
+    numpy reads ``[]`` as float64, which would turn a batch of token ids with one empty sample
+    into floats; such samples are left out, and a field of only empty lists takes the padding
+    value's type.
+
+    >>> padded_dtype([np.asarray([]), np.asarray([5, 6])], [[], [5, 6]], 0)
+    dtype('int64')
+    >>> padded_dtype([np.asarray([])], [[]], -1.0)
+    dtype('float64')
+    """
+    typed = [a for a, r in zip(arrays, raw) if not (isinstance(r, list) and len(r) == 0)]
+    return np.result_type(*typed) if typed else np.asarray(fill).dtype
+
+
+def _pad(items: Sequence[Any], value: float, multiple: int, raw: Sequence[Any]) -> PaddedBatch:
     torch = _torch()
     as_torch = torch is not None and isinstance(items[0], torch.Tensor)
     lengths = [int(x.shape[0]) for x in items]
@@ -79,7 +95,7 @@ def _pad(items: Sequence[Any], value: float, multiple: int) -> PaddedBatch:
         mask = torch.arange(longest)[None, :] < lens[:, None]
         return PaddedBatch(out, lens, mask)
     arrays = [np.asarray(x) for x in items]
-    out_np = np.full((len(arrays), longest, *tail), value, dtype=np.result_type(*arrays))
+    out_np = np.full((len(arrays), longest, *tail), value, dtype=padded_dtype(arrays, raw, value))
     for i, x in enumerate(arrays):
         out_np[i, : x.shape[0]] = x
     lens_np = np.asarray(lengths, dtype=np.int64)
@@ -149,7 +165,7 @@ def make_pad_collate(
             )
         if isinstance(first, list) or _is_sequence(first):
             items = [np.asarray(b) if isinstance(b, list) else b for b in batch]
-            return _pad(items, padding_value, int(pad_to_multiple_of))
+            return _pad(items, padding_value, int(pad_to_multiple_of), batch)
         if isinstance(first, (numbers.Number, np.generic)) or hasattr(first, "shape"):
             return _stack(batch)
         return list(batch)
