@@ -130,8 +130,14 @@ def test_a_sampler_without_a_shared_plan_names_prepare():
         def _layout(self, epoch):
             return RankLayout.alone(fitbatch.plan_batches([1] * 8, 2, cost="sum", strategy="sequential"))
 
+    class OneRankWithState(OneRank):
+        def load_state_dict(self, state):
+            pass
+
+    with pytest.raises(ValueError, match=r"fitbatch\.integrations\.accelerate\.prepare_loader\(accelerator, loader\)"):
+        list(shard(OneRank(), 2, 0))  # no state: prepare() would refuse it
     with pytest.raises(ValueError, match=r"fitbatch\.integrations\.accelerate\.prepare\(accelerator, loader\)"):
-        list(shard(OneRank(), 2, 0))
+        list(shard(OneRankWithState(), 2, 0))
 
 
 @pytest.fixture
@@ -331,6 +337,21 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, wi
     before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < stop]
     after = [x[2] for x in alone["log"] if x[0] == 1]
     assert flat(before + after) == list(range(n)), "each sample of the resumed epoch exactly once"
+
+
+def test_accelerate_two_processes_compat_sampler_over_a_distributed_sampler(tmp_path):
+    """A compat sampler (no state, no world) under torchrun: what the plain prepare error names
+    (``prepare_loader``) runs each process's own batches, every sample once per epoch."""
+    torchrun(WORKERS / "accelerate_worker.py", "--out", str(tmp_path), "--phase", "compat")
+    runs = results(tmp_path, "compat-w2", 2)
+    for r in runs:
+        assert "prepare_loader(accelerator, loader)" in r["plain_error"], r["plain_error"]
+    for epoch in range(2):
+        for r in runs:
+            assert r[f"batches{epoch}"] == r[f"own{epoch}"], "each process runs exactly its sampler's batches"
+            assert r[f"len{epoch}"] == len(r[f"batches{epoch}"])
+        assert flat(b for r in runs for b in r[f"batches{epoch}"]) == list(range(3000)), "each sample once"
+    assert runs[0]["batches0"] != runs[0]["batches1"], "the DistributedSampler's epoch reached the batches"
 
 
 def trainer_steps(runs: list[dict]) -> dict[int, list[tuple[int, list[int], int]]]:

@@ -13,6 +13,10 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
   DDP model, two epochs, normalised by ``step_totals``; ``save_state`` after step
   ``--stop-step`` of epoch 1, then on to the end.
 * ``resume``: the same objects, ``load_state`` of that checkpoint, on to the end (any world).
+* ``compat``: a sampler without state or world, bionemo's ``SizeAwareBatchSampler`` over a
+  ``DistributedSampler``: the plain ``accelerator.prepare`` error, then
+  ``fitbatch.integrations.accelerate.prepare_loader`` for two epochs, beside the batches the
+  same sampler yields without accelerate.
 
 ``--window N`` plans the epochs in windows of N samples (a ``WindowedBatchSampler``).
 
@@ -35,7 +39,7 @@ N, BUDGET, VOCAB, EPOCHS = 3000, 4096, 16, 2
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--phase", choices=("naive", "full", "resume"), required=True)
+    p.add_argument("--phase", choices=("naive", "full", "resume", "compat"), required=True)
     p.add_argument("--stop-step", type=int, default=7)
     p.add_argument("--window", type=int, default=0, help="plan in windows of this many samples (0: one plan)")
     args = p.parse_args()
@@ -61,6 +65,9 @@ def main() -> None:
     def ids(batch) -> list[int]:
         return (batch.values[:, 0] - 1).tolist()
 
+    if args.phase == "compat":
+        compat(acc, Samples(), lengths, ids, args.out)
+        return
     # built after Accelerator(): it reads the world from torch.distributed
     sampler = fitbatch.BudgetBatchSampler(lengths, BUDGET, cost="padded", seed=0, window=args.window or "auto")
     out: dict = {"rank": acc.process_index, "world": acc.num_processes,
@@ -104,6 +111,38 @@ def main() -> None:
         out["end"] = [loader.epoch, loader.step]
         out["params"] = torch.cat([q.detach().flatten() for q in net.parameters()]).tolist()
     (args.out / f"{args.phase}-w{acc.num_processes}-rank{acc.process_index}.json").write_text(json.dumps(out))
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+def compat(acc, ds, lengths, ids, out_dir: Path) -> None:
+    """The ``compat`` phase: each process batches its own share of the samples."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import fitbatch
+    from fitbatch.compat.bionemo import SizeAwareBatchSampler
+    from fitbatch.integrations import accelerate as fb_accelerate
+
+    def sampler(epoch: int = 0):
+        share = DistributedSampler(ds, num_replicas=acc.num_processes, rank=acc.process_index, seed=0)
+        share.set_epoch(epoch)
+        return share, SizeAwareBatchSampler(share, lambda i: int(lengths[i]), BUDGET)
+
+    out: dict = {"rank": acc.process_index, "world": acc.num_processes}
+    plain = acc.prepare(DataLoader(ds, batch_sampler=sampler()[1], collate_fn=fitbatch.pad_collate))
+    try:
+        next(iter(plain))
+        out["plain_error"] = None
+    except ValueError as exc:
+        out["plain_error"] = str(exc)
+    share, batches = sampler()
+    loader = fb_accelerate.prepare_loader(acc, DataLoader(ds, batch_sampler=batches, collate_fn=fitbatch.pad_collate))
+    for epoch in range(EPOCHS):
+        share.set_epoch(epoch)
+        out[f"len{epoch}"] = len(loader)
+        out[f"batches{epoch}"] = [ids(b) for b in loader]
+        out[f"own{epoch}"] = [[int(i) for i in b] for b in sampler(epoch)[1]]  # without accelerate
+    (out_dir / f"compat-w{acc.num_processes}-rank{acc.process_index}.json").write_text(json.dumps(out))
     acc.wait_for_everyone()
     acc.end_training()
 

@@ -34,6 +34,8 @@ ACCELERATE_MODULE = "accelerate.data_loader"
 #: (torch's loader iterator and the loader sit between them)
 DISPATCH_DEPTH = 10
 SUPPORTED = "fitbatch.integrations.accelerate.prepare(accelerator, loader)"
+#: the way out for a sampler that yields its own rank's batches only and has no state to resume
+SUPPORTED_STATELESS = "fitbatch.integrations.accelerate.prepare_loader(accelerator, loader)"
 
 
 def _accelerate_object(frame: FrameType | None, name: str) -> Any:
@@ -88,9 +90,10 @@ def _shard_world(sampler: Any, shard: Any) -> int:
             f"use split_batches=False (the default) or {SUPPORTED}"
         )
     if not getattr(sampler, "SHARES_PLAN", False):
+        way = SUPPORTED if hasattr(sampler, "load_state_dict") else SUPPORTED_STATELESS
         raise ValueError(
             f"{name} yields this rank's batches only and accelerate's BatchSamplerShard would shard "
-            f"them again (each rank would run 1/{world} of them); prepare the loader with {SUPPORTED}"
+            f"them again (each rank would run 1/{world} of them); prepare the loader with {way}"
         )
     if (sampler.num_replicas, sampler.rank) != (world, index):
         raise ValueError(

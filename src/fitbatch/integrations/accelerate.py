@@ -46,13 +46,19 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     sampler; this works for every fitbatch sampler, the compat ones included. Devices, RNG
     synchronisation, gradient-accumulation state and ``skip_first_batches`` stay accelerate's.
 
+    A sampler built for a world (``num_replicas``, ``rank``) must be built for accelerate's. A
+    compat sampler knows no world: on every process it batches what it is given, so give each
+    process its share, as without accelerate (bionemo's ``SizeAwareBatchSampler`` over a
+    ``DistributedSampler``, for example); without one, every process runs every sample.
+
     Returns:
         accelerate's prepared loader (a ``DataLoaderShard``).
 
     Raises:
         TypeError: the loader's ``batch_sampler`` is not a fitbatch sampler.
         ValueError: ``split_batches=True`` or ``dispatch_batches=True`` (they cut or merge
-            batches), or a sampler built for another world than the accelerator's.
+            batches), or a sampler built for another world than the accelerator's (one with
+            ``num_replicas``).
 
     >>> prepare_loader(None, object())
     Traceback (most recent call last):
@@ -77,8 +83,9 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     sharded = getattr(shard, "batch_sampler", None) is sampler
     # the data-parallel world accelerate splits the loader over (with a device mesh: the DP part)
     world, index = (int(shard.num_processes), int(shard.process_index)) if sharded else (1, 0)
-    replicas = getattr(sampler, "num_replicas", 1)
-    if (replicas, getattr(sampler, "rank", 0)) != (world, index):
+    # a sampler without num_replicas (the compat ones) batches what it is given on each process
+    replicas = getattr(sampler, "num_replicas", None)
+    if replicas is not None and (replicas, getattr(sampler, "rank", 0)) != (world, index):
         raise ValueError(
             f"{type(sampler).__name__} was built for rank {getattr(sampler, 'rank', 0)} of {replicas}, but "
             f"accelerate splits the loader over {world} process(es) and this one is {index}: build it after "
@@ -96,8 +103,9 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> Resumabl
     Args:
         accelerator: an ``accelerate.Accelerator``.
         loader: a ``torch.utils.data.DataLoader`` whose ``batch_sampler`` is a fitbatch sampler
-            with state (``BudgetBatchSampler``, ``ScheduledBatchSampler``), built for the
-            accelerator's processes.
+            with state (``BudgetBatchSampler``, ``ScheduledBatchSampler``,
+            ``WindowedBatchSampler``), built for the accelerator's processes; a sampler without
+            state (the compat ones) takes :func:`prepare_loader`.
         register: call ``accelerator.register_for_checkpointing`` on the result, so that
             ``save_state``/``load_state`` carry the epoch and the step.
 
