@@ -131,6 +131,25 @@ def test_greedy_matches_numpy_and_reference(kind, n, seed, cost, budget, cap, fo
     assert compiled_open.count == want_open[0]
 
 
+@given(seed=st.integers(0, 2**16), length=st.integers(65, 400), carried=st.integers(0, 3))
+def test_greedy_adds_fractional_sizes_in_the_compiled_order(seed, length, carried):
+    """Fractional sizes in batches longer than a window: the numpy walk adds ``sum + x[0] + x[1]
+    ...`` as the compiled loop does (a window's ``cumsum + sum`` rounds otherwise, and a budget
+    at a sequential sum then cut the batches elsewhere)."""
+    rng = np.random.default_rng(seed)
+    sizes = np.round(rng.random(3 * length) * 0.3, 3)
+    before = sizes[:carried]
+    carry = K.OpenBatch(carried, before.max(), before.sum()) if carried else None
+    total = float(before.sum()) if carried else 0.0
+    for x in sizes[carried:carried + length].tolist():  # the budget: a sum added in order
+        total += x
+    (plain, plain_open), (compiled, compiled_open) = both(
+        lambda: K.greedy_starts(sizes[carried:], total, COSTS["sum"], carry=carry)
+    )
+    assert compiled.tolist() == plain.tolist()
+    assert float(compiled_open.sum_size) == float(plain_open.sum_size)
+
+
 def test_greedy_grows_its_starts_across_chunks():
     """Every sample alone (each starts a batch): the compiled greedy's starts grow chunk by chunk."""
     sizes = make_sizes("int", 20_000, 3)

@@ -634,3 +634,76 @@ def test_samples_that_cost_nothing_plan_quietly_in_one_batch_with_a_bound_of_one
         plan = fitbatch.plan_batches(sizes, 60.0, strategy=strategy)
     assert sorted(plan.order.tolist()) == [0, 1, 2]
     assert plan.stats().lower_bound == 1 and len(plan) == 1
+
+
+def test_a_sample_over_the_budget_counts_one_batch_towards_the_bound():
+    """oversized="single": such a sample fills a batch alone, so the bound counts it once, not
+    as its whole cost over the budget (which put the bound above the plan's own count)."""
+    plan = fitbatch.plan_batches([100, 1, 1], 10, strategy="sorted", oversized="single")
+    assert (len(plan), plan.stats().lower_bound) == (2, 2)
+    sizes = {"tokens": np.array([50, 3, 3, 3]), "images": np.array([0, 9, 1, 1])}
+    plan = fitbatch.plan_batches(sizes, {"tokens": 10, "images": 10}, oversized="single")
+    assert plan.stats().lower_bound == 2 <= len(plan)  # the lone sample, then 10 images
+
+
+@pytest.mark.parametrize("fn", [
+    lambda count, max_size, sum_size: max_size,  # an activation peak of the longest sample alone
+    lambda count, max_size, sum_size: np.sqrt(sum_size),
+    lambda count, max_size, sum_size: np.minimum(count, 8) * max_size,
+])
+def test_a_cost_of_your_own_has_the_bound_any_monotone_cost_has(fn):
+    """A batch of a non-decreasing cost need not cost the sum of its samples alone: the bound
+    is 1 (every sample fits one batch here) unless the model says it adds up."""
+    plan = fitbatch.plan_batches(np.full(100, 10.0), 80, cost=fn, strategy="sequential")
+    assert (len(plan), plan.stats().lower_bound) == (1, 1)
+
+    @dataclasses.dataclass(frozen=True)
+    class Padded(fitbatch.PaddedCost):  # overrides evaluate outside fitbatch: unknown
+        def evaluate(self, count, max_size, sum_size):
+            return np.asarray(count, np.float64) * max_size
+
+    class Declared(Padded):
+        superadditive = True
+
+    assert not Padded.superadditive and Declared.superadditive and fitbatch.PaddedCost.superadditive
+    sizes = np.full(100, 10.0)
+    assert fitbatch.plan_batches(sizes, 80, cost=Padded()).stats().lower_bound == 1
+    assert fitbatch.plan_batches(sizes, 80, cost=Declared()).stats().lower_bound == 13
+
+
+def test_sizes_past_float32_plan_and_a_total_past_float64_is_refused():
+    """Sizes over 1e38 took their keys through float32 (inf * 0: every key 0, the order lost);
+    sizes whose total passes float64 broke the prefix sums and statistics with warnings only
+    (an OverflowError from the bound): now a ValueError with the way out."""
+    sizes = np.geomspace(1e300, 1e39, 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wide = fitbatch.plan_batches(sizes, 1e301, strategy="sorted")
+        with pytest.raises(ValueError, match="float64's range.*coarser unit"):
+            fitbatch.plan_batches([1e307] * 20, 1e308, cost="sum")
+    check_plan(wide, sizes, 1e301, fitbatch.PaddedCost())
+    assert np.all(np.diff(wide.order) < 0), "sorted by size (given largest first): the order reversed"
+    assert lower_bound(fitbatch.SumCost(), 1e308, float("inf"), 20) == 1  # no OverflowError
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "sorted", "pooled", "packed"])
+def test_whole_number_costs_past_2_53_never_exceed_the_budget(strategy):
+    """Each size is exact (<= 2**53) but a batch's sum or count x max past 2**53 rounds in
+    float64: such budgets plan with the margin of fractional sizes."""
+    for sizes, budget, cost in (
+        ([2**53] + [1] * 10, 2**53 + 2, "sum"),
+        ([2**53 - 1] * 3, 3 * (2**53 - 1) - 1, "padded"),
+    ):
+        plan = fitbatch.plan_batches(sizes, budget, cost=cost, strategy=strategy)
+        for batch in plan.to_lists():
+            exact = sum(sizes[i] for i in batch) if cost == "sum" else len(batch) * max(sizes[i] for i in batch)
+            assert exact <= budget, (batch, exact - budget)
+
+
+def test_position_size_correlation_takes_any_form_of_sizes():
+    from fitbatch.metrics import position_size_correlation
+
+    sizes = [5, 1, 4, 2, 3, 3, 6, 2]
+    plan = fitbatch.plan_batches(sizes, 6, strategy="sorted")
+    as_mapping = dict(enumerate(sizes))
+    assert position_size_correlation(plan, as_mapping) == position_size_correlation(plan, sizes) == pytest.approx(1.0)

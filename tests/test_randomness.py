@@ -419,3 +419,31 @@ def test_level_fits_and_sorted_counts_are_kept_across_epochs_and_change_no_plan(
     for k in range(12):
         fitbatch.plan_batches(held, 1000.0 + 50 * k, epoch=5)
     assert len(memo) == _base.REMEMBERED
+
+
+@pytest.mark.parametrize("few", [True, False])
+def test_an_epoch_no_refit_brings_within_its_allowance_takes_the_sorted_plan(few):
+    """``within_allowance``'s last resort: a plan over its allowance (few batches: one more than
+    sorting; else ``AUTO_MAX_EXCESS``) that no narrower or thriftier fit improves is replaced
+    by the sorted plan, ties still shuffled, so "never more in any epoch" holds."""
+    from fitbatch.sizes import as_sizes
+    from fitbatch.strategies._base import Context, Result
+    from fitbatch.strategies._ordered import within_allowance
+
+    sizes = np.random.default_rng(0).integers(1, 90, 300).astype(np.float64)
+    ctx = Context(as_sizes(sizes), 1000.0, fitbatch.PaddedCost(), None, 1, True, 0, 0)
+    exact = fitbatch.Sorted().plan(ctx)
+    n = sizes.size
+    lavish = Result(np.arange(n), np.arange(0, n, 2), np.zeros(n // 2, bool))  # two samples a batch
+    tried = []
+
+    def refit(width, scale):
+        tried.append((width, scale))
+        return lavish
+
+    got = within_allowance(ctx, lavish, few, refit)
+    assert tried, "it tried to fit again first"
+    assert got.order.tolist() == exact.order.tolist() and got.starts.tolist() == exact.starts.tolist()
+    one_more = Result(exact.order, np.append(exact.starts, n - 1), np.zeros(exact.starts.size + 1, bool))
+    kept = within_allowance(ctx, one_more, True, refit)
+    assert kept is one_more, "a few-batch epoch may keep one batch more than sorting"

@@ -48,6 +48,10 @@ def test_resolve_strategy():
     (lambda: fitbatch.Buckets(boundaries=(3.0, 2.0)), "boundaries"),
     (lambda: fitbatch.Buckets(boundaries=()), "boundaries"),
     (lambda: fitbatch.Buckets(boundaries=(1.0, float("inf"))), "boundaries"),
+    (lambda: fitbatch.Sorted(descending="no"), "descending"),
+    (lambda: fitbatch.Pooled(spread="wide"), "spread"),
+    (lambda: fitbatch.Pooled(spread=-1.0), "spread"),
+    (lambda: fitbatch.plan_batches([1, 2], "-3"), "positive"),
 ])
 def test_strategy_settings_are_validated(make, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -70,7 +70,9 @@ def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, O
         stop = min(end, p + width)
         x = sizes[p:stop]
         run_max = np.maximum(np.maximum.accumulate(x, axis=0), mx)
-        run_sum = np.cumsum(x, axis=0) + sm
+        # sm + x[0], then + x[1], ...: the compiled kernel's additions in its order (cumsum(x) + sm
+        # rounds otherwise, and fractional sums would give other batches)
+        run_sum = np.cumsum(np.concatenate([np.reshape(sm, (1, *x.shape[1:])), x]), axis=0)[1:]
         run_count = count + np.arange(1, stop - p + 1, dtype=np.float64)
         bad = (cost.evaluate(run_count, run_max, run_sum) > budget) | (run_count > cap)
         if force is not None:
@@ -90,7 +92,9 @@ def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, O
 
 def _open_batch(sizes: FloatArray, start: int, end: int) -> OpenBatch:
     part = sizes[start:end]
-    return OpenBatch(end - start, part.max(axis=0), part.sum(axis=0))
+    # added in order, as the compiled loop does (np.sum adds pairwise: other roundings)
+    total = np.add.accumulate(part, axis=0)[-1] if end > start else np.zeros(sizes.shape[1:])
+    return OpenBatch(end - start, part.max(axis=0), total)
 
 
 def _empty_state(sizes: FloatArray) -> OpenBatch:
@@ -136,7 +140,8 @@ def greedy_starts(
     # allows few batches (about one per chunk), walk them, handing over only past twice that
     # many (an order may start short)
     alone = cost.sample_cost(sizes)
-    least = max(float(np.sum(alone)) / budget, 0 if force is None else int(np.count_nonzero(force)))
+    with np.errstate(over="ignore"):  # a total past float64: inf, many batches (walked in lock-step)
+        least = max(float(np.sum(alone)) / budget, 0 if force is None else int(np.count_nonzero(force)))
     if least <= n / chunk:
         head, state, at = _walk_windows(g, 1, state, most=2 * (n // chunk))
     if at >= n:

@@ -32,6 +32,8 @@ OVERSIZED = ("error", "single", "skip")
 SHOWN = 5
 # Relative amount by which the budget is lowered for fractional sizes (see planning_budget).
 ROUNDING_MARGIN = 1e-12
+#: whole-number costs below this add exactly in float64
+EXACT_SUMS = 2.0**53
 
 
 class Screened(NamedTuple):
@@ -126,5 +128,11 @@ def planning_budget(budget: float, integral: bool) -> float:
 
     Kernels add sizes in another order than the batch measurements do: with fractional sizes
     a budget one part in 1e12 lower keeps rounding from pushing a measured batch over it.
+    Whole numbers add exactly up to ``2**53``, so below it every cost that fits is exact and
+    every one that does not rounds to more than the budget; a budget of ``2**53`` or more takes
+    the margin too (there ``2**53 + 1`` rounds to ``2**53``).
+
+    >>> planning_budget(2.0**53 - 2, integral=True) == 2.0**53 - 2, planning_budget(2.0**53, integral=True) < 2.0**53
+    (True, True)
     """
-    return budget if integral else budget * (1.0 - ROUNDING_MARGIN)
+    return budget if integral and budget < EXACT_SUMS else budget * (1.0 - ROUNDING_MARGIN)

@@ -49,9 +49,13 @@ def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], F
     unit = float(positive.min()) if positive.size else 1.0
     top = math.log1p(vmax / unit)
     scale = (KEY_LEVELS - 1) / top if top > 0 else 1.0
-    # float32 is ample for a 16-bit key; bins touched by rounding are widened below
-    t = np.multiply(values, 1.0 / unit, dtype=np.float32)
-    np.log1p(t, out=t)
+    # float32 is ample for a 16-bit key; bins touched by rounding are widened below. Sizes or
+    # ratios past float32's range (1e38: rare) take the log in float64 first.
+    if max(vmax, vmax / unit, 1.0 / unit) < 1e38:
+        t = np.multiply(values, 1.0 / unit, dtype=np.float32)
+        np.log1p(t, out=t)
+    else:
+        t = np.log1p(values / unit).astype(np.float32)
     t *= np.float32(scale)
     np.minimum(t, np.float32(KEY_LEVELS - 1), out=t)
     keys = t.astype(np.uint16)

@@ -23,7 +23,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_BUDGET_RE = re.compile(r"^\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
 def choice(name: str, value: Any, valid: Iterable[str]) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.plan import BatchPlan
+from fitbatch.sizes import as_sizes
 
 
 def batch_of_sample(plan: BatchPlan, n: int) -> NDArray[np.int64]:
@@ -155,7 +156,7 @@ def position_size_correlation(plan: BatchPlan, sizes: Any) -> float:
     """
     if len(plan) < 3:
         return 0.0
-    values = np.asarray(sizes, dtype=np.float64)
+    values = as_sizes(sizes).values  # any form plan_batches takes (a mapping, columns, ...)
     if values.ndim > 1:
         values = values.prod(axis=1)
     mean = np.add.reduceat(values[plan.order], plan.offsets[:-1]) / plan.counts

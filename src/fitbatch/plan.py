@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -207,7 +208,19 @@ def _screen(sizes: Sizes, model: CostModel, opts: PlanOptions) -> tuple[IntArray
     values = sizes.values
     alone = model.sample_cost(values)
     skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
-    kept_alone = float(alone.sum()) - float(alone[skipped].sum())
+    # a sample over the budget (oversized="single") fills one batch alone: it counts as one
+    # budget's worth towards the lower bound, not as its whole cost
+    alone = np.minimum(alone, opts.budget)
+    with np.errstate(over="ignore"):
+        kept_alone = float(alone.sum()) - float(alone[skipped].sum())
+        # the kept sizes' own total: as finite as kept_alone unless the budget is vast (rare)
+        wide = len(values) * opts.budget > 1e300
+        total = float(np.delete(values, skipped, axis=0).sum()) if wide else kept_alone
+    if not (math.isfinite(kept_alone) and math.isfinite(total)):
+        raise ValueError(
+            "the sizes add up past float64's range (1.8e308), which the plan's sums and statistics "
+            "need: count in a coarser unit (KiB, not bytes)"
+        )
     return skipped, (sizes if kept is None else sizes.subset(kept)), kept_alone
 
 

@@ -21,7 +21,10 @@ class PlanStats:
         n_samples: samples placed in batches.
         n_batches: batches in the plan.
         lower_bound: ``ceil(total marginal sample cost / usable budget)``: no plan of these
-            samples has fewer batches (for the padded and sum costs it is the classic bound).
+            samples has fewer batches (for the padded and sum costs it is the classic bound). A
+            sample over the budget (``oversized="single"``) counts as one batch; a cost model
+            that need not add up over samples (one of your own, unless it sets
+            ``superadditive = True``) has the bound 1.
         padding_efficiency: real size units / padded units (``sum(sizes) / sum(count * max)``).
         mean_fill, max_fill: batch cost / budget, averaged and at most.
         skipped: oversized samples left out (``oversized="skip"``).
@@ -124,12 +127,19 @@ def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: 
     lowered by that relative error (a bound may then be low by one, never high). A non-empty
     plan's bound is at least 1, also when no batch can hold any marginal cost.
 
+    The bound holds for models whose batch costs at least its fixed part plus every sample's
+    marginal cost (``CostModel.superadditive``: the built-ins). For any other model (a cost of
+    your own need only be non-decreasing: ``max_size`` alone is one) it is 1, the only bound
+    that holds for every such model; so it is where a sum of costs overflows float64.
+
     >>> from fitbatch.costs import SumCost
     >>> lower_bound(SumCost(), 70e9, 3.0, 2), lower_bound(SumCost(), 0.1, 0.1 + 0.2, 3), lower_bound(SumCost(), 4, 9, 3)
     (1, 3, 3)
     """
     if n_samples == 0:
         return 0
+    if not model.superadditive or not math.isfinite(total_alone):
+        return 1
     base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
     marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
     if usable <= 0 or marginal <= 0:
@@ -151,7 +161,11 @@ def samples_bound(model: CostModel, budget: float, values: NDArray[np.float64]) 
     2
     """
     n = int(values.shape[0])
+    # a sample over a budget fills a batch alone: one budget's worth, not its whole cost
     if not isinstance(model, Limits):
-        return lower_bound(model, budget, float(model.sample_cost(values).sum()), n)
-    totals = (float(c.sample_cost(values[:, j]).sum()) for j, c in enumerate(model.costs))
+        return lower_bound(model, budget, float(np.minimum(model.sample_cost(values), budget).sum()), n)
+    totals = (
+        float(np.minimum(c.sample_cost(values[:, j]), b * budget).sum())
+        for j, (c, b) in enumerate(zip(model.costs, model.budgets))
+    )
     return max(lower_bound(c, b * budget, t, n) for c, b, t in zip(model.costs, model.budgets, totals))

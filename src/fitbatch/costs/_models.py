@@ -115,11 +115,18 @@ class CostModel(ABC):
     #: whether the model is non-decreasing by construction (the built-ins), so that
     #: :func:`resolve_cost` does not probe it; the subclasses of such a model inherit it
     monotone: ClassVar[bool] = False
+    #: whether a batch costs at least its fixed part (an empty batch's cost) plus each sample's
+    #: cost alone less that part, as the built-ins do: then ``PlanStats.lower_bound`` divides
+    #: the samples' costs by the budget, else it is 1. A subclass that overrides ``evaluate``
+    #: outside fitbatch is not, unless it says so in its class body
+    superadditive: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "checked" not in cls.__dict__:
             cls.checked = not cls.__module__.startswith("fitbatch.")
+        if "superadditive" not in cls.__dict__ and "evaluate" in cls.__dict__ and cls.checked:
+            cls.superadditive = False  # a cost of its own: nothing known beyond monotone
         if cls.checked:
             for method in ("evaluate", "sample_cost"):
                 own = cls.__dict__.get(method)
@@ -250,6 +257,7 @@ class SumCost(CostModel):
     name: ClassVar[str] = "sum"
     uses_max: ClassVar[bool] = False
     monotone: ClassVar[bool] = True
+    superadditive: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", _check_weights(self.weights))
@@ -285,6 +293,7 @@ class PaddedCost(CostModel):
     weights: tuple[float, ...] | None = None
     name: ClassVar[str] = "padded"
     monotone: ClassVar[bool] = True
+    superadditive: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weights", _check_weights(self.weights))
@@ -323,6 +332,7 @@ class PaddedPolynomial(CostModel):
     weights: tuple[float, ...] | None = None
     name: ClassVar[str] = "polynomial"
     monotone: ClassVar[bool] = True
+    superadditive: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         for field in ("fixed", "linear", "per_token", "quadratic"):

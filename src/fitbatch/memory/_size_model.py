@@ -55,6 +55,7 @@ class SizeMemoryModel(_FittedModel, CostModel):
     confidence: float = 0.99
     samples: tuple[tuple[float, float], ...] = ()
     name: ClassVar[str] = "size_memory"
+    superadditive: ClassVar[bool] = True  # count * predict(longest) >= the sum of predictions
 
     def __post_init__(self) -> None:
         coef = tuple(float(v) for v in self.coef)
