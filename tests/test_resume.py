@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import fitbatch
 from fitbatch.resume import DIGEST, VERSION_KEY, StateSchema, events, integer, sizes_digest
 
 SCHEMA = StateSchema("widget", version=2, required=("epoch", "step"), optional=("history",))
@@ -138,3 +139,26 @@ def test_value_checks_name_the_state_and_key_and_run_after_the_key_checks():
     with pytest.raises(ValueError, match="lacks keys"):  # a missing key is named first
         schema.check({"version": 2, "step": -1})
     assert schema == StateSchema("widget", version=2, required=("epoch", "step"))  # checks are not compared
+
+
+def test_the_same_sampler_loads_its_state_again_after_a_budget_change():
+    """A rollback or a second load of one state into the sampler that saved it: the epoch began
+    with the built options (the state's), not the changed ones, and it was refused as "another
+    set of planning options"."""
+    sizes = np.random.default_rng(5).integers(1, 60, 60).tolist()
+    s = fitbatch.BudgetBatchSampler(sizes, 100, num_replicas=1, rank=0, seed=0)
+    it = iter(s)
+    done = [next(it) for _ in range(3)]
+    s.set_budget(80)
+    done += [next(it) for _ in range(2)]
+    ckpt = json.loads(json.dumps(s.state_dict()))
+    expected = list(it)
+    for _ in range(2):
+        s.load_state_dict(ckpt)
+        assert list(s) == expected
+    assert sorted(i for b in done + expected for i in b) == list(range(len(sizes)))
+    s.set_epoch(1)  # the next epoch begins with the budget in force: a state of it loads too
+    state = json.loads(json.dumps(s.state_dict(step=2)))
+    assert state["options"]["budget"] == 80.0
+    s.load_state_dict(state)
+    assert len(list(s)) == s.n_steps() - 2

@@ -262,26 +262,41 @@ def carry_count(carried: int, own: int, world: int) -> int:
     return left if left <= own else 0
 
 
-def window_steps(counts: Sequence[int], world: int, policy: str, carried: int = 0) -> list[int]:
+def window_steps(
+    counts: Sequence[int], world: int, policy: str, carried: int = 0, refit: int | None = None
+) -> list[int]:
     """The steps of each window from the own batch counts of it and the windows after it (the last last).
 
     What :func:`build_window` arranges, without the batches: a window that is not the last runs
     ``(carried + own) // world`` steps and hands on the rest, unless it has fewer own batches
     than that rest (then it splits its leftover, like the last window under ``"split"``).
+    ``refit``: the batches the ``carried`` ones handed to the first window are there (more
+    when a smaller budget since plans them again, :func:`carried_batches`).
 
     >>> window_steps([10, 10, 10], 4, "split"), window_steps([10, 10, 10], 4, "drop")
     ([2, 3, 3], [2, 3, 2])
+    >>> window_steps([10, 10], 4, "split", carried=2, refit=3)  # 13 batches, 0 handed on: 4 steps
+    [4, 3]
     """
     out = []
+    batches_in = carried if refit is None else refit
     for i, own in enumerate(counts):
-        total = carried + int(own)
         last = i == len(counts) - 1
-        carried = 0 if last else carry_count(carried, int(own), world)
-        if last or (carried == 0 and total % world):
-            out.append(-(-total // world) if policy == "split" else total // world)
-        else:
-            out.append(total // world)
+        handed = 0 if last else carry_count(carried, int(own), world)
+        rest = batches_in + int(own) - handed  # the window's batches, arranged into steps
+        out.append(-(-rest // world) if policy == "split" else rest // world)
+        carried = batches_in = handed
     return out
+
+
+def carried_batches(column: Column, carry_in: Sequence[IntArray], opts: PlanOptions, epoch: int, w: int) -> int:
+    """How many batches the ``carry_in`` batches handed to window ``w`` are there under ``opts``
+    (as many, unless some are over a budget lowered since: :func:`_refit` plans them again)."""
+    if not carry_in:
+        return 0
+    handed = np.concatenate(carry_in)
+    _, offsets, _ = _refit(carry_in, handed.size, column.take(handed), opts, epoch, w, log=False)
+    return int(offsets.size - 1)
 
 
 def build_window(
@@ -324,7 +339,7 @@ def build_window(
 
 
 def _refit(
-    carry_in: Sequence[IntArray], nc: int, local: Sizes, opts: PlanOptions, epoch: int, w: int
+    carry_in: Sequence[IntArray], nc: int, local: Sizes, opts: PlanOptions, epoch: int, w: int, log: bool = True
 ) -> tuple[IntArray, IntArray, IntArray]:
     """The handed-in batches as (local order, offsets, skipped): as they came, unless one is over the budget now.
 
@@ -342,7 +357,8 @@ def _refit(
     # a smaller budget since they were planned: their samples planned again, sorted, to fit
     sub = local.subset(order)
     again = plan_with(sub, dataclasses.replace(opts, strategy=Sorted(), seed=window_seed(opts, epoch, w)), epoch)
-    logger.info("window %d: %d handed-in batches over the budget %g planned again as %d", w, len(carry_in), opts.budget, len(again))
+    if log:
+        logger.info("window %d: %d handed-in batches over the budget %g planned again as %d", w, len(carry_in), opts.budget, len(again))
     return order[again.order], again.offsets, order[again.skipped]
 
 

@@ -363,8 +363,20 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 f"state was saved on {sorted(worlds)} ranks with per-rank budgets, this sampler has "
                 f"{self.num_replicas}; resuming per-rank budgets with a different world size is not supported"
             )
-        epoch, step = self._check_state(state, _options(self._opts, self._budgets))
-        planner, opts, budgets = Planner(self._sizes, self.policy, epoch, self._loss), self._opts, self._budgets
+        # the options the saved epoch began with: this sampler's own, or (loaded again, rolled
+        # back) those its current epoch began with before a set_budget/set_cost part-way
+        bases = [(self._opts, self._budgets)]
+        if _options(*self._begun) != _options(*bases[0]):
+            bases.append(self._begun)
+        for tried, (opts, budgets) in enumerate(bases, 1):
+            try:
+                epoch, step = self._check_state(state, _options(opts, budgets))
+                break
+            except ValueError:
+                if tried == len(bases):
+                    raise
+        base = (opts, budgets)
+        planner = Planner(self._sizes, self.policy, epoch, self._loss)
         timeline = planner.start(opts, budgets, world0)
         for generation, event in enumerate(saved, 1):
             timeline, opts, budgets = planner.apply(timeline, event, generation, opts, budgets, (self._opts.cost,))
@@ -377,7 +389,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 epoch, step, timeline.steps.plan.n_samples, self.num_replicas,
             )
         self.set_epoch(epoch)
-        self._begun, self._world0 = (self._opts, self._budgets), world0
+        self._begun, self._world0 = base, world0
         self._opts, self._budgets, self._cache = opts, budgets, None
         self._events, self._timeline = saved, timeline
         self._seek(step)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fitbatch import _windows as W
-from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
+from fitbatch._plan_sampler import PlanSampler, RankLayout, _as_json, torch_class
 from fitbatch._timeline import (
     Planner,
     Timeline,
@@ -367,13 +367,31 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         return self._from_row
 
     def _end(self) -> int:
-        """Steps in the epoch as it runs now: the live window's end, then the census's steps."""
+        """Steps in the epoch as it runs now: the live window's end, then the census's steps.
+
+        Windows that hold saved events (a prefetching loader's, after a resume) are planned to
+        count them; the census counts the others with the options in force after them.
+        """
         live = self._current()
+        ahead = max((int(e[WINDOW_KEY]) for e in self._events), default=-1)
+        if ahead > live.plan.index and not live.last:
+            saved = (self._live, dict(self._marks), self._opts)
+            try:
+                while live.plan.index < ahead and not live.last:
+                    live = self._next(live)
+                return self._end_after(live)
+            finally:
+                self._live, self._marks, self._opts = saved
+        return self._end_after(live)
+
+    def _end_after(self, live: Live) -> int:
+        """The epoch's steps when window ``live`` runs with the options in force now."""
         if live.last:
             return live.end
         todo = list(range(live.plan.index + 1, self.windows().n_windows))
         counts = self._census(todo, self.epoch)
-        steps = W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry))
+        refit = W.carried_batches(self._column, live.plan.carry, self._opts, self.epoch, todo[0])
+        steps = W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry), refit)
         return live.end + sum(steps)
 
     def n_steps(self, epoch: int | None = None) -> int:
@@ -430,8 +448,8 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         samples, units, loss = (np.concatenate([getattr(t, f) for t in totals]) for f in ("samples", "units", "loss_units"))
         return RankLayout(joined, samples, units, self._from_row, loss)
 
-    def _config(self) -> dict[str, Any]:
-        return {**self._begun.to_dict(), "window": self.window, "block": self.block}
+    def _config(self, begun: PlanOptions | None = None) -> dict[str, Any]:
+        return {**(self._begun if begun is None else begun).to_dict(), "window": self.window, "block": self.block}
 
     def state_dict(self, *, step: int | None = None) -> dict[str, Any]:
         """A JSON-able state: ``epoch``, ``step``, the window it is in, and the epoch's events.
@@ -470,10 +488,15 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         saved = state.get(OPTIONS_KEY)
         if self._auto and isinstance(saved, Mapping) and isinstance(saved.get("window"), int):
             self.window = saved["window"]  # chosen for the world the epoch began on
-        epoch, step = self._check_state(state, self._config())
+        # the options the saved epoch began with: those this sampler's epoch began with (built
+        # with them, or loaded again after a set_budget part-way), else those in force now
+        begun = self._begun
+        if self._opts != begun and _as_json(state.get(OPTIONS_KEY)) == _as_json(self._config(self._opts)):
+            begun = self._opts
+        epoch, step = self._check_state(state, self._config(begun))
         w, first, carried = int(state[WINDOW_KEY]), int(state[WINDOW_STEP_KEY]), int(state[CARRY_KEY])
         self.set_epoch(epoch)
-        self._begun, self._world0, self._events = self._opts, int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))
+        self._begun, self._world0, self._events = begun, int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))
         n_windows = self.windows().n_windows
         if w >= n_windows or (w == 0 and carried) or step < first:
             raise ValueError(f"state's window {w} (step {first}, carry {carried}) is not in epoch {epoch} of {n_windows} windows at step {step}; pass what state_dict() returned, unchanged")
@@ -482,8 +505,14 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         if live.timeline.world != self.num_replicas:
             event = {WINDOW_KEY: w, STEP_KEY: step - first, NUM_REPLICAS_KEY: self.num_replicas}
             check_step(f"step {step}", step - first, live.timeline, epoch)
-            self._apply(live, event, self._generation(live))
-            self._events.append(event)
+            # events of later windows (a prefetching loader's, past the saved step) name steps of
+            # the old world's windows: as the global sampler does, the rest of the epoch runs
+            # with the options in force after them, so they move to the resume point
+            later = [e for e in self._events if e[WINDOW_KEY] > w]
+            self._events = [e for e in self._events if e[WINDOW_KEY] <= w]
+            for change in (event, *({**e, WINDOW_KEY: w, STEP_KEY: step - first} for e in later)):
+                self._apply(live, change, self._generation(live))
+                self._events.append(change)
             self._from_row = step
             logger.info("resumed epoch %d at step %d (window %d): the rest re-arranged for %d ranks", epoch, step, w, self.num_replicas)
         self._live = live
