@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -71,6 +72,38 @@ def world_info(num_replicas: int | None = None, rank: int | None = None) -> tupl
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
         raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
     return world, int(rank)
+
+
+def shared_seed(seed: Any, world: int) -> Any:
+    """The seed every rank plans with: ``seed`` itself, unless it is ``None`` on several ranks.
+
+    ``seed=None`` draws fresh entropy, which differs on every rank: their plans would disagree
+    (samples repeated and lost). Under an initialised ``torch.distributed`` of ``world`` ranks
+    rank 0's draw is broadcast (a collective call: every rank must build its sampler); without
+    one it is refused.
+
+    >>> shared_seed(None, 1) is None, shared_seed(7, 8)
+    (True, 7)
+    >>> shared_seed(None, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed=None draws another seed on each of the 2 ranks, whose plans would then disagree (samples repeated and lost); pass seed=<int>, the same on every rank, or build the sampler after torch.distributed.init_process_group (rank 0's draw is then shared)
+    """
+    if seed is not None or world == 1:
+        return seed
+    from fitbatch._windows import shared_world
+
+    if not shared_world(world):
+        raise ValueError(
+            f"seed=None draws another seed on each of the {world} ranks, whose plans would then disagree "
+            "(samples repeated and lost); pass seed=<int>, the same on every rank, or build the sampler "
+            "after torch.distributed.init_process_group (rank 0's draw is then shared)"
+        )
+    import torch.distributed as dist
+
+    drawn = [_rng.resolve_seed(None)]
+    dist.broadcast_object_list(drawn, src=0)
+    return int(drawn[0])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ from fitbatch._timeline import (
 from fitbatch._validate import choice, parse_budget
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch.costs import CostModel
-from fitbatch.distributed import POLICIES, Steps, world_info
+from fitbatch.distributed import POLICIES, Steps, shared_seed, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.resume import (
     DIGEST,
@@ -171,6 +171,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 raise ValueError(f"budget has {len(budget)} per-rank values for {self.num_replicas} ranks")
             self._budgets = tuple(parse_budget(b, "budget") for b in budget)
             budget = min(self._budgets)
+        if "seed" in options:
+            options["seed"] = shared_seed(options["seed"], self.num_replicas)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
         if self._budgets is not None and self._opts.max_shapes is not None:
             raise ValueError("max_shapes needs one budget for every rank (the shapes are shared); pass one budget")

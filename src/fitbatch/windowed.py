@@ -48,7 +48,7 @@ from fitbatch._timeline import (
 from fitbatch._validate import choice, non_negative_int, positive_int
 from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
 from fitbatch.costs import CostModel
-from fitbatch.distributed import POLICIES, world_info
+from fitbatch.distributed import POLICIES, shared_seed, world_info
 from fitbatch.options import PlanKeywords, PlanOptions
 from fitbatch.plan import BatchPlan
 from fitbatch.resume import (
@@ -159,6 +159,8 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         self.block = int(positive_int("block", block) or W.BLOCK)
         self.census = choice("census", census, CENSUS)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
+        if "seed" in options:
+            options["seed"] = shared_seed(options["seed"], self.num_replicas)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)  # type: ignore[arg-type]
         self.window = int(window) if window is not None else W.auto_window(self._column, self._opts, self.num_replicas)
         if self.window < 2 * self.num_replicas:  # every window (the last: half of one, at least) gives every rank a batch

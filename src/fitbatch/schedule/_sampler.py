@@ -38,7 +38,7 @@ from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike, resolve_seed
 from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
 from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch.distributed import world_info
+from fitbatch.distributed import shared_seed, world_info
 from fitbatch.plan import PlanOptions
 from fitbatch.resume import (
     CONFIG_KEY,
@@ -202,7 +202,8 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
-        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, resolve_seed(seed)
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.seed = resolve_seed(shared_seed(seed, self.num_replicas))
         self.rounding = choice("rounding", rounding, ROUNDING)
         self.micro_batch_size, self._opts = self._resolve_micro(micro_batch_size, micro_budget)
         self._first: dict[int, int] = {0: 0}  # epoch -> its first global step
