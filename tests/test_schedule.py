@@ -676,3 +676,10 @@ def test_gloo_ddp_follows_trace(tmp_path, world, trace, normalize):
             torch.testing.assert_close(res["straight"][name], want, atol=1e-5, rtol=0)
             assert torch.equal(res["straight"][name], results[0]["straight"][name])
             torch.testing.assert_close(res["resumed"][name], res["straight"][name], atol=0, rtol=0)
+
+
+def test_too_few_samples_for_the_ranks_names_a_way_out_it_takes():
+    """The budget samplers' message named ``policy='drop'``, a keyword this sampler has not."""
+    with pytest.raises(ValueError, match=r"each of 4 ranks; use fewer ranks, a smaller micro_batch_size") as err:
+        ScheduledBatchSampler([5, 5, 5], 100, micro_batch_size="100", num_replicas=4, rank=0)
+    assert "policy" not in str(err.value)

@@ -53,9 +53,8 @@ def test_exact_batches_and_hand_on():
         [[3], [2], [8], [7], [1], [12], [11]],
     ]
     assert [len(s) for s in ranks] == [7, 7]
-    one = WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 8, window=4, block=2, cost="sum", strategy="sequential", num_replicas=1, rank=0)
-    with pytest.raises(ValueError, match="index 5 "):  # the dataset's index, not the window's
-        list(one)
+    with pytest.raises(ValueError, match=r"largest sample \(size 9\)"):  # refused when built
+        WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 8, window=4, block=2, cost="sum", strategy="sequential", num_replicas=1, rank=0)
 
 
 @given(n=st.integers(1, 3000), window=st.integers(1, 700), block=st.integers(1, 300), seed=st.integers(0, 99), shuffle=st.booleans())
@@ -418,3 +417,42 @@ def test_the_same_sampler_loads_its_state_again_after_a_budget_change():
     fresh = WindowedBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0)
     fresh.load_state_dict(s.state_dict(step=ckpt["step"]))
     assert list(fresh) == expected
+
+
+def test_an_oversized_sample_is_refused_when_the_windowed_sampler_is_built():
+    """Not eight batches into the epoch, at the window that holds it (the global sampler refuses
+    it before its first batch)."""
+    sizes = [10] * 99 + [500]
+    with pytest.raises(ValueError, match=r"largest sample \(size 500\).*oversized='single'"):
+        WindowedBatchSampler(sizes, 100, window=20, num_replicas=1, rank=0, census="local")
+    with pytest.raises(ValueError, match="largest sample"):
+        BudgetBatchSampler(sizes, 100, window=20, num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda s: BudgetBatchSampler(s, 12, window=0, num_replicas=1, rank=0), "window must be >= 1"),
+    (lambda s: BudgetBatchSampler(s, 12, window="wide", num_replicas=1, rank=0), "window must be 'auto'"),
+    (lambda s: BudgetBatchSampler(s, 12, window=4, loss_sizes=[1] * 8, num_replicas=1, rank=0),
+     r"loss_sizes is not supported with windowed plans.*window=None"),
+])
+def test_the_window_argument_is_checked(make, match):
+    with pytest.raises(ValueError, match=match):
+        make([3, 1, 4, 1, 5, 9, 2, 6])
+
+
+def test_the_window_argument_takes_numpy_ints_and_keyword_sizes():
+    sizes = [3, 1, 4, 1, 5, 9, 2, 6]
+    for sampler in (BudgetBatchSampler(sizes, 12, window=np.int64(4), num_replicas=1, rank=0),
+                    BudgetBatchSampler(sizes=sizes, budget=12, window=4, num_replicas=1, rank=0)):
+        assert isinstance(sampler, WindowedBatchSampler) and sampler.window == 4
+        assert sorted(i for b in sampler for i in b) == list(range(8))
+
+
+def test_a_state_of_the_other_sampler_kind_is_named_as_such():
+    sizes = list(range(1, 41))
+    windowed = BudgetBatchSampler(sizes, 100, window=10, num_replicas=1, rank=0)
+    whole = BudgetBatchSampler(sizes, 100, window=None, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match=r"it has keys \[.carry., .window., .window_step.\] that.*another kind"):
+        whole.load_state_dict(windowed.state_dict(step=2))
+    with pytest.raises(ValueError, match=r"it has no \[.carry., .window., .window_step.\].*another kind"):
+        windowed.load_state_dict(whole.state_dict(step=2))

@@ -259,12 +259,20 @@ class StateSchema:
         """
         if not hasattr(state, "keys"):
             raise TypeError(f"{self.name} state must be a mapping (what state_dict() returned), got {type(state).__name__}")
+        allowed = self.required | self.optional
         if VERSION_KEY in state and state[VERSION_KEY] != self.version:
+            extra, absent = sorted(set(state) - allowed), sorted(self.required - set(state))
+            parts = [f"keys {extra} that {self.name} states do not have"] if extra else []
+            parts += [f"no {absent}"] if absent else []
+            kind = (  # keys of another kind of state too: say so (a windowed and a global sampler's differ)
+                f"; it has {' and '.join(parts)}: if another kind of object saved it (a "
+                "WindowedBatchSampler's state and a BudgetBatchSampler's differ), load it into that kind"
+                if parts else ""
+            )
             raise ValueError(
                 f"unsupported {self.name} state version {state[VERSION_KEY]!r}; expected {self.version} "
-                "(resume with the fitbatch release that saved it)"
+                f"(resume with the fitbatch release that saved it){kind}"
             )
-        allowed = self.required | self.optional
         unknown = set(state) - allowed
         if unknown:
             raise ValueError(f"unknown {self.name} state keys {sorted(unknown)}; expected {sorted(allowed)}")

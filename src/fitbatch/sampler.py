@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from fitbatch._timeline import (
     cost_change,
     screen,
 )
-from fitbatch._validate import choice, parse_budget
+from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch.costs import CostModel
 from fitbatch.distributed import POLICIES, Steps, shared_seed, world_info
@@ -136,13 +137,13 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # window="auto" (or a window size): a BudgetBatchSampler over very many samples is a
         # WindowedBatchSampler (fitbatch.windowed), which plans the epoch a window at a time
-        if cls is BudgetBatchSampler and args:
-            window = _window_for(args, kwargs)
-            if window is not None:
+        if cls is BudgetBatchSampler and (args or "sizes" in kwargs):
+            windowed, window = _window_for(args, kwargs)
+            if windowed:
                 from fitbatch.windowed import WindowedBatchSampler
 
                 rest = {k: v for k, v in kwargs.items() if k != "window"}
-                return WindowedBatchSampler(*args, window=window or None, **rest)
+                return WindowedBatchSampler(*args, window=window, **rest)
         return super().__new__(cls)
 
     def __init__(
@@ -403,28 +404,31 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         )
 
 
-def _window_for(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
-    """The window a ``BudgetBatchSampler(*args, **kwargs)`` plans in, or ``None`` for the whole epoch.
+def _window_for(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[bool, int | None]:
+    """Whether a ``BudgetBatchSampler(*args, **kwargs)`` plans in windows, and the
+    ``WindowedBatchSampler``'s ``window`` (``None``: its own choice).
 
     >>> _window_for(([1, 2, 3], 4), {}), _window_for(([1, 2, 3], 4), {"window": 2})
-    (None, 2)
+    ((False, None), (True, 2))
     """
     from fitbatch import _windows as W
 
     window = kwargs.get("window", "auto")
-    if window is None or isinstance(window, int) and not isinstance(window, bool):
-        return window
+    if window is None:
+        return False, None
+    if isinstance(window, numbers.Integral) and not isinstance(window, bool):
+        return True, int(positive_int("window", window) or 0)
     if window != "auto":
-        raise ValueError(f"window must be 'auto', None or a number of samples, got {window!r}")
-    sizes = args[0]
+        raise ValueError(f"window must be 'auto', None or a number of samples >= 1, got {window!r}")
+    sizes = args[0] if args else kwargs.get("sizes")
     budget = args[1] if len(args) > 1 else kwargs.get("budget")
-    n = kwargs.get("n") if callable(sizes) else len(sizes) if hasattr(sizes, "__len__") else None
+    n = kwargs.get("n") if callable(sizes) else len(sizes) if hasattr(sizes, "__len__") else None  # type: ignore[arg-type]
     blocked = kwargs.get("loss_sizes") is not None or kwargs.get("drop_last") or kwargs.get("max_shapes")
     per_rank = isinstance(budget, Sequence) and not isinstance(budget, str)
     if not isinstance(n, int) or n <= W.AUTO_ABOVE or blocked or per_rank:
-        return None
+        return False, None
     logger.info("%d samples: planned in windows (pass window=None for one global plan)", n)
-    return 0  # the windowed sampler's own choice (fitbatch._windows.auto_window)
+    return True, None  # the windowed sampler's own choice (fitbatch._windows.auto_window)
 
 
 def _options(opts: PlanOptions, budgets: Budgets) -> dict[str, Any]:

@@ -146,8 +146,8 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     ) -> None:
         if isinstance(budget, Sequence) and not isinstance(budget, str):
             raise ValueError("a windowed sampler takes one budget for every rank; pass one budget, or window=None")
-        for name in ("drop_last", "max_shapes"):
-            if options.get(name):
+        for name in ("drop_last", "max_shapes", "loss_sizes"):
+            if options.get(name) not in (None, False):
                 raise ValueError(f"{name} is not supported with windowed plans; leave it out, or pass window=None")
         self._column = W.Column.of(sizes, n)
         # the protocol's samples (it reads their len(); the digest is the column's, set here)
@@ -162,6 +162,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         if "seed" in options:
             options["seed"] = shared_seed(options["seed"], self.num_replicas)
         self._opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)  # type: ignore[arg-type]
+        self._column.screen(self._opts)  # an oversized sample refused now, not windows into the epoch
         self.window = int(window) if window is not None else W.auto_window(self._column, self._opts, self.num_replicas)
         if self.window < 2 * self.num_replicas:  # every window (the last: half of one, at least) gives every rank a batch
             raise ValueError(f"window={self.window} holds fewer than 2 x num_replicas={self.num_replicas} samples; pass a larger window")

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import SumCost
-from fitbatch.distributed import arrange
+from fitbatch.distributed import TooFewSamples, arrange
 from fitbatch.plan import BatchPlan, PlanOptions, plan_with
 from fitbatch.schedule._sizes import BatchSizeSchedule
 from fitbatch.sizes import Sizes
@@ -159,7 +159,14 @@ def budget_layout(
 ) -> Layout:
     """Budget steps: core plan -> rows of ``world`` micro-batches -> steps of rows."""
     plan = plan_with(sizes, opts, epoch, loss_sizes=loss)
-    arranged = arrange(plan, sizes, opts.cost, world, seed=opts.seed, epoch=epoch, purpose="schedule-rows")
+    try:
+        arranged = arrange(plan, sizes, opts.cost, world, seed=opts.seed, epoch=epoch, purpose="schedule-rows")
+    except TooFewSamples:  # its way out names the budget samplers' policy=, which this one has not
+        raise ValueError(
+            f"cannot give every rank a batch: the {plan.n_samples} samples ({len(plan)} micro-batches "
+            f"under the budget {opts.budget:g}) do not split into one micro-batch for each of {world} "
+            "ranks; use fewer ranks, a smaller micro_batch_size budget, or more samples"
+        ) from None
     plan, grid, row_units = arranged.plan, arranged.grid, arranged.step_units
     cum = np.concatenate([[0.0], np.cumsum(row_units)])
     bounds: list[int] = [0]
