@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fitbatch import _windowed_state as _state
 from fitbatch import _windows as W
-from fitbatch._plan_sampler import PlanSampler, RankLayout, _as_json, torch_class
+from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
 from fitbatch._timeline import (
     Planner,
     Timeline,
@@ -45,7 +46,7 @@ from fitbatch._timeline import (
     check_step,
     cost_change,
 )
-from fitbatch._validate import choice, non_negative_int, positive_int
+from fitbatch._validate import choice, positive_int
 from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
 from fitbatch.costs import CostModel
 from fitbatch.distributed import POLICIES, shared_seed, world_info
@@ -462,21 +463,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         batches handed out; pass the loop's own count with a prefetching ``DataLoader``
         (a step in a window this epoch has passed is fine).
         """
-        cursor = self._position if step is None else non_negative_int(STEP_KEY, step)
-        live = self._current()
-        if not self._from() <= cursor <= live.end:
-            raise ValueError(
-                f"step {cursor} is outside the steps of epoch {self.epoch} this sampler knows "
-                f"({self._from()}..{live.end}); pass the steps of the epoch completed"
-            )
-        w = W.window_of(self._marks, cursor, live)
-        first, carried = self._marks[w]
-        return self.STATE.envelope(
-            epoch=self.epoch, step=cursor, num_replicas=self._world0, n_samples=len(self._column),
-            sizes_digest=self._digest, options=self._config(), events=copy.deepcopy(self._events),
-            window=w, window_step=first, carry=carried,
-        )
-
+        return _state.save(self, step)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly where ``state`` was taken: plan its window (and the one before it), replay its events.
@@ -488,40 +475,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             ValueError: a state of another kind or version, other samples or options, or a
                 window or step outside the epoch.
         """
-        saved = state.get(OPTIONS_KEY)
-        if self._auto and isinstance(saved, Mapping) and isinstance(saved.get("window"), int):
-            self.window = saved["window"]  # chosen for the world the epoch began on
-        # the options the saved epoch began with: those this sampler's epoch began with (built
-        # with them, or loaded again after a set_budget part-way), else those in force now
-        begun = self._begun
-        if self._opts != begun and _as_json(state.get(OPTIONS_KEY)) == _as_json(self._config(self._opts)):
-            begun = self._opts
-        epoch, step = self._check_state(state, self._config(begun))
-        w, first, carried = int(state[WINDOW_KEY]), int(state[WINDOW_STEP_KEY]), int(state[CARRY_KEY])
-        self.set_epoch(epoch)
-        self._begun, self._world0, self._events = begun, int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))
-        n_windows = self.windows().n_windows
-        if w >= n_windows or (w == 0 and carried) or step < first:
-            raise ValueError(f"state's window {w} (step {first}, carry {carried}) is not in epoch {epoch} of {n_windows} windows at step {step}; pass what state_dict() returned, unchanged")
-        self._marks, self._from_row = {}, first if any(NUM_REPLICAS_KEY in e for e in self._events) else 0
-        live = self._rebuild(w, first, carried)
-        if live.timeline.world != self.num_replicas:
-            event = {WINDOW_KEY: w, STEP_KEY: step - first, NUM_REPLICAS_KEY: self.num_replicas}
-            check_step(f"step {step}", step - first, live.timeline, epoch)
-            # events of later windows (a prefetching loader's, past the saved step) name steps of
-            # the old world's windows: as the global sampler does, the rest of the epoch runs
-            # with the options in force after them, so they move to the resume point
-            later = [e for e in self._events if e[WINDOW_KEY] > w]
-            self._events = [e for e in self._events if e[WINDOW_KEY] <= w]
-            for change in (event, *({**e, WINDOW_KEY: w, STEP_KEY: step - first} for e in later)):
-                self._apply(live, change, self._generation(live))
-                self._events.append(change)
-            self._from_row = step
-            logger.info("resumed epoch %d at step %d (window %d): the rest re-arranged for %d ranks", epoch, step, w, self.num_replicas)
-        self._live = live
-        if step > live.end:
-            raise ValueError(f"state's step {step} is beyond window {w}, which ends at step {live.end}; pass what state_dict() returned, unchanged")
-        self._seek(step)
+        _state.load(self, state)
 
     def __repr__(self) -> str:
         where = f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch}"
