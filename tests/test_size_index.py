@@ -552,3 +552,32 @@ def test_docs_scale_examples_run() -> None:
         optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
     )
     assert result.attempted >= 10 and result.failed == 0
+
+
+def test_an_empty_shard_keeps_a_whole_number_index_whole(tmp_path: Path) -> None:
+    """An empty list reads as float64: the index turned float, and planned against the budget
+    lowered for fractional sizes (4 batches where 2 fit)."""
+    index = SizeIndex.create(tmp_path / "idx", [[5, 5, 5, 5], []])
+    assert index.sizes.dtype == np.int32 and index.stats["integral"]
+    assert fitbatch.plan_batches(index, 10, cost="sum", strategy="sequential").to_lists() == [[0, 1], [2, 3]]
+
+
+def test_create_with_no_sizes_leaves_nothing_behind(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no sizes"):
+        SizeIndex.create(tmp_path / "idx", [])
+    assert not (tmp_path / "idx").exists()
+    assert len(SizeIndex.create(tmp_path / "idx", [[1, 2]])) == 2  # the path is free
+
+
+def test_another_sizeof_at_the_same_path_is_refused(tmp_path: Path) -> None:
+    """Two lambdas have one name: the code tells them apart (the old index was returned)."""
+    pq.write_table(pa.table({"text": ["a bb ccc", "dd e"]}), tmp_path / "t.parquet")
+    chars = build_size_index(str(tmp_path / "t.parquet"), tmp_path / "idx", column="text",
+                             sizeof=lambda texts: [len(t) for t in texts], workers=1)
+    assert chars.sizes.tolist() == [8, 4]
+    with pytest.raises(ValueError, match="holds an index of another source"):
+        build_size_index(str(tmp_path / "t.parquet"), tmp_path / "idx", column="text",
+                         sizeof=lambda texts: [len(t.split()) for t in texts], workers=1)
+    again = build_size_index(str(tmp_path / "t.parquet"), tmp_path / "idx", column="text",
+                             sizeof=lambda texts: [len(t) for t in texts], workers=1)
+    assert again.sizes.tolist() == [8, 4]  # the same code: the finished index, opened

@@ -397,3 +397,12 @@ def test_s3_cache_is_written_next_to_the_data(s3: tuple[S3Server, dict[str, Any]
     assert ("GET", "/fitbatch/shards/p1/.fitbatch-sizes.npy", "") in [(m, p, q) for m, p, q in server.requests]
     fresh = S.from_files("s3://fitbatch/shards/p1/", storage_options=options)
     assert np.array_equal(fresh, first)  # the cache object is not counted as data
+
+
+def test_a_text_file_holds_one_number_per_line(tmp_path: Path) -> None:
+    """The fast path split at any whitespace: ``3 4`` on one line made two samples of one."""
+    (tmp_path / "two.txt").write_text("12\n3 4\n7\n")
+    with pytest.raises(ValueError, match=r"two\.txt line 2: '3 4' is not a number"):
+        S.from_source(tmp_path / "two.txt")
+    (tmp_path / "spaced.txt").write_text(" 12 \n\n3\t\n")  # blanks around a number are fine
+    assert S.from_source(tmp_path / "spaced.txt").tolist() == [12, 3]

@@ -706,3 +706,67 @@ def test_stream_sizes_above_2_53_are_refused_naming_the_item() -> None:
     with pytest.raises(ValueError, match=r"at most 2\*\*53.*stream item 1 \(size 9007199254740994"):
         list(batch_stream(range(3), sizeof=lambda i: sizes[i], budget=2**54, cost="sum"))
     assert list(batch_stream(range(3), sizeof=lambda i: [5, 2**53, 1][i], budget=2**54, cost="sum")) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("sizes, budget", [
+    ([2.5, 27.002, 27.003, 27.003, 27.003], 66),  # fractional: sort keys fitted to the set
+    ([28_000_000, 400_000, 28_000_000], 56_000_717),  # whole numbers past the 16-bit keys
+    ([29.002, 29.001, 29.002, 2.5], 43),
+])
+def test_a_bucket_stream_restored_after_its_source_ended_yields_the_rest(sizes, budget):
+    """The final flush is planned exactly sorted (ties by position) and cut from the largest:
+    the items a restore re-plans are a prefix of that order and cut the same way (keys
+    fitted to the whole held set and to the rest differed)."""
+    kw = dict(sizeof=lambda i: sizes[i], budget=budget, cost="padded", strategy="buckets")
+    full = list(fitbatch.batch_stream(range(len(sizes)), **kw))
+    for k in range(1, len(full)):
+        s = fitbatch.batch_stream(range(len(sizes)), **kw)
+        head = [next(s) for _ in range(k)]
+        state = json.loads(json.dumps(s.state_dict()))
+        r = fitbatch.batch_stream(range(len(sizes)), **kw)
+        r.load_state_dict(state)
+        assert head + list(r) == full, (k, state["done"])
+    assert sorted(i for b in full for i in b) == list(range(len(sizes)))
+
+
+def test_a_source_that_raises_part_way_through_a_chunk_loses_nothing():
+    """The items read before the error stay for the next call (they were dropped uncounted)."""
+
+    class Flaky:
+        def __init__(self):
+            self.i, self.failed = 0, False
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            if self.i == 5 and not self.failed:
+                self.failed = True
+                raise ConnectionError("transient")
+            if self.i >= 10:
+                raise StopIteration
+            self.i += 1
+            return self.i - 1
+
+    def broken():
+        yield from range(5)
+        raise ConnectionError("broken shard")
+
+    for source, n in ((Flaky(), 10), (broken(), 5)):
+        stream = fitbatch.batch_stream(source, sizeof=lambda x: 1, budget=3, cost="sum")
+        out = []
+        with pytest.raises(ConnectionError):
+            out.extend(stream)
+        out.extend(stream)  # goes on after the error
+        assert sorted(i for b in out for i in b) == list(range(n))
+        assert stream.summary.items_read == stream.summary.items_emitted == n
+
+
+def test_sizeof_must_return_numbers_as_plan_batches_asks():
+    with pytest.raises(TypeError, match=r"sizeof returned str '3' for stream item 0"):
+        list(fitbatch.batch_stream(range(4), sizeof=lambda x: "3", budget=10))
+    from fitbatch.streaming import per_chunk
+
+    for bad in (["3"] * 4, [3 + 5j] * 4):
+        with pytest.raises(TypeError, match="return numbers"):
+            list(fitbatch.batch_stream(range(4), sizeof=per_chunk(lambda xs, b=bad: np.array(b[: len(xs)])), budget=10))

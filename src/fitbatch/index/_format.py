@@ -196,7 +196,7 @@ def finish_build(path: str, source: str, names: list[str]) -> dict[str, Any]:
         stats = shard_stats(name, values)
         stats["offset"] = offset
         offset += stats["count"]
-        integral &= values.dtype.kind in "iu"
+        integral &= values.dtype.kind in "iu" or values.size == 0  # an empty shard has no type
         shards.append(stats)
     if offset == 0:
         raise ValueError(

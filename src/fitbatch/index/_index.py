@@ -133,16 +133,15 @@ class SizeIndex:
             shutil.rmtree(where)
         names: list[str] = []
         _format.start_build(where, source, names)  # an empty record: create() never resumes
-        for i, chunk in enumerate(chunks):
-            arr = np.asarray(chunk.detach().cpu().numpy() if hasattr(chunk, "detach") else chunk)
-            try:
-                values = _finish(arr, f"shard {i}")
-            except (TypeError, ValueError):
-                shutil.rmtree(where, ignore_errors=True)
-                raise
-            _format.write_part(where, i, values)
-            names.append(f"{source}[{i}]")
-        _format.finish_build(where, source, names)
+        try:
+            for i, chunk in enumerate(chunks):
+                arr = np.asarray(chunk.detach().cpu().numpy() if hasattr(chunk, "detach") else chunk)
+                _format.write_part(where, i, _finish(arr, f"shard {i}"))
+                names.append(f"{source}[{i}]")
+            _format.finish_build(where, source, names)
+        except (TypeError, ValueError):  # bad sizes, or none at all: no half-built index is left
+            shutil.rmtree(where, ignore_errors=True)
+            raise
         return cls.open(where)
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ array([3, 1])
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -332,7 +333,7 @@ def plan_shards(
     if column is not None:  # part of what is built: a resumed or finished build must match it
         desc += f"; column {column!r}"
     if sizeof is not None:
-        desc += f"; sizeof {getattr(sizeof, '__module__', '')}.{getattr(sizeof, '__qualname__', type(sizeof).__name__)}"
+        desc += f"; sizeof {_function_name(sizeof)}"
     if format not in (None, kind):
         raise ValueError(f"format={format!r} does not apply to a datasets.Dataset")
     if sizeof is not None and kind not in ("parquet", "dataset"):
@@ -340,6 +341,35 @@ def plan_shards(
     if column is not None and kind in ("megatron", "files"):
         raise ValueError(f"column= does not apply to {kind} sources")
     return kind, desc, shards
+
+
+def _function_name(fn: Any) -> str:
+    """``module.qualname`` of ``fn``, and a digest of its code where it has Python code: two
+    lambdas (one name) that count differently are two sources.
+
+    >>> _function_name(len)
+    'builtins.len'
+    >>> _function_name(lambda row: 1) != _function_name(lambda row: 2)
+    True
+    """
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} (code {hashlib.sha256(_code_bytes(code)).hexdigest()[:12]})"
+
+
+def _code_bytes(code: Any) -> bytes:
+    """What a code object computes, the same in every process (no addresses, no set order)."""
+    parts = [code.co_code, repr(code.co_names).encode()]
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):  # a nested function's code
+            parts.append(_code_bytes(const))
+        elif isinstance(const, frozenset):
+            parts.append(repr(sorted(map(repr, const))).encode())
+        else:
+            parts.append(repr(const).encode())
+    return b"\0".join(parts)
 
 
 def _path_shards(

@@ -52,10 +52,14 @@ def close_all() -> None:
 
 
 def hook_after(pool_kind: str) -> None:
-    """Make sure :func:`close_all` runs before the exit hook of pools of this kind."""
+    """Make sure :func:`close_all` runs before the exit hook of the pool just started.
+
+    Registered again for every pool, not once per kind: loky registers its hook again each time
+    an executor starts (its "already registered" check never holds), and a hook registered
+    once, after the first pool, would then run after the later pools' hooks, which wait on the
+    busy workers forever. ``close_all`` is idempotent.
+    """
     with _lock:
-        if pool_kind in _hooked:
-            return
         _hooked.add(pool_kind)
     register = getattr(threading, "_register_atexit", None)
     if register is None:  # pragma: no cover - CPython >= 3.9 has it

@@ -63,7 +63,8 @@ def _pick_column(names: Sequence[str], column: str | None, source: str) -> str:
 
 def _text_sizes(data: bytes, source: str) -> NDArray[Any]:
     """One number per line; blank lines and ``#`` comments are ignored."""
-    if b"#" not in data:
+    # the fast path splits at any whitespace: only where no line can hold two numbers
+    if b"#" not in data and b" " not in data and b"\t" not in data:
         try:
             fast = np.array(data.split(), dtype=np.float64)
             if not (fast.size and fast.max() >= MAX_EXACT):  # else: look for rounded integers below

@@ -27,7 +27,6 @@ from fitbatch import _sorting as SK
 from fitbatch._rules import planning_budget
 from fitbatch._validate import choice
 from fitbatch.costs import CostModel
-from fitbatch.plan import plan_batches
 from fitbatch.strategies import Buckets, Sequential, Strategy, fit_buckets
 from fitbatch.streaming._shuffle import emission_key
 
@@ -374,13 +373,22 @@ class BucketPlanner:
         return whole.cut(0, count)
 
     def finish(self) -> list[Run]:
-        """Flush: every held item, planned together sorted by size (the core ``sorted`` plan)."""
+        """Flush: every held item, planned together sorted by size (as the core ``sorted`` plan).
+
+        Exactly sorted (ties by stream position) and cut greedily from the largest, then emitted
+        smallest first: the items left after any number of these batches are a prefix of that
+        order, which cuts the same way, so a stream restored after its source ended plans the
+        rest exactly (sort keys fitted to the set, as ``plan_batches`` uses, would not).
+        """
         parts = self._drain()
         if not parts:
             return []
         rest = parts[0]
-        plan = plan_batches(rest.sizes, self.budget, cost=self.cost, strategy="sorted", max_batch_size=self.cap, oversized="single")
-        return [Run(rest.take(plan.order), plan.offsets.tolist(), plan.offsets)] if len(plan) else []
+        down = np.lexsort((rest.positions, -rest.sizes))
+        starts = plan_starts(rest.sizes[down], self.budget, self.cost, self.cap)
+        n = len(rest)
+        offsets = (n - np.append(starts, n))[::-1].astype(np.int64)  # the order reversed: smallest first
+        return [Run(rest.take(down[::-1].copy()), offsets.tolist(), offsets)] if n else []
 
     def held_segments(self) -> list[Segment]:
         return [s for b in self._buckets for s in b] + list(self._warm)

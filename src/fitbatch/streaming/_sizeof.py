@@ -128,9 +128,10 @@ def measure(
     if sizeof_batch is not None:
         try:
             raw = np.asarray(sizeof_batch(items))
-            if raw.dtype == bool:
+            if raw.dtype.kind not in "iuf":  # as plan_batches refuses them: no silent casts
+                kind = "booleans" if raw.dtype == bool else f"{raw.dtype} values"
                 raise TypeError(
-                    f"sizeof_batch returned booleans ({raw.ravel()[:3].tolist()}...); return numbers"
+                    f"sizeof_batch returned {kind} ({raw.ravel()[:3].tolist()}...); return numbers"
                 )
             sizes = raw.astype(np.float64, copy=False)
         except Exception as exc:
@@ -168,10 +169,18 @@ def located(exc: Exception, where: str) -> Exception:
 def refuse_bools(
     sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int
 ) -> None:
-    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
+    """Refuse a ``sizeof`` that returns booleans or text, as :func:`fitbatch.plan_batches` refuses them.
 
-    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
+    ``np.fromiter`` reads True as 1.0 and ``"3"`` as 3.0 silently, so the items measured 0 or 1
+    are asked again, and the chunk's first item (a ``sizeof`` returns one type).
     """
+    if items:
+        value = sizeof(items[0])
+        if isinstance(value, (str, bytes, complex, np.complexfloating)):
+            raise TypeError(
+                f"sizeof returned {type(value).__name__} {value!r} for stream item {first}; sizes must be "
+                "numbers (return the item's length or cost, e.g. an int)"
+            )
     for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
         value = sizeof(items[i])
         if isinstance(value, (bool, np.bool_)):

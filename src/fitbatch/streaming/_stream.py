@@ -96,6 +96,7 @@ class BatchStream(Iterator[Any]):
         self._batches: Iterator[Any] | None = None
         self._done = False
         self._read = 0
+        self._partial: list[Any] = []  # a chunk's items read before the source raised
         self._skipped = 0
         self._skipped_positions: list[int] = []
         self._last_size: float | None = None  # of the last item read: a restore checks the source with it
@@ -137,7 +138,9 @@ class BatchStream(Iterator[Any]):
 
     def _next_round(self) -> None:
         assert self._it is not None  # set by _rounds (an internal invariant, not user input)
-        items = list(itertools.islice(self._it, self._planner.want()))
+        # what the source yielded before it raised stays in _partial (extend keeps it) for the next call
+        self._partial.extend(itertools.islice(self._it, self._planner.want() - len(self._partial)))
+        items, self._partial = self._partial, []
         if not items:
             self._done = True
             self._enqueue(self._planner.finish())
