@@ -770,3 +770,16 @@ def test_sizeof_must_return_numbers_as_plan_batches_asks():
     for bad in (["3"] * 4, [3 + 5j] * 4):
         with pytest.raises(TypeError, match="return numbers"):
             list(fitbatch.batch_stream(range(4), sizeof=per_chunk(lambda xs, b=bad: np.array(b[: len(xs)])), budget=10))
+
+
+def test_sizeof_is_asked_once_per_item():
+    """A sizeof may log or count (bionemo's warns on each oversized item): the type check looks
+    at the first value it returned instead of asking again."""
+    calls = []
+
+    def sizeof(x):
+        calls.append(x)
+        return 2 + x % 5
+
+    batches = list(fitbatch.batch_stream(range(1000), sizeof=sizeof, budget=20, cost="sum", buffer_size=64))
+    assert sorted(calls) == list(range(1000)) and sum(map(len, batches)) == 1000

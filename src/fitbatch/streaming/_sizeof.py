@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import warnings
 from collections.abc import Callable
@@ -147,11 +148,19 @@ def measure(
         assert sizeof is not None  # batch_stream checks that exactly one is given
         it = iter(items)
         try:
-            sizes = np.fromiter(map(sizeof, it), dtype=np.float64, count=n)
+            # the first item's value is looked at (a sizeof returns one type), not asked twice:
+            # a sizeof may log or count what it measures
+            head = [sizeof(next(it))] if n else []
+            sizes = np.fromiter(itertools.chain(head, map(sizeof, it)), dtype=np.float64, count=n)
         except Exception as exc:
             # `it` stopped just past the failing item
             pos = first + n - operator.length_hint(it) - 1
             raise located(exc, f"sizeof failed on stream item {pos}") from exc
+        if head and isinstance(head[0], (str, bytes, complex, np.complexfloating)):
+            raise TypeError(
+                f"sizeof returned {type(head[0]).__name__} {head[0]!r} for stream item {first}; sizes "
+                "must be numbers (return the item's length or cost, e.g. an int)"
+            )
         refuse_bools(sizeof, items, sizes, first)
     check_sizes(sizes, first)
     return sizes
@@ -169,18 +178,10 @@ def located(exc: Exception, where: str) -> Exception:
 def refuse_bools(
     sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int
 ) -> None:
-    """Refuse a ``sizeof`` that returns booleans or text, as :func:`fitbatch.plan_batches` refuses them.
+    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
 
-    ``np.fromiter`` reads True as 1.0 and ``"3"`` as 3.0 silently, so the items measured 0 or 1
-    are asked again, and the chunk's first item (a ``sizeof`` returns one type).
+    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
     """
-    if items:
-        value = sizeof(items[0])
-        if isinstance(value, (str, bytes, complex, np.complexfloating)):
-            raise TypeError(
-                f"sizeof returned {type(value).__name__} {value!r} for stream item {first}; sizes must be "
-                "numbers (return the item's length or cost, e.g. an int)"
-            )
     for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
         value = sizeof(items[i])
         if isinstance(value, (bool, np.bool_)):
