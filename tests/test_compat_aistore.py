@@ -137,10 +137,16 @@ def test_seedable_shuffle():
     a = DynamicBatchSampler(sizes, 1000, shuffle=True, seed=7)
     b = DynamicBatchSampler(sizes, 1000, shuffle=True, seed=7)
     first = list(a)
-    assert first == list(b) == list(a)  # the same (seed, epoch): the same batches
+    assert first == list(b)  # the same (seed, epoch): the same batches
     assert sorted(i for batch in first for i in batch) == list(range(300))
+    # without set_epoch, as code written for the original runs, each iteration reshuffles (the
+    # next epoch), reproducibly; set_epoch takes over from then on
+    again = list(a)
+    assert again != first and again == list(b)
+    a.set_epoch(0)
+    assert list(a) == first == list(a)
     a.set_epoch(1)
-    assert list(a) != first
+    assert list(a) == again
     assert list(DynamicBatchSampler(sizes, 1000, shuffle=True, seed=8)) != first
     # the shuffled batches are the original's greedy over the shuffled order
     Original = _original()

@@ -408,3 +408,17 @@ def test_the_docs_examples_run(monkeypatch):
     monkeypatch.chdir(root)
     result = doctest.testfile(str(root / "docs" / "shapes.md"), module_relative=False)
     assert result.attempted >= 10 and result.failed == 0
+
+
+def test_a_fractional_sample_whose_whole_length_is_over_the_budget_is_oversized():
+    """Shapes have whole lengths: 9.5 under 9.7 needs (1, 10), which costs 10 (it was given that
+    shape, over the budget); it is oversized now, by the policy the caller chose."""
+    with pytest.raises(ValueError, match=r"index 0 \(cost 10\.0\)"):
+        fitbatch.plan_batches([9.5, 3.0, 2.5], 9.7, max_shapes=2)
+    plan = fitbatch.plan_batches([9.5, 3.0, 2.5], 9.7, max_shapes=2, oversized="skip")
+    assert plan.skipped.tolist() == [0] and sorted(plan.to_lists()[0]) == [1, 2]
+    poly = fitbatch.PaddedPolynomial(per_token=1, quadratic=0.01)
+    plan = fitbatch.plan_batches([117.6, 50.0, 30.0], 256, cost=poly, max_shapes=2, oversized="skip")
+    assert plan.skipped.tolist() == [0]  # 118 tokens cost 257.24
+    for rows, length in plan.shape_set.tolist():
+        assert poly.evaluate(np.array([rows]), np.array([float(length)]), np.array([rows * length]))[0] <= 256

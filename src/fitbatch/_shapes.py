@@ -323,7 +323,7 @@ def bounded(
             f"{over.values.shape}; pass 1-D sizes (lengths), or max_shapes=None"
         )
     values = over.values
-    alone = opts.cost.sample_cost(values) > opts.budget
+    alone = opts.cost.sample_cost(np.ceil(values)) > opts.budget  # a shape's length is whole
     k = opts.max_shapes if opts.max_shapes is not None else max(len(values), 1)
     if opts.oversized == "skip" or not alone.any():
         shapes = _shapes_of(values[~alone], k, opts)

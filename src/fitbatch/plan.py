@@ -206,6 +206,8 @@ def _screen(sizes: Sizes, model: CostModel, opts: PlanOptions) -> tuple[IntArray
     """The oversized policy applied: positions skipped, the kept sizes (``sizes`` itself when
     none is skipped, else a copy) and the sum of the kept samples' costs alone."""
     values = sizes.values
+    if opts.max_shapes is not None and values.ndim == 1:
+        values = np.ceil(values)  # a shape has a whole length: a sample costs its length rounded up
     alone = model.sample_cost(values)
     skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
     # a sample over the budget (oversized="single") fills one batch alone: it counts as one

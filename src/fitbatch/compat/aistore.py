@@ -38,6 +38,7 @@ Deliberate differences from aistore 2.0.0 (bugs not reproduced):
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fitbatch._plan_sampler import PlanSampler, RankLayout
@@ -134,6 +135,19 @@ class _DynamicBatchSampler(PlanSampler):
             saturation=self._saturation_factor,
         )
         self._cache: tuple[int, BatchPlan] | None = None
+
+    _epoch_given = False  # set_epoch was called: the epoch is the caller's, not counted here
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch_given = True
+        super().set_epoch(epoch)
+
+    def _generate(self) -> Iterator[tuple[int, list[int]]]:
+        yield from super()._generate()
+        if self._shuffle and not self._epoch_given:
+            # code written for the original never calls set_epoch, and the original reshuffles
+            # every iteration: a complete iteration moves on to the next epoch
+            super().set_epoch(self.epoch + 1)
 
     def _layout(self, epoch: int) -> RankLayout:
         # a new shuffle per epoch, the same for the same seed and epoch

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import numbers
 import operator
 import warnings
 from collections.abc import Callable
@@ -148,20 +148,13 @@ def measure(
         assert sizeof is not None  # batch_stream checks that exactly one is given
         it = iter(items)
         try:
-            # the first item's value is looked at (a sizeof returns one type), not asked twice:
-            # a sizeof may log or count what it measures
-            head = [sizeof(next(it))] if n else []
-            sizes = np.fromiter(itertools.chain(head, map(sizeof, it)), dtype=np.float64, count=n)
+            values = list(map(sizeof, it))  # each item asked once: a sizeof may log or count
         except Exception as exc:
             # `it` stopped just past the failing item
             pos = first + n - operator.length_hint(it) - 1
             raise located(exc, f"sizeof failed on stream item {pos}") from exc
-        if head and isinstance(head[0], (str, bytes, complex, np.complexfloating)):
-            raise TypeError(
-                f"sizeof returned {type(head[0]).__name__} {head[0]!r} for stream item {first}; sizes "
-                "must be numbers (return the item's length or cost, e.g. an int)"
-            )
-        refuse_bools(sizeof, items, sizes, first)
+        refuse_types(values, first)
+        sizes = np.fromiter(values, dtype=np.float64, count=n)
     check_sizes(sizes, first)
     return sizes
 
@@ -175,17 +168,25 @@ def located(exc: Exception, where: str) -> Exception:
         return RuntimeError(msg)
 
 
-def refuse_bools(
-    sizeof: Callable[[Any], Any], items: list[Any], sizes: NDArray[np.float64], first: int
-) -> None:
-    """Refuse a ``sizeof`` that returns booleans, as :func:`fitbatch.plan_batches` refuses them.
+def refuse_types(values: list[Any], first: int) -> None:
+    """Refuse what ``sizeof`` returned unless every value is a real number, as
+    :func:`fitbatch.plan_batches` refuses other sizes (``np.fromiter`` reads True as 1.0 and
+    ``"3"`` as 3.0, silently). One pass over the values' types, in C.
 
-    ``np.fromiter`` reads True as 1.0 silently, so only the items measured 0 or 1 are asked again.
+    >>> refuse_types([3, 2.5, np.int32(4)], 0)
+    >>> refuse_types([3, True], 10)
+    Traceback (most recent call last):
+    ...
+    TypeError: sizeof returned the bool True for stream item 11; sizes must be numbers (return the item's length or cost, e.g. an int)
     """
-    for i in np.flatnonzero((sizes == 0) | (sizes == 1)).tolist():
-        value = sizeof(items[i])
-        if isinstance(value, (bool, np.bool_)):
-            raise TypeError(
-                f"sizeof returned the bool {value!r} for stream item {first + i}; sizes must be numbers "
-                "(return the item's length or cost, e.g. an int)"
-            )
+    bad = {
+        t for t in set(map(type, values))
+        if t in (bool, np.bool_) or issubclass(t, np.complexfloating) or not issubclass(t, (numbers.Real, np.number))
+    }
+    if bad:
+        i = next(i for i, v in enumerate(values) if type(v) in bad)
+        what = "the bool" if type(values[i]) in (bool, np.bool_) else type(values[i]).__name__
+        raise TypeError(
+            f"sizeof returned {what} {values[i]!r} for stream item {first + i}; "
+            "sizes must be numbers (return the item's length or cost, e.g. an int)"
+        )
