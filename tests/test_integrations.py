@@ -438,4 +438,6 @@ def test_lightning_resumes_mid_epoch_with_a_stateful_dataloader(tmp_path, one_to
     assert per_epoch[0] > 21, "step 21 is inside epoch 0"
     for e in range(2):
         assert flat(b for epoch, b in full if epoch == e) == list(range(500))
+        # Lightning set each epoch through batch_sampler.sampler (it ran epoch 0 twice)
+        assert [b for epoch, b in full if epoch == e] == BudgetBatchSampler(sizes, 1000, seed=0).plan(e).to_lists()
     assert fit(str(tmp_path / "step=21.ckpt")) == full[21:], "the resumed run continues at the batch"

@@ -115,6 +115,28 @@ class RankLayout:
         return cls(plan, plan.counts, plan.real_units, step_loss_units=plan.loss_units)
 
 
+class EpochHook:
+    """What a :class:`PlanSampler` shows as its ``sampler``: frameworks that look for
+    ``loader.batch_sampler.sampler.set_epoch`` (Lightning every epoch, accelerate's loaders'
+    ``set_epoch``) set the fitbatch sampler's epoch through it.
+
+    >>> from fitbatch import BudgetBatchSampler
+    >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, num_replicas=1, rank=0)
+    >>> sampler.sampler.set_epoch(2)
+    >>> sampler.epoch
+    2
+    """
+
+    def __init__(self, owner: PlanSampler) -> None:
+        self.owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self.owner.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return f"EpochHook({self.owner!r})"
+
+
 class PlanSampler:
     """Base of the samplers that yield one rank's batches of a planned epoch.
 
@@ -183,6 +205,18 @@ class PlanSampler:
         return {}
 
     # ------------------------------------------------------------------ epochs and plans
+
+    @property
+    def sampler(self) -> Any:
+        """``batch_sampler.sampler`` as frameworks read it: the sampler a compat sampler draws
+        its order from (a ``DistributedSampler``, say), else an :class:`EpochHook`, whose
+        ``set_epoch`` sets this sampler's epoch (Lightning calls it every epoch)."""
+        wrapped = self.__dict__.get("_wrapped", self.__dict__.get("_sampler"))
+        return wrapped if wrapped is not None else EpochHook(self)
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        self.__dict__["_wrapped"] = value
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration runs (every rank must call it alike).
