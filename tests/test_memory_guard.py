@@ -259,3 +259,55 @@ def test_two_process_gloo_one_rank_fails(tmp_path):
     assert results[0]["parts"] == results[1]["parts"] and all(p > 1 for p in results[1]["parts"])
     assert results[0]["budget"] == results[1]["budget"] < 200.0
     assert results[0]["ooms"] == results[1]["ooms"] == 2
+
+
+def test_a_backoff_below_the_longest_sample_keeps_training():
+    """The backoff under the longest sample's cost: the sampler (oversized="error") refuses it,
+    and that ValueError came out of ``guard.step`` after the batch was recovered, before the
+    optimizer stepped. The guard now sets the least budget that holds every sample alone."""
+    import fitbatch
+
+    sizes = [1000] + [512] * 40  # two of 512 cost 1024: planned, but over the real limit
+    sampler = fitbatch.BudgetBatchSampler(sizes, 1024, cost="padded", seed=0, num_replicas=1, rank=0)
+    net = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    guard = OOMGuard(net, opt, sampler=sampler, size_fn=lambda i: sizes[i], cost=PaddedCost())
+
+    def loss_fn(ids):
+        if len(ids) * max(sizes[i] for i in ids) > 1000:  # the real limit, under the planned 1024
+            raise torch.OutOfMemoryError("test double: out of memory")
+        return net(torch.ones(len(ids), 1)).pow(2).mean()
+
+    seen = []
+    for batch in sampler:
+        guard.step(batch, loss_fn, ids=batch)
+        seen.extend(batch)
+    assert sorted(seen) == list(range(len(sizes))) and guard.steps == len(sampler.plan())
+    assert guard.ooms >= 1 and sampler.budget == 1000 and guard.events[0].budget_after == 1000
+
+
+def test_guard_settings_and_state_are_checked():
+    net = torch.nn.Linear(1, 1)
+    with pytest.raises(ValueError, match="pass size_fn= too"):
+        OOMGuard(net, None, sampler=BudgetSampler(10), cost=PaddedCost())
+    guard = OOMGuard(net, None, sampler=BudgetSampler(10))
+    good = guard.state_dict()
+    for key, value in (("steps", -5), ("ooms", 2.9), ("steps", True), ("clean_steps", -1), ("window_peak", float("nan"))):
+        with pytest.raises(ValueError, match=f"OOMGuard state key '{key}'"):
+            guard.load_state_dict({**good, key: value})
+    with pytest.raises(ValueError, match="ids has 2 entries for a batch of 3 samples"):
+        guard.step([1, 2, 3], lambda b: net(torch.ones(len(b), 1)).mean(), ids=[0, 1])
+
+
+def test_an_event_counts_the_parts_the_batch_split_into():
+    """A rank asks for twice the parts; a batch of 3 splits into 3 at most (it read 4)."""
+    net = torch.nn.Linear(1, 1)
+    guard = OOMGuard(net, torch.optim.SGD(net.parameters(), lr=0.1), sampler=BudgetSampler(10))
+
+    def loss_fn(batch):
+        if len(batch) > 1:
+            raise torch.OutOfMemoryError("test double")
+        return net(torch.ones(1, 1)).pow(2).mean()
+
+    guard.step([0, 1, 2], loss_fn)
+    assert guard.events[0].parts == 3

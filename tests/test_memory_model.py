@@ -220,3 +220,11 @@ def test_t_quantile_against_tables():
     # two-sided 98 % table values of Student's t (one-sided 0.99)
     for dof, expected in [(1, 31.821), (2, 6.965), (5, 3.365), (10, 2.764), (30, 2.457)]:
         assert _t_quantile(0.99, dof) == pytest.approx(expected, rel=0.01)
+
+
+def test_a_fit_that_predicts_zero_under_a_measured_peak_is_refused():
+    """No margin makes a prediction of 0 an upper bound (an OverflowError came out of the margin)."""
+    from fitbatch.memory import fit_size_model
+
+    with pytest.raises(ValueError, match=r"the fit predicts .* at measurement \d+, whose peak is .*lower degree"):
+        fit_size_model([100, 200, 300, 400, 500], [1e7, 1e3, 1e7, 1e7, 1e5], degree=1)

@@ -683,3 +683,15 @@ def test_too_few_samples_for_the_ranks_names_a_way_out_it_takes():
     with pytest.raises(ValueError, match=r"each of 4 ranks; use fewer ranks, a smaller micro_batch_size") as err:
         ScheduledBatchSampler([5, 5, 5], 100, micro_batch_size="100", num_replicas=4, rank=0)
     assert "policy" not in str(err.value)
+
+
+def test_a_finite_schedule_that_error_on_exhaustion_needs_no_step_for_dropped_samples():
+    """drop_last drops what the schedule's steps do not hold: no step past its end is asked for
+    (it raised); without drop_last the last samples need one, and that still raises."""
+    from fitbatch import BatchSizeSchedule
+
+    sched = BatchSizeSchedule.from_list([4, 4], on_exhausted="error")
+    s = ScheduledBatchSampler(10, sched, micro_batch_size=2, drop_last=True, shuffle=False)
+    assert s.num_steps() == 2 and s.plan().stats().dropped == 2
+    with pytest.raises(ValueError, match="step 2 was asked for"):
+        ScheduledBatchSampler(10, sched, micro_batch_size=2, drop_last=False, shuffle=False)

@@ -76,6 +76,14 @@ def _relative_nnls(design: FloatArray, peaks: FloatArray) -> FloatArray:
 def _margin(peaks: FloatArray, predicted: FloatArray, n_params: int, confidence: float) -> float:
     """Relative margin making ``predicted * (1 + margin)`` an upper prediction bound."""
     n = len(peaks)
+    with np.errstate(over="ignore", divide="ignore"):
+        low = np.flatnonzero(~(peaks / np.maximum(predicted, np.finfo(np.float64).tiny) < 1e9))
+    if low.size:  # a prediction near 0 under a measured peak: no useful margin covers it
+        i = int(low[0])
+        raise ValueError(
+            f"the fit predicts {float(predicted[i]):g} at measurement {i}, whose peak is {float(peaks[i]):g}: "
+            "no margin makes that an upper bound; fit a lower degree, or measure more sizes"
+        )
     pred = np.maximum(predicted, np.finfo(np.float64).tiny)
     dof = n - n_params
     stat = 0.0

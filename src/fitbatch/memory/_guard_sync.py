@@ -123,3 +123,23 @@ def reduce_gradients(model: torch.nn.Module) -> None:
             ):
                 g_out.copy_(reduced)
             bucket, size = [], 0
+
+
+def least_budget(sampler: Any) -> float | None:
+    """The least budget ``sampler`` can take: its longest sample's cost alone (``None``: unknown).
+
+    >>> import fitbatch
+    >>> least_budget(fitbatch.BudgetBatchSampler([3, 9, 4], 20, num_replicas=1, rank=0))
+    9.0
+    """
+    opts = getattr(sampler, "options", None)
+    cost = getattr(opts, "cost", None)
+    if cost is None or getattr(cost, "name", "") == "limits":
+        return None
+    column = getattr(sampler, "_column", None)  # a windowed sampler's: its largest is known
+    if column is not None and getattr(column, "largest", None) is not None:
+        return float(cost.sample_cost(np.array([float(column.largest)]))[0])
+    values = getattr(getattr(sampler, "_sizes", None), "values", None)
+    if values is None or not len(values) or np.ndim(values) != 1:
+        return None
+    return float(np.max(cost.sample_cost(np.asarray(values, dtype=np.float64))))

@@ -45,6 +45,7 @@ from fitbatch.memory._guard_split import _batch_len, accumulate, sample_units
 from fitbatch.memory._guard_sync import (
     agree,
     gather_failure,
+    least_budget,
     max_over_ranks,
     no_sync,
     reduce_gradients,
@@ -142,6 +143,7 @@ class OOMGuard:
             losses; ``None`` counts every sample as 1 (for a per-sample mean loss).
         cost: the cost model the batches were planned with; a fitted
             :class:`~fitbatch.memory.BatchMemoryModel` is refitted with each failing batch.
+            It measures batches in ``size_fn``'s units, so it needs ``size_fn``.
         capacity: bytes the steps may use; the failing point's peak when refitting (default:
             the sampler's budget) and the ceiling for ``grow_after``.
         backoff: factor applied to the budget (or to the failing batch's cost, if lower)
@@ -152,7 +154,8 @@ class OOMGuard:
 
     Raises:
         TypeError: if ``model`` is not a ``torch.nn.Module`` or ``size_fn`` not callable.
-        ValueError: for a ``backoff`` outside (0, 1), or ``grow_after`` without ``capacity``.
+        ValueError: for a ``backoff`` outside (0, 1), ``grow_after`` without ``capacity``, or
+            ``cost`` without ``size_fn``.
 
     A step of 8 samples that runs out of memory is recomputed as 2 micro-batches of 4, and the
     sampler's budget is lowered by ``backoff`` for the next epochs:
@@ -193,6 +196,11 @@ class OOMGuard:
             raise TypeError(f"size_fn must be callable or None, got {size_fn!r}")
         if cost is not None and not isinstance(cost, CostModel):
             raise TypeError(f"cost must be a fitbatch CostModel or None, got {cost!r}")
+        if cost is not None and size_fn is None:  # a sample would count as size 1 in the model
+            raise ValueError(
+                "cost= measures the failing batches in size units: pass size_fn= too (a sample's "
+                "tokens, say), or leave cost out to lower the budget by backoff alone"
+            )
         backoff = fraction("backoff", backoff)
         if not 0.0 < backoff < 1.0:
             raise ValueError(f"backoff must be strictly between 0 and 1, got {backoff!r}")
@@ -246,6 +254,8 @@ class OOMGuard:
             SampleTooLargeError: if a single sample runs out of memory on its own.
         """
         n = _batch_len(batch)
+        if ids is not None and len(ids) != n:
+            raise ValueError(f"ids has {len(ids)} entries for a batch of {n} samples; pass one id per sample, or none")
         units = sample_units(batch, n, self.size_fn)
         total = float(units.sum())
         order = np.argsort(-units, kind="stable")  # similar sizes together: less padding
@@ -275,8 +285,8 @@ class OOMGuard:
                 )
                 whole_failed = whole_failed or (parts == 1 and failed is not None)
                 retried, parts = True, request
-        if retried:
-            self._feedback(n, units, parts, failed_here=whole_failed)
+        if retried:  # (a rank asks for at least twice the parts; a batch splits into n at most)
+            self._feedback(n, units, min(parts, n), failed_here=whole_failed)
         reduce_gradients(self.model)
         if self.optimizer is not None:
             self.optimizer.step()
@@ -308,6 +318,13 @@ class OOMGuard:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (events are not kept in state)."""
         STATE.check(state)
+        for key in (STEPS_KEY, "ooms", "clean_steps"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"OOMGuard state key {key!r} must be an int >= 0, got {value!r}; pass what state_dict() returned, unchanged")
+        peak = state["window_peak"]
+        if isinstance(peak, bool) or not isinstance(peak, (int, float, np.number)) or not np.isfinite(peak) or peak < 0:
+            raise ValueError(f"OOMGuard state key 'window_peak' must be a number >= 0, got {peak!r}; pass what state_dict() returned, unchanged")
         self.steps, self.ooms = int(state[STEPS_KEY]), int(state["ooms"])
         self._clean_steps, self._window_peak = (
             int(state["clean_steps"]),
@@ -340,6 +357,25 @@ class OOMGuard:
             units=float(units[pos]),
         )
 
+    def _lower_budget(self, budget: float, wanted: float) -> float:
+        """Set ``wanted`` on the sampler, or, where it refuses (its longest sample would cost more
+        than that alone, under ``oversized="error"``), the least budget that still holds every
+        sample alone; the budget it set. The step that failed is recovered either way."""
+        try:
+            self.sampler.set_budget(wanted)
+            return wanted
+        except ValueError as exc:
+            least = least_budget(self.sampler)
+            logger.warning(
+                "OOMGuard: the sampler refused the budget %g (%s); %s", wanted, exc,
+                f"set {least:g}, which holds its longest sample alone" if least is not None and least < budget
+                else "kept the budget (split steps recover such batches)",
+            )
+            if least is None or least >= budget:
+                return budget
+            self.sampler.set_budget(least)
+            return least
+
     def _feedback(
         self, n: int, units: NDArray[np.float64], parts: int, *, failed_here: bool
     ) -> None:
@@ -355,18 +391,21 @@ class OOMGuard:
         refit = False
         peak = self.capacity if self.capacity is not None else budget
         if isinstance(self.cost, BatchMemoryModel) and peak is not None and len(rows):
-            self.cost = self.cost.refit(rows[:, 1], rows[:, 2], np.full(len(rows), float(peak)))
+            before, self.cost = self.cost, self.cost.refit(rows[:, 1], rows[:, 2], np.full(len(rows), float(peak)))
             set_cost = getattr(self.sampler, "set_cost", None)
             if callable(set_cost):
-                set_cost(self.cost)
-                refit = True
+                try:
+                    set_cost(self.cost)
+                    refit = True
+                except ValueError as exc:  # a sample would cost more than the budget alone
+                    logger.warning("OOMGuard: the sampler refused the refitted model (%s); lowering the budget instead", exc)
+                    self.cost = before
         if not refit and budget is not None and callable(getattr(self.sampler, "set_budget", None)):
             target = float(budget)
             if self.cost is not None and len(rows):
                 failing = self.cost.evaluate(rows[:, 1], rows[:, 2], rows[:, 3])
                 target = min(target, float(failing.min()))
-            new_budget = target * self.backoff
-            self.sampler.set_budget(new_budget)
+            new_budget = self._lower_budget(float(budget), target * self.backoff)
         event = OOMEvent(
             self.steps,
             n,

@@ -123,7 +123,10 @@ def sample_layout(
     n = len(sizes)
     chunks: list[IntArray] = []
     total, start, want = 0, first_step, _FIRST_CHUNK
+    finite = sched.on_exhausted == "error" and sched.length is not None
     while total < n:
+        if drop_last and finite and start >= sched.length:  # type: ignore[operator]
+            break  # the samples left are dropped: no step past the schedule's end is needed
         got = round_sizes(sched, _step_values(sched, start, want), micro, world, rounding, start)
         chunks.append(got)
         total += int(got.sum())
