@@ -441,3 +441,18 @@ def test_lightning_resumes_mid_epoch_with_a_stateful_dataloader(tmp_path, one_to
         # Lightning set each epoch through batch_sampler.sampler (it ran epoch 0 twice)
         assert [b for epoch, b in full if epoch == e] == BudgetBatchSampler(sizes, 1000, seed=0).plan(e).to_lists()
     assert fit(str(tmp_path / "step=21.ckpt")) == full[21:], "the resumed run continues at the batch"
+
+
+def test_trainer_refuses_a_dataset_of_another_length_than_the_sizes(tmp_path):
+    """150 rows over 120 sizes trained 120 and logged 150; 90 rows failed in loading (IndexError)."""
+    from transformers import TrainingArguments
+
+    from fitbatch.integrations.transformers import FitbatchTrainer
+
+    sampler = BudgetBatchSampler(np.full(120, 10), 100, num_replicas=1, rank=0)
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False, save_strategy="no")
+    for rows in (150, 90):
+        data = [{"input_ids": [1] * 10} for _ in range(rows)]
+        trainer = FitbatchTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=data, batch_sampler=sampler)
+        with pytest.raises(ValueError, match=rf"train_dataset has {rows} rows but the batch sampler was built over 120 sizes"):
+            trainer.get_train_dataloader()

@@ -135,3 +135,12 @@ def test_n_must_match():
 
 def test_public_sizes_type():
     assert isinstance(as_sizes([1]), fitbatch.Sizes)
+
+
+def test_a_list_column_is_named_as_such():
+    """A column of token lists: the message said numpy's "truth value of an array is ambiguous"."""
+    pa = pytest.importorskip("pyarrow")
+    from fitbatch.sizes import from_array
+
+    with pytest.raises(ValueError, match=r"column 'input_ids' row 0: a list .*take the lengths"):
+        from_array(pa.array([[1, 2, 3], [4, 5]]), name="input_ids")

@@ -484,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler.addFilter(_Once())
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `fitbatch plan ... | head`: the reader is gone, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at the final flush
+        return EXIT_ERROR
     except Exception as exc:
         if not _expected(exc):
             raise

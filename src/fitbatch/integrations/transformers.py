@@ -113,6 +113,12 @@ class FitbatchTrainerMixin:
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
+        n_sizes = len(self.batch_sampler._sizes)
+        if hasattr(dataset, "__len__") and len(dataset) != n_sizes:
+            raise ValueError(
+                f"train_dataset has {len(dataset)} rows but the batch sampler was built over {n_sizes} sizes: "
+                "build the sampler over the train_dataset's rows, one size each, in order"
+            )
         if is_datasets_available() and isinstance(dataset, importlib.import_module("datasets").Dataset):
             dataset = self._remove_unused_columns(dataset, description="Training")  # type: ignore[attr-defined]
         else:

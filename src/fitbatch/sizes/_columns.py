@@ -97,6 +97,11 @@ def to_numbers(values: Sequence[Any] | NDArray[Any], where: str, first_row: int 
             float(v)
         except (TypeError, ValueError):
             shown = v.decode(errors="replace") if isinstance(v, bytes) else v
+            if np.ndim(shown) > 0:  # a list column (token ids, say): its lengths are the sizes
+                raise ValueError(
+                    f"{where} row {first_row + i}: a list ({type(shown).__name__} of {len(shown)}), not a number; "
+                    "take the lengths (`fitbatch index` does for parquet list columns), or choose a column of sizes"
+                ) from None
             what = "missing value" if v is None or shown == "" else f"{shown!r} is not a number"
             raise ValueError(f"{where} row {first_row + i}: {what}") from None
     raise ValueError(f"{where}: values are not numbers")  # pragma: no cover - asarray failed on a 2-D ragged input
