@@ -2,7 +2,10 @@
 
 Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
 search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample loop, with
-the same floating-point operations in the same order, so the batches are the same. numpy's
+the same floating-point operations in the same order, so the batches are the same (one
+exception: fractional sizes under a sum-based cost, where numpy's lock-step path, for many
+batches, adds prefix sums; a batch can then end one sample apart where a running sum lands
+within a rounding of the budget, both within the budget). numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
 :func:`first_fit_in_place` is the first-fit loop of :func:`fitbatch._packing.first_fit_laid` (the
