@@ -707,3 +707,31 @@ def test_position_size_correlation_takes_any_form_of_sizes():
     plan = fitbatch.plan_batches(sizes, 6, strategy="sorted")
     as_mapping = dict(enumerate(sizes))
     assert position_size_correlation(plan, as_mapping) == position_size_correlation(plan, sizes) == pytest.approx(1.0)
+
+
+def test_from_batches_measures_empty_batches_and_refuses_float_indices():
+    """An empty batch took the next batch's first size (padding efficiency 1.083; an empty last
+    batch raised IndexError); float and boolean indices were truncated silently."""
+    for offsets, costs in (([0, 2, 2, 4], [4.0, 0.0, 8.0]), ([0, 2, 4, 4], [4.0, 8.0, 0.0])):
+        plan = fitbatch.BatchPlan.from_batches([4, 1, 3, 2], "padded", [1, 3, 2, 0], offsets, budget=8, strategy_name="by hand")
+        assert plan.costs.tolist() == costs and sorted(plan.real_units.tolist()) == [0.0, 3.0, 7.0]
+        assert plan.stats().padding_efficiency == pytest.approx(10 / 12)
+        assert plan.stats().lower_bound == 2  # computed from the samples (it defaulted to 0: "infx")
+    with pytest.raises(TypeError, match="order must be integer indices"):
+        fitbatch.BatchPlan.from_batches([4, 1, 3], "sum", [0.7, 1, 2], [0, 1, 3], budget=None, strategy_name="x")
+    plan = fitbatch.plan_batches([4, 1, 3, 2], 5, strategy="sequential", cost="sum")
+    with pytest.raises(TypeError, match="batches must be integer indices"):
+        plan.select([True, False, True])
+    with pytest.raises(TypeError, match="batches must be integer indices"):
+        plan.select([0.5])
+    assert plan.select([1, 0]).to_lists() == [plan.to_lists()[1], plan.to_lists()[0]]
+
+
+def test_metrics_name_a_sample_count_too_small():
+    from fitbatch.metrics import batch_of_sample
+
+    plan = fitbatch.plan_batches([1, 2, 3, 4, 5], 6, cost="sum", strategy="sequential")
+    with pytest.raises(ValueError, match="n=3 but the plan holds sample 4"):
+        batch_of_sample(plan, 3)
+    with pytest.raises(ValueError, match="n=2 but the plan holds sample 4"):
+        fitbatch.repeat_rate(plan, plan, n=2)

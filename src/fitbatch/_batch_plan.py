@@ -167,7 +167,7 @@ class BatchPlan(Sequence[IntArray]):
         *,
         budget: float | str | None,
         strategy_name: str,
-        lower_bound: int = 0,
+        lower_bound: int | None = None,
         skipped: IntArray | None = None,
         dropped: IntArray | None = None,
         dropped_batches: int = 0,
@@ -201,7 +201,7 @@ class BatchPlan(Sequence[IntArray]):
         """
         sz = as_sizes(sizes)
         model = check_limits(sz.columns, resolve_cost(cost))
-        order, offsets = np.asarray(order, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        order, offsets = _indices("order", order), _indices("offsets", offsets)
         if order.ndim != 1 or (order.size and (order.min() < 0 or order.max() >= len(sz))):
             raise ValueError(f"order must be a 1-D array of indices of the {len(sz)} samples, got {order[:8].tolist()}")
         if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != order.size:
@@ -210,6 +210,10 @@ class BatchPlan(Sequence[IntArray]):
             raise ValueError(f"offsets must not decrease, got {offsets[:8].tolist()}")
         _, costs, real, padded = measure_batches(sz, model, order, offsets)
         cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
+        if lower_bound is None:  # the bound of the samples the batches hold
+            from fitbatch.stats import samples_bound
+
+            lower_bound = samples_bound(model, cap, sz.values[order])
         plan = cls(
             order, offsets, costs=costs, real_units=real, padded_units=padded, budget=cap, cost_name=model.name,
             strategy_name=strategy_name, lower_bound=lower_bound, skipped=skipped, dropped=dropped,
@@ -323,7 +327,9 @@ class BatchPlan(Sequence[IntArray]):
 
     def select(self, batches: IntArray, *, straggler_ratio: float | None = None) -> BatchPlan:
         """A plan of the given batches of this plan, in the given order (e.g. one rank's share)."""
-        batches = np.asarray(batches, dtype=np.int64)
+        batches = _indices("batches", batches)
+        if batches.size and (batches.min() < -len(self) or batches.max() >= len(self)):
+            raise IndexError(f"batches must index the plan's {len(self)} batches, got {batches[:8].tolist()}")
         base_ids = batches if self._ids is None else self._ids[batches]
         per_batch = (self._base["costs"], self._base["real_units"], self._base["padded_units"])
         ratio = straggler_ratio if straggler_ratio is not None else self.straggler_ratio
@@ -433,6 +439,15 @@ class BatchPlan(Sequence[IntArray]):
         return f"BatchPlan({len(self)} batches, {self.n_samples} samples, strategy={self.strategy_name!r}, cost={self.cost_name!r})"
 
 
+def _indices(name: str, values: Any) -> IntArray:
+    """``values`` as int64 indices, refusing floats and booleans (a cast would truncate them, and a
+    boolean mask would read as the indices 0 and 1)."""
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer indices, got {arr.dtype} values {arr.ravel()[:5].tolist()}")
+    return arr.astype(np.int64, copy=False)
+
+
 def measure_batches(
     sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None
 ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
@@ -458,6 +473,9 @@ def measure_batches(
         real, length = sm[:, j], mx[:, j]
     else:
         units = sizes.real_units() if order is None else sizes.real_units()[order]
-        real = np.add.reduceat(units, offsets[:-1]) if units.size else np.zeros(0)
+        real = np.add.reduceat(units, offsets[:-1]) if units.size and counts.all() else np.zeros(counts.size)
+        if units.size and not counts.all():  # an empty batch holds no units (reduceat: the next one's)
+            full = np.flatnonzero(counts)
+            real[full] = np.add.reduceat(units, offsets[:-1][full])
         length = np.prod(mx, axis=1)
     return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)

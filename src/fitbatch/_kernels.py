@@ -311,8 +311,14 @@ def batch_reduce(sizes: FloatArray, offsets: IntArray, order: IntArray | None = 
     if counts.size == 0:
         empty = np.zeros((0, *sizes.shape[1:]))
         return counts, empty, empty.copy()
+    if not counts.all():  # reduceat would give an empty batch the next one's first size
+        mx, sm = np.zeros((counts.size, *sizes.shape[1:])), np.zeros((counts.size, *sizes.shape[1:]))
+        full = np.flatnonzero(counts)
+        if full.size:
+            _, mx[full], sm[full] = batch_reduce(sizes, np.append(offsets[:-1][full], offsets[-1]), order)
+        return counts, mx, sm
     heads = offsets[:-1]
-    if order is None or order.size <= GATHER or not counts.all():  # an empty batch reduces to the next size
+    if order is None or order.size <= GATHER:
         laid = sizes if order is None else sizes[order]
         return counts, np.maximum.reduceat(laid, heads, axis=0), np.add.reduceat(laid, heads, axis=0)
     mx, sm = np.empty((counts.size, *sizes.shape[1:])), np.empty((counts.size, *sizes.shape[1:]))

@@ -32,6 +32,9 @@ from fitbatch.sizes import as_sizes
 
 def batch_of_sample(plan: BatchPlan, n: int) -> NDArray[np.int64]:
     """Batch index of every sample 0..n-1 (-1 for samples not in the plan)."""
+    top = int(plan.order.max(initial=-1))
+    if top >= n:
+        raise ValueError(f"n={n} but the plan holds sample {top}; pass the number of samples, more than {top}")
     ids = np.full(n, -1, dtype=np.int64)
     ids[plan.order] = np.repeat(np.arange(len(plan)), plan.counts)
     return ids
