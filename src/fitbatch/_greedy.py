@@ -72,7 +72,9 @@ def _window_next(g: _Greedy, p: int, end: int, state: OpenBatch) -> tuple[int, O
         run_max = np.maximum(np.maximum.accumulate(x, axis=0), mx)
         # sm + x[0], then + x[1], ...: the compiled kernel's additions in its order (cumsum(x) + sm
         # rounds otherwise, and fractional sums would give other batches)
-        run_sum = np.cumsum(np.concatenate([np.reshape(sm, (1, *x.shape[1:])), x]), axis=0)[1:]
+        run_sum = np.array(x, dtype=np.float64)
+        run_sum[0] += sm
+        np.cumsum(run_sum, axis=0, out=run_sum)
         run_count = count + np.arange(1, stop - p + 1, dtype=np.float64)
         bad = (cost.evaluate(run_count, run_max, run_sum) > budget) | (run_count > cap)
         if force is not None:
