@@ -141,12 +141,17 @@ def test_value_checks_name_the_state_and_key_and_run_after_the_key_checks():
     assert schema == StateSchema("widget", version=2, required=("epoch", "step"))  # checks are not compared
 
 
-def test_the_same_sampler_loads_its_state_again_after_a_budget_change():
+@pytest.mark.parametrize("make", [
+    lambda sizes: fitbatch.BudgetBatchSampler(sizes, 100, num_replicas=1, rank=0, seed=0),
+    lambda sizes: fitbatch.WindowedBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0),
+], ids=["global", "windowed"])
+def test_the_same_sampler_loads_its_state_again_after_a_budget_change(make):
     """A rollback or a second load of one state into the sampler that saved it: the epoch began
-    with the built options (the state's), not the changed ones, and it was refused as "another
-    set of planning options"."""
+    with the built options (the state's), not the changed ones. The global sampler refused it as
+    "another set of planning options"; the windowed one replayed the events on the changed
+    options (other batches, samples repeated and lost) and saved a state a fresh one refused."""
     sizes = np.random.default_rng(5).integers(1, 60, 60).tolist()
-    s = fitbatch.BudgetBatchSampler(sizes, 100, num_replicas=1, rank=0, seed=0)
+    s = make(sizes)
     it = iter(s)
     done = [next(it) for _ in range(3)]
     s.set_budget(80)
@@ -157,6 +162,11 @@ def test_the_same_sampler_loads_its_state_again_after_a_budget_change():
         s.load_state_dict(ckpt)
         assert list(s) == expected
     assert sorted(i for b in done + expected for i in b) == list(range(len(sizes)))
+    again = s.state_dict(step=ckpt["step"])
+    assert again["options"]["budget"] == 100.0
+    fresh = make(sizes)
+    fresh.load_state_dict(again)
+    assert list(fresh) == expected
     s.set_epoch(1)  # the next epoch begins with the budget in force: a state of it loads too
     state = json.loads(json.dumps(s.state_dict(step=2)))
     assert state["options"]["budget"] == 80.0

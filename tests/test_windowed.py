@@ -398,27 +398,6 @@ def test_a_resume_on_more_ranks_runs_later_windows_events_from_the_resume_point(
         {"window": 0, "step": 0, "num_replicas": 2}, {"window": 0, "step": 0, "budget": 150.0}]
 
 
-def test_the_same_sampler_loads_its_state_again_after_a_budget_change():
-    """A rollback (a loader's state restored in-process, or loaded twice): the epoch began with
-    the built options, and the events replay on those, not on the changed ones."""
-    sizes = np.random.default_rng(5).integers(1, 60, 60).tolist()
-    s = WindowedBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0)
-    it = iter(s)
-    done = [next(it) for _ in range(3)]
-    s.set_budget(80)
-    done += [next(it) for _ in range(2)]
-    ckpt = json.loads(json.dumps(s.state_dict()))
-    expected = list(it)
-    for _ in range(2):
-        s.load_state_dict(ckpt)
-        assert list(s) == expected
-    assert sorted(i for b in done + expected for i in b) == list(range(len(sizes)))
-    assert s.state_dict(step=ckpt["step"])["options"]["budget"] == 100.0
-    fresh = WindowedBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0)
-    fresh.load_state_dict(s.state_dict(step=ckpt["step"]))
-    assert list(fresh) == expected
-
-
 def test_an_oversized_sample_is_refused_when_the_windowed_sampler_is_built():
     """Not eight batches into the epoch, at the window that holds it (the global sampler refuses
     it before its first batch)."""

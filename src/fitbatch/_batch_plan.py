@@ -473,9 +473,6 @@ def measure_batches(
         real, length = sm[:, j], mx[:, j]
     else:
         units = sizes.real_units() if order is None else sizes.real_units()[order]
-        real = np.add.reduceat(units, offsets[:-1]) if units.size and counts.all() else np.zeros(counts.size)
-        if units.size and not counts.all():  # an empty batch holds no units (reduceat: the next one's)
-            full = np.flatnonzero(counts)
-            real[full] = np.add.reduceat(units, offsets[:-1][full])
+        real = K.batch_reduce(units, offsets)[2]  # (an empty batch holds no units)
         length = np.prod(mx, axis=1)
     return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)

@@ -409,6 +409,16 @@ class PlanSampler:
             )
         return int(state[EPOCH_KEY]), int(state[self.CURSOR_KEY])
 
+    def _check_began(self, state: Mapping[str, Any], now: Mapping[str, Any], began: Mapping[str, Any]) -> tuple[int, int, bool]:
+        """:meth:`_check_state` against the configuration the saved epoch began with: the one in
+        force ``now`` (a fresh sampler, or a later epoch), or the one this sampler's epoch
+        ``began`` with before a change part-way (the state loaded again, a rollback); its
+        (epoch, cursor, whether it was ``now``'s). A state of neither is refused naming ``began``."""
+        self.STATE.check(state)
+        if _as_json(state[self.CONFIG_KEY]) == _as_json(now):
+            return (*self._check_state(state, now), True)
+        return (*self._check_state(state, began), False)
+
     def _check_cursor(self, cursor: int, lay: RankLayout) -> None:
         """Refuse a cursor outside the rows this rank runs in the epoch (``lay.first .. lay.end``)."""
         if not lay.first <= cursor <= lay.end:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitbatch import _windows as W
-from fitbatch._plan_sampler import _as_json
 from fitbatch._timeline import check_step
 from fitbatch._validate import non_negative_int
 from fitbatch._windows import CARRY_KEY, WINDOW_KEY, WINDOW_STEP_KEY
@@ -44,12 +43,8 @@ def load(sampler: Any, state: Mapping[str, Any]) -> None:
     saved = state.get(OPTIONS_KEY)
     if sampler._auto and isinstance(saved, Mapping) and isinstance(saved.get("window"), int):
         sampler.window = saved["window"]  # chosen for the world the epoch began on
-    # the options the saved epoch began with: those this sampler's epoch began with (built
-    # with them, or loaded again after a set_budget part-way), else those in force now
-    begun = sampler._begun
-    if sampler._opts != begun and _as_json(state.get(OPTIONS_KEY)) == _as_json(sampler._config(sampler._opts)):
-        begun = sampler._opts
-    epoch, step = sampler._check_state(state, sampler._config(begun))
+    epoch, step, is_now = sampler._check_began(state, sampler._config(sampler._opts), sampler._config())
+    begun = sampler._opts if is_now else sampler._begun
     w, first, carried = int(state[WINDOW_KEY]), int(state[WINDOW_STEP_KEY]), int(state[CARRY_KEY])
     sampler.set_epoch(epoch)
     sampler._begun, sampler._world0, sampler._events = begun, int(state[NUM_REPLICAS_KEY]), copy.deepcopy(list(state[EVENTS_KEY]))

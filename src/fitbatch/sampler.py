@@ -366,19 +366,10 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 f"state was saved on {sorted(worlds)} ranks with per-rank budgets, this sampler has "
                 f"{self.num_replicas}; resuming per-rank budgets with a different world size is not supported"
             )
-        # the options the saved epoch began with: this sampler's own, or (loaded again, rolled
-        # back) those its current epoch began with before a set_budget/set_cost part-way
-        bases = [(self._opts, self._budgets)]
-        if _options(*self._begun) != _options(*bases[0]):
-            bases.append(self._begun)
-        for tried, (opts, budgets) in enumerate(bases, 1):
-            try:
-                epoch, step = self._check_state(state, _options(opts, budgets))
-                break
-            except ValueError:
-                if tried == len(bases):
-                    raise
-        base = (opts, budgets)
+        now = (self._opts, self._budgets)
+        epoch, step, is_now = self._check_began(state, _options(*now), _options(*self._begun))
+        base = now if is_now else self._begun
+        opts, budgets = base
         planner = Planner(self._sizes, self.policy, epoch, self._loss)
         timeline = planner.start(opts, budgets, world0)
         for generation, event in enumerate(saved, 1):

@@ -27,7 +27,6 @@ class Closable(Protocol):
 
 _live: set[Closable] = set()
 _lock = threading.Lock()
-_hooked: set[str] = set()
 
 
 def track(runtime: Closable) -> None:
@@ -51,7 +50,7 @@ def close_all() -> None:
             logger.exception("closing a pipeline at interpreter exit failed")
 
 
-def hook_after(pool_kind: str) -> None:
+def hook_after() -> None:
     """Make sure :func:`close_all` runs before the exit hook of the pool just started.
 
     Registered again for every pool, not once per kind: loky registers its hook again each time
@@ -59,8 +58,6 @@ def hook_after(pool_kind: str) -> None:
     once, after the first pool, would then run after the later pools' hooks, which wait on the
     busy workers forever. ``close_all`` is idempotent.
     """
-    with _lock:
-        _hooked.add(pool_kind)
     register = getattr(threading, "_register_atexit", None)
     if register is None:  # pragma: no cover - CPython >= 3.9 has it
         return

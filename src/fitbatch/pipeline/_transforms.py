@@ -384,7 +384,7 @@ class _ProcessPool:
         # The first submission starts the workers and the pool's manager thread, which is when
         # the pool registers its exit hook; ours must come after it to run before it.
         self._executor.submit(int)
-        _shutdown.hook_after(backend)
+        _shutdown.hook_after()
 
     def submit(self, item: Any) -> Future[Any]:
         return self._executor.submit(self._fn, item)
