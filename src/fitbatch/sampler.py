@@ -88,7 +88,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             ranks with different memory budgets of their own (step counts stay equal).
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel``).
         strategy: grouping strategy (``"pooled"`` default; see :mod:`fitbatch.strategies`).
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank in it; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
         window: ``"auto"`` (default): above :data:`fitbatch._windows.AUTO_ABOVE` samples (2**25),

@@ -83,8 +83,13 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     Args:
         sizes: a :class:`~fitbatch.SizeIndex` (read through its memory map, a window at a time)
             or anything :func:`fitbatch.as_sizes` takes (validated and held once).
-        budget, cost, strategy, num_replicas, rank, policy, n: as for
-            :class:`~fitbatch.BudgetBatchSampler` (one budget for every rank).
+        budget: as for :class:`~fitbatch.BudgetBatchSampler`, one budget for every rank.
+        cost: as for :class:`~fitbatch.BudgetBatchSampler`.
+        strategy: as for :class:`~fitbatch.BudgetBatchSampler`.
+        num_replicas: as for :class:`~fitbatch.BudgetBatchSampler`.
+        rank: as for :class:`~fitbatch.BudgetBatchSampler`.
+        policy: as for :class:`~fitbatch.BudgetBatchSampler`.
+        n: as for :class:`~fitbatch.BudgetBatchSampler`.
         window: samples per window (rounded down to whole blocks); each is planned alone.
             ``None`` (default): :func:`fitbatch._windows.auto_window`, 2**20 samples, or more
             when a window would hold fewer than two batches per rank (a resume adopts the

@@ -62,7 +62,8 @@ class FitbatchTrainerMixin:
     ``FitbatchTrainerMixin`` + ``transformers.Trainer``.
 
     Args:
-        *args, **kwargs: the ``Trainer``'s.
+        *args: the ``Trainer``'s positional arguments.
+        **kwargs: the ``Trainer``'s keyword arguments.
         batch_sampler: a fitbatch sampler with state (``BudgetBatchSampler``,
             ``ScheduledBatchSampler``) over ``train_dataset``, built for this run's processes
             (``num_replicas=args.world_size, rank=args.process_index``).

@@ -131,8 +131,10 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             replace) is its most cost: micro-batches are then planned by the core planner and
             grouped into steps of at most ``schedule(s)`` real units.
         micro_budget: deprecated, removed in 0.3.0: pass the budget as ``micro_batch_size``.
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
-        shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank; read from ``torch.distributed`` when omitted.
+        shuffle: shuffle the epoch; its random order comes from ``(seed, epoch)`` only.
+        seed: the seed of that order.
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
         rounding: sample-count sizes that do not split evenly: ``"error"`` (default), ``"down"``,
             ``"up"`` or ``"uneven"`` (see ``fitbatch.schedule._layout.ROUNDING``).

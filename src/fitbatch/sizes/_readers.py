@@ -145,7 +145,8 @@ def from_source(
             any other directory, glob or fsspec URL gives the byte sizes of its files
             (:func:`from_files`).
         column: the column of a ``.csv`` or ``.parquet`` file.
-        storage_options, progress: see :func:`list_files`.
+        storage_options: see :func:`list_files`.
+        progress: see :func:`list_files`.
 
     Returns:
         1-D int64 (or float64) sizes.
