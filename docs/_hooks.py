@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))  # document this checkout, whatever is ins
 ROOT_PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md", "CHANGELOG.md": "changelog.md"}
 IMAGE = (".png", ".svg", ".jpg", ".jpeg", ".gif")
 INCLUDE = re.compile(r'^--8<-- "(?P<file>[^":]+)(?::(?P<section>[\w-]+))?"[ \t]*$', re.M)
-LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\]\n]*)\]\((?P<url>[^)\s]+)\)")
+LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<url>[^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 API_PAGE = re.compile(r"^api/(?P<module>fitbatch(?:\.\w+)*)\.md$")
 
