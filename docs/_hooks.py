@@ -149,11 +149,7 @@ def _front_door() -> str:
     rows, unhomed = ["| name | what it is | documented in |", "| --- | --- | --- |"], []
     for name in sorted(n for n in fitbatch.__all__ if not n.startswith("_")):
         obj = getattr(fitbatch, name)
-        home = next(
-            (f for f in faces if name in getattr(importlib.import_module(f), "__all__", ())
-             and getattr(importlib.import_module(f), name) is obj),
-            None,
-        )
+        home = next((f for f in faces if _exports(importlib.import_module(f), name, obj)), None)
         summary = _summary(obj)
         if home is None:
             unhomed.append(name)
@@ -162,12 +158,23 @@ def _front_door() -> str:
             anchor = f"{home}.{name}"
             if inspect.ismodule(sys.modules.get(anchor)):  # a submodule shadows it (calibrate)
                 anchor = f"{obj.__module__}.{obj.__qualname__}"
-            rows.append(f"| [`{name}`]({home}.md#{anchor}) | {summary} | [`{home}`]({home}.md) |")
+            face = home.removeprefix("fitbatch.")
+            rows.append(f"| [`{name}`]({home}.md#{anchor}) | {summary} | [{face}]({home}.md) |")
     parts = ["\n".join(rows)]
     if unhomed:
         parts.append("## Names documented here\n\nThese front-door names are not exported by a package face yet.")
         parts += [f"::: fitbatch.{name}\n    options:\n      heading_level: 3" for name in unhomed]
     return "\n\n".join(parts)
+
+
+def _exports(face: Any, name: str, obj: object) -> bool:
+    """Whether the face's page documents ``obj`` as ``name``: in its ``__all__``, or (a module
+    without one) a public name defined there."""
+    if getattr(face, name, None) is not obj:
+        return False
+    if hasattr(face, "__all__"):
+        return name in face.__all__
+    return getattr(obj, "__module__", None) == face.__name__
 
 
 def _summary(obj: object) -> str:
