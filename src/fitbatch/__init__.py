@@ -95,7 +95,7 @@ if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
     )
     from fitbatch.windowed import WindowedBatchSampler
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 _LAZY = {
