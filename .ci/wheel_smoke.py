@@ -1,3 +1,4 @@
+# ruff: noqa: T201  (a CI script: it reports by printing)
 """The installed wheel, checked from a fresh virtual environment that holds only it and numpy.
 
 Run by .ci/run with that environment's python, outside the checkout: fitbatch must import from

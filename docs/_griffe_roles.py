@@ -28,7 +28,7 @@ class SphinxRoles(griffe.Extension):
         for obj in _walk(pkg):
             if obj.docstring is not None:
                 text = _fence_doctests(obj.docstring.value)
-                obj.docstring.value = ROLE.sub(lambda m: _ref(m["target"], obj, pkg), text)
+                obj.docstring.value = ROLE.sub(lambda m, o=obj: _ref(m["target"], o, pkg), text)
 
 
 def _fence_doctests(text: str) -> str:
