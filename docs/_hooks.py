@@ -40,6 +40,35 @@ FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 API_PAGE = re.compile(r"^api/(?P<module>fitbatch(?:\.\w+)*)\.md$")
 
 
+def on_config(config: Any) -> Any:
+    """Pages that the nav of mkdocs.yml does not list join it: a guide (``docs/*.md``) at the end
+    of "Guides", an API page (``docs/api/fitbatch.*.md``) at the end of "API reference", so
+    that a page added on another branch is on the site after a merge without a nav edit."""
+    nav = config["nav"] or []
+    listed = set(_nav_paths(nav))
+    sections = {key: items for entry in nav if isinstance(entry, dict) for key, items in entry.items()}
+    docs = ROOT / "docs"
+    for folder, section in (("", "Guides"), ("api", "API reference")):
+        if section not in sections:
+            continue
+        for path in sorted((docs / folder).glob("*.md")):
+            rel = path.relative_to(docs).as_posix()
+            if rel not in listed and rel not in ROOT_PAGES.values() and rel != "getting_started.md":
+                sections[section].append(rel)
+    return config
+
+
+def _nav_paths(items: Any) -> Any:
+    if isinstance(items, str):
+        yield items
+    elif isinstance(items, list):
+        for item in items:
+            yield from _nav_paths(item)
+    elif isinstance(items, dict):
+        for value in items.values():
+            yield from _nav_paths(value)
+
+
 def on_files(files: Files, config: Any) -> Files:
     """Add the images that included repository files and the pages show from outside docs/."""
     sources = [ROOT / name for name in ROOT_PAGES] + sorted((ROOT / "docs").rglob("*.md"))
