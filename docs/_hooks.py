@@ -29,7 +29,6 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))  # document this checkout, whatever is installed
 
 #: repository files that are pages of the site
 ROOT_PAGES = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md", "CHANGELOG.md": "changelog.md"}
@@ -94,12 +93,25 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
 def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
     match = API_PAGE.match(page.file.src_uri)
     if match and match["module"] != "fitbatch":
-        module = importlib.import_module(match["module"])
+        module = _module(match["module"])
         names = [n for n in getattr(module, "__all__", ()) if not n.startswith("_")]
         missing = [n for n in names if not _documented(html, module, n)]
         if missing:
             raise PluginError(f"{page.file.src_uri} does not document {module.__name__}.{missing}")
     return html
+
+
+def _module(name: str) -> Any:
+    """Import ``name`` from this checkout's ``src`` (mkdocs resets ``sys.path`` after loading
+    hooks, so the path goes in at first use), and refuse a fitbatch imported from elsewhere."""
+    src = ROOT / "src"
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+    module = importlib.import_module(name)
+    where = Path(sys.modules["fitbatch"].__file__ or "").resolve()
+    if src not in where.parents:
+        raise PluginError(f"fitbatch was imported from {where}, not from {src}")
+    return module
 
 
 def _documented(html: str, module: Any, name: str) -> bool:
@@ -170,15 +182,14 @@ def _outside_fences(markdown: str) -> str:
 
 def _front_door() -> str:
     """A table of ``fitbatch.__all__``: each name, its first docstring line and its face."""
-    import fitbatch
-
+    fitbatch = _module("fitbatch")
     faces = sorted(
         p.stem for p in (ROOT / "docs" / "api").glob("fitbatch.*.md") if p.stem.count(".") == 1
     )
     rows, unhomed = ["| name | what it is | documented in |", "| --- | --- | --- |"], []
     for name in sorted(n for n in fitbatch.__all__ if not n.startswith("_")):
         obj = getattr(fitbatch, name)
-        home = next((f for f in faces if _exports(importlib.import_module(f), name, obj)), None)
+        home = next((f for f in faces if _exports(_module(f), name, obj)), None)
         summary = _summary(obj)
         if home is None:
             unhomed.append(name)
