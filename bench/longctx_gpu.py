@@ -28,6 +28,7 @@ an 8 MiB capacity) in well under a minute: a dry run, not a result.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -226,7 +227,8 @@ def run_layout(layout: str, args: argparse.Namespace, capacity: float, sizes: np
         planned, train_args = cal, SimpleNamespace(**{**vars(cal_args), "strategy": "pooled"})
     result["train"] = mg.stage_train(tr, sizes, planned, capacity, train_args)
     result["seconds"] = time.time() - t0
-    del tr
+    del tr, cal, planned
+    gc.collect()  # the next layout's absolute peaks start from a clean allocator
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     return result
