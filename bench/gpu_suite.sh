@@ -15,7 +15,7 @@
 #   bash bench/gpu_suite.sh dry-run [OUT]  # the same code paths on CPU with tiny sizes (~2 min)
 #
 # Round 2 (issue #42): three parts that fit ONE call of at most 10 minutes together (each has
-# its own timeout: 260 + 120 + 200 s), leaving room in a 15-minute session for a rerun of one.
+# its own timeout: 260 + 130 + 190 s), leaving room in a 15-minute session for a rerun of one.
 #
 #   bash bench/gpu_suite.sh shapes   [OUT]  # bounded shapes under CUDA graphs: eager, compile
 #                                           # mode="reduce-overhead" unbounded and max_shapes=4/8/16,
@@ -23,10 +23,10 @@
 #                                           # incl. compiling (bench/shapes.py --suite round2; <= 260 s)
 #   bash bench/gpu_suite.sh workload [OUT]  # fwd+bwd time of packed/padded micro-batches vs a*L + b*L^2
 #                                           # and the default 24576*L + L^2; step efficiency of W=8
-#                                           # simulated ranks (bench/workload.py; <= 120 s)
+#                                           # simulated ranks (bench/workload.py; <= 130 s)
 #   bash bench/gpu_suite.sh longctx  [OUT]  # calibrate up to 32k tokens, packed (sum cost) and padded:
 #                                           # held-out peaks (5 %), an epoch at >= 90 % with 0 OOM
-#                                           # (bench/longctx_gpu.py; <= 200 s)
+#                                           # (bench/longctx_gpu.py; <= 190 s)
 #   bash bench/gpu_suite.sh round2   [OUT]  # the three, in that order (<= 10 minutes)
 #   bash bench/gpu_suite.sh round2-dry-run [OUT]  # the three on CPU at tiny sizes (a dry run;
 #                                           # ~3 minutes on the loaded 2-core VM)
@@ -104,13 +104,13 @@ gpu_shapes() {
 }
 
 gpu_workload() {
-  timeout 120 "$py" bench/workload.py --device cuda --dtype bf16 --model-size 100M --vocab 16384 \
+  timeout 130 "$py" bench/workload.py --device cuda --dtype bf16 --model-size 100M --vocab 16384 \
     --max-len 8192 --caps 8192 32768 --mixed 8 --repeats 3 --ranks 8 --per-rank 2 --steps 2 \
-    --time-limit 60 --out "$out/workload.json" | tee "$out/workload.txt"
+    --time-limit 50 --out "$out/workload.json" | tee "$out/workload.txt"
 }
 
 gpu_longctx() {
-  timeout 200 "$py" bench/longctx_gpu.py --device cuda --capacity 24GiB --max-len 32768 \
+  timeout 190 "$py" bench/longctx_gpu.py --device cuda --capacity 24GiB --max-len 32768 \
     --time-limit 45 --held-out 12 --steps 100 --out "$out/longctx.json" | tee "$out/longctx.txt"
 }
 

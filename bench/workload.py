@@ -387,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             **fit_layout(x, t),
         }
+    # saved before the simulation: a run stopped by its timeout keeps the fits
+    Path(args.out).write_text(json.dumps({"args": vars(args), "layouts": layouts}, indent=1))
     sim = simulate(timer, lengths, args, layouts["packed"])
     device = (
         torch.cuda.get_device_name(timer.device) if timer.device.type == "cuda" else "cpu (dry run)"
