@@ -31,7 +31,12 @@ estimate of its whole first epoch (the remaining new shapes at its mean compile-
 rest at its steady step time). ``--out`` writes the rows as JSON. CPU dry run:
 
     python bench/shapes.py --suite round2 --device cpu --model lm --model-size tiny --train \
-        --samples 120 --budget 1024 --max-len 128 --ks 4 8 --time-cap 20 --out shapes_dry.json
+        --backend aot_eager --samples 120 --budget 1024 --max-len 128 --ks 4 8 --time-cap 10 \
+        --out shapes_dry.json
+
+(``--backend aot_eager``: dynamo's graphs and recompilations without inductor, whose C++
+compilation of a training step takes 30-55 s a graph on the loaded 2-core VM; the compile
+modes are then not applied.)
 """
 
 from __future__ import annotations
