@@ -29,7 +29,7 @@
 #                                           # (bench/longctx_gpu.py; <= 190 s)
 #   bash bench/gpu_suite.sh round2   [OUT]  # the three, in that order (<= 10 minutes)
 #   bash bench/gpu_suite.sh round2-dry-run [OUT]  # the three on CPU at tiny sizes (a dry run;
-#                                           # ~3 minutes on the loaded 2-core VM)
+#                                           # 5-8 minutes on the loaded 2-core VM)
 #
 # PYTHON (default python3) names the interpreter; fitbatch is taken from src/ when it is not
 # installed, so a bare GPU image with torch runs the suite without an install step.

@@ -21,7 +21,7 @@ mixed lengths, predicted as ``fixed + sum(linear + per_token*L + quadratic*L**2)
 up to ``--steps`` steps) planned at the calibrated budget, run under ``OOMGuard``: OOMs (goal 0)
 and mean peak / capacity (goal >= 90 %). JSON to ``--out``, a table on stdout.
 
-``--device cpu --tiny`` runs the same code paths on CPU (live-tensor tracker, lengths 64, 256, 512,
+``--device cpu --tiny`` runs the same code paths on CPU (live-tensor tracker, lengths 128, 256, 512,
 an 8 MiB capacity) in well under a minute: a dry run, not a result.
 """
 
@@ -225,7 +225,9 @@ def run_layout(layout: str, args: argparse.Namespace, capacity: float, sizes: np
         train_args = SimpleNamespace(**{**vars(cal_args), "strategy": "packed"})
     else:
         planned, train_args = cal, SimpleNamespace(**{**vars(cal_args), "strategy": "pooled"})
-    result["train"] = mg.stage_train(tr, sizes, planned, capacity, train_args)
+    result["train"] = train = mg.stage_train(tr, sizes, planned, capacity, train_args)
+    # off CUDA nothing enforces the capacity: a peak above it would have been an OOM there
+    train["goal_90pct"] = bool(train["goal_90pct"] and train["max_peak_fraction"] <= 1.0)
     result["seconds"] = time.time() - t0
     del tr, cal, planned
     gc.collect()  # the next layout's absolute peaks start from a clean allocator
@@ -262,10 +264,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             min(args.steps, 4),
             min(args.held_out, 3),
         )
-        args.time_limit = min(args.time_limit, 30.0)
+        args.time_limit = min(args.time_limit, 60.0)
     for k, v in model.items():
         setattr(args, k, v)
-    grid = [64, 256] if args.tiny else [int(v) for v in 2 ** np.arange(7, 16)]  # 128 ... 32768
+    grid = [128, 256] if args.tiny else [int(v) for v in 2 ** np.arange(7, 16)]  # 128 ... 32768
     args.lengths = [v for v in grid if v < args.max_len] + [args.max_len]
     return args
 
