@@ -41,7 +41,7 @@ import memory_gpu as mg  # noqa: I001  (sets PYTORCH_CUDA_ALLOC_CONF before torc
 import numpy as np
 import torch
 
-import fitbatch
+from fitbatch._validate import parse_budget
 from fitbatch.costs import FunctionCost
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --device cpu --tiny for a dry run", file=sys.stderr)
         return 2
     device = torch.device(args.device)
-    capacity = fitbatch.parse_budget(
-        "8MiB" if args.tiny and device.type == "cpu" else args.capacity
-    )
+    capacity = parse_budget("8MiB" if args.tiny and device.type == "cpu" else args.capacity)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         if capacity > 0.95 * total:
