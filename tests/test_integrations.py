@@ -473,7 +473,7 @@ def test_trainer_refuses_a_sampler_over_other_rows_at_construction(tmp_path):
         def __call__(self, rows):
             return rows
 
-    with pytest.raises(ValueError, match=r"120 train_dataset rows.*row 0 \(16 tokens, size 10\).*pad_to_multiple_of=8"):
+    with pytest.raises(ValueError, match=r"120 train_dataset rows.*pad_to_multiple_of=8\): row 0 \(16 tokens, size 10\)"):
         build([{"input_ids": [1] * 10}] * 120, data_collator=Collator())
     build([{"input_ids": [1] * 10}] * 120)  # the rows of the sizes: accepted
     with pytest.raises(ValueError, match=r"rank 0 of 2.*args.process_index=0 of args.world_size=1.*num_replicas=args.world_size"):

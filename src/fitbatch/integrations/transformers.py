@@ -134,11 +134,11 @@ def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
         return
     short = np.flatnonzero(sizes < needed)
     if short.size:
-        padded = f", rounded up to the collator's pad_to_multiple_of={multiple}" if multiple > 1 else ""
+        padded = f" (lengths rounded up to the collator's pad_to_multiple_of={multiple})" if multiple > 1 else ""
         raise ValueError(
             f"{short.size} train_dataset row{'s are' if short.size > 1 else ' is'} longer than "
-            f"{'their sizes' if short.size > 1 else 'its size'} in the batch sampler: "
-            f"{_offenders(short, needed, sizes)}{padded}; the sizes were taken before the trainer prepared the "
+            f"{'their sizes' if short.size > 1 else 'its size'} in the batch sampler{padded}: "
+            f"{_offenders(short, needed, sizes)}; the sizes were taken before the trainer prepared the "
             "rows (an appended EOS token, truncation, shuffle_dataset=True, filtering) or without the pad multiple: "
             "pass batch_sampler=BudgetSampling(budget, ...), which measures the prepared rows"
         )
@@ -239,6 +239,28 @@ class FitbatchTrainerMixin:
             params["multiprocessing_context"] = self.args.dataloader_multiprocessing_context
         loader = torch.utils.data.DataLoader(dataset, **params)
         return prepare_loader(self.accelerator, loader, check_budget=self.check_budget)
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """The base class's; under TRL, its ``num_tokens`` metric recounted for a 4-D attention mask.
+
+        TRL adds ``attention_mask.sum()`` to ``num_tokens``: for the additive ``(1, 1, T, T)`` mask
+        of ``make_varlen_collate(causal_mask=True)`` that is a sum of ``0`` and ``-inf`` entries. The
+        tokens are then counted as for TRL's own padding-free rows, ``input_ids.numel()``.
+        """
+        mask = inputs.get("attention_mask") if hasattr(inputs, "get") else None
+        recount = getattr(mask, "ndim", 2) == 4 and model.training and hasattr(self, "_total_train_tokens")
+        before = getattr(self, "_total_train_tokens", 0)
+        out = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        if recount:
+            import torch
+
+            local = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
+            total = before + int(self.accelerator.gather_for_metrics(local).sum().item())
+            self._total_train_tokens = total
+            metrics = getattr(self, "_metrics", {}).get("train")
+            if metrics is not None and "num_tokens" in metrics:
+                metrics["num_tokens"] = [total]
+        return out
 
     # ------------------------------------------------------------------ epochs of their own length
 
