@@ -326,6 +326,8 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, wi
     torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--stop-step", str(stop), "--window", str(window))
     torchrun(worker, "--out", str(tmp_path), "--phase", "resume", "--window", str(window))
     full, resumed = results(tmp_path, "full-w2", 2), results(tmp_path, "resume-w2", 2)
+    for f in full:
+        assert "over the budget" in f["mismatch"] and "sizes are not the lengths" in f["mismatch"], f["mismatch"]
     for f, r in zip(full, resumed):
         assert f["end"] == [2, 0] and r["resumed_at"] == [1, stop]
         assert r["log"] == [x for x in f["log"] if (x[0], x[1]) >= (1, stop)], "resume continues at the batch"
@@ -370,6 +372,8 @@ def test_hf_trainer_two_processes_each_sample_once_and_resume_mid_epoch(tmp_path
     torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--save-steps", "13")
     full = results(tmp_path, "full", 2)
     lengths = full[0]["lengths"]
+    for f in full:
+        assert "240 train_dataset rows are longer than their sizes" in f["mismatch"], f["mismatch"]
     counts = [[sum(1 for x in f["log"] if x[1] == e) for e in range(2)] for f in full]
     assert counts[0] == counts[1] == [19, 20], "each epoch runs its own batch count, equal on both ranks"
     for epoch in range(2):
@@ -400,6 +404,8 @@ def test_hf_trainer_packed_batches(tmp_path, window):
     torchrun(WORKERS / "trainer_worker.py", "--out", str(tmp_path), "--phase", "packed", "--window", str(window))
     packed = results(tmp_path, "packed", 2)
     lengths = packed[0]["lengths"]
+    for p in packed:
+        assert "a padded collator under a sum plan" in p["mismatch"], p["mismatch"]
     assert len(packed[0]["log"]) == len(packed[1]["log"])
     assert flat(x[2] for p in packed for x in p["log"]) == list(range(len(lengths)))
     for parts in trainer_steps(packed).values():

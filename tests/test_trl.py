@@ -161,9 +161,9 @@ def test_sft_two_processes_each_sample_once_in_budget_and_resume_mid_epoch(tmp_p
         assert trained == prepared, "each prepared row once per epoch over both ranks"
         assert len({sum(1 for x in f["log"] if x[1] == epoch) for f in full}) == 1, "equal steps"
     for f in full:
-        for _, _, rows, (n, width), _ in f["log"]:
+        for *_, (n, width), _ in f["log"]:
             assert n * width <= BUDGET and width % MULTIPLE == 0
-    loss_of = {tuple(r): sum(1 for t in r[1:]) for r in prepared}  # every label but the first (no -100 in text)
+    loss_of = {tuple(r): len(r) - 1 for r in prepared}  # every label but the first (no -100 in text)
     steps = defaultdict(list)
     for f in full:
         for step, _, rows, _, items in f["log"]:

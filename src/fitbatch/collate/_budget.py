@@ -53,7 +53,7 @@ TOLERANCE = 1e-9
 class Measured(NamedTuple):
     """What a collated batch holds: sequences, the longest, tokens, and whether it is one padding-free row."""
 
-    count: int
+    sequences: int
     longest: int
     tokens: int
     varlen: bool
@@ -100,9 +100,9 @@ def measure_collated(batch: Any, key: str = "input_ids") -> Measured | None:
 
     >>> import numpy as np
     >>> measure_collated({"input_ids": np.zeros((3, 7))})
-    Measured(count=3, longest=7, tokens=21, varlen=False)
+    Measured(sequences=3, longest=7, tokens=21, varlen=False)
     >>> measure_collated({"input_ids": np.zeros((1, 9)), "position_ids": np.array([[0, 1, 2, 0, 1, 0, 1, 2, 3]])})
-    Measured(count=3, longest=4, tokens=9, varlen=True)
+    Measured(sequences=3, longest=4, tokens=9, varlen=True)
     """
     shape = _shape(_tokens_of(batch, key))
     if shape is None:
@@ -117,10 +117,10 @@ def measure_collated(batch: Any, key: str = "input_ids") -> Measured | None:
 def batch_cost(model: CostModel, measured: Measured) -> float:
     """The cost of a measured batch under ``model`` (a padding-free row: its tokens, for padded and sum costs).
 
-    >>> batch_cost(SumCost(), Measured(count=3, longest=7, tokens=21, varlen=False))
+    >>> batch_cost(SumCost(), Measured(sequences=3, longest=7, tokens=21, varlen=False))
     21.0
     """
-    count, longest = measured.count, measured.longest
+    count, longest = measured.sequences, measured.longest
     if measured.varlen and isinstance(model, (PaddedCost, SumCost)):
         count, longest = 1, measured.tokens
     value = model.evaluate(np.array([count]), np.array([float(longest)]), np.array([float(measured.tokens)]))
@@ -129,10 +129,10 @@ def batch_cost(model: CostModel, measured: Measured) -> float:
 
 def _causes(model: CostModel, m: Measured) -> list[str]:
     causes = []
-    if isinstance(model, SumCost) and not m.varlen and m.count > 1:
+    if isinstance(model, SumCost) and not m.varlen and m.sequences > 1:
         causes.append(
             f"a padded collator under a sum plan: cost='sum' budgets real tokens, but the collator pads "
-            f"every row to the longest ({m.count} x {m.longest} = {m.tokens} tokens); use a padding-free "
+            f"every row to the longest ({m.sequences} x {m.longest} = {m.tokens} tokens); use a padding-free "
             "collator (fitbatch.collate.make_varlen_collate, transformers' DataCollatorWithFlattening, TRL's "
             "padding_free=True) or plan with cost='padded'"
         )
@@ -188,10 +188,10 @@ class BudgetCheckedCollate:
     def check(self, measured: Measured) -> float:
         """The cost of a measured batch; ``ValueError`` (with the likely causes) when it is over the budget."""
         value = batch_cost(self.cost, measured)
-        if value <= self.budget * (1 + TOLERANCE) or (self.single and measured.count == 1):
+        if value <= self.budget * (1 + TOLERANCE) or (self.single and measured.sequences == 1):
             return value
-        what = (f"one padding-free row of {measured.count} sequences, {measured.tokens} tokens" if measured.varlen
-                else f"{measured.count} rows x {measured.longest} tokens")
+        what = (f"one padding-free row of {measured.sequences} sequences, {measured.tokens} tokens" if measured.varlen
+                else f"{measured.sequences} rows x {measured.longest} tokens")
         name = getattr(self.cost, "name", type(self.cost).__name__)
         raise ValueError(
             f"collated batch {self.batches} costs {value:g} ({what}, cost {name!r}), over the budget "

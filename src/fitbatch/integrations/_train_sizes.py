@@ -192,10 +192,11 @@ class BudgetSampling:
 
         dataset, args = trainer.train_dataset, trainer.args
         sizes = collated_lengths(token_lengths(dataset), pad_multiple(trainer.data_collator, args))
+        loss: Any = None
         if self.loss_sizes is True:
             loss = causal_loss_sizes(dataset)
-        else:
-            loss = self.loss_sizes(dataset) if callable(self.loss_sizes) else None
+        elif callable(self.loss_sizes):
+            loss = self.loss_sizes(dataset)
         seed = args.seed if self.seed is None else self.seed
         return BudgetBatchSampler(sizes, self.budget, cost=self.cost, strategy=self.strategy, seed=seed,
                                   loss_sizes=loss, num_replicas=args.world_size, rank=args.process_index,
