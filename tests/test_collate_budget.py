@@ -10,7 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch.collate import BudgetCheckedCollate, check_budget, make_hf_collate, make_varlen_collate, pad_collate
+from fitbatch.collate import (
+    BudgetCheckedCollate,
+    check_budget,
+    make_hf_collate,
+    make_varlen_collate,
+    pad_collate,
+)
 from fitbatch.collate._budget import Measured, measure_collated
 
 
