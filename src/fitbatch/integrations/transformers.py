@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 #: the file in each checkpoint folder that holds the sampler's state there
 SAMPLER_FILE = "fitbatch_sampler.json"
 #: the versions tested (pyproject.toml's integrations extra; .ci/run tests both ends)
-SUPPORTED = "transformers>=5.23, trl>=1.15"
+SUPPORTED = "transformers>=5.23, trl>=1.16"
 
 
 def _refuse_options(args: Any) -> None:
