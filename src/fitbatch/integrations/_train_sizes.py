@@ -48,8 +48,18 @@ def _arrow_column(dataset: Any, column: str) -> Any:
 def _rows(dataset: Any, column: str) -> list[Any]:
     try:
         return [row[column] for row in dataset]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"every train dataset row must have {column!r} (the tokenised sequence) to be measured") from exc
+
+
+def cheap_to_measure(dataset: Any) -> bool:
+    """Whether rows can be measured without loading samples: a ``datasets.Dataset`` (Arrow) or a list/tuple.
+
+    >>> cheap_to_measure([{"input_ids": [1]}]), cheap_to_measure(range(3))
+    (True, False)
+    """
+    return isinstance(dataset, (list, tuple)) or (
+        type(dataset).__module__.split(".")[0] == "datasets" and hasattr(dataset, "with_format"))
 
 
 def token_lengths(dataset: Any, column: str = "input_ids") -> NDArray[np.int64]:
@@ -96,7 +106,7 @@ def causal_loss_sizes(dataset: Any) -> NDArray[np.int64]:
         return _shifted_counts(values != IGNORE_INDEX, lengths)
     try:
         rows = [np.asarray(row["labels"] if "labels" in row else row["input_ids"]).reshape(-1) for row in dataset]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, IndexError) as exc:
         raise ValueError("every train dataset row must have 'input_ids' (and optionally 'labels') to be measured") from exc
     lengths = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
     flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
@@ -203,4 +213,4 @@ class BudgetSampling:
                                   **self.options)
 
 
-__all__ = ["BudgetSampling", "causal_loss_sizes", "collated_lengths", "pad_multiple", "token_lengths"]
+__all__ = ["BudgetSampling", "causal_loss_sizes", "cheap_to_measure", "collated_lengths", "pad_multiple", "token_lengths"]

@@ -50,6 +50,7 @@ from fitbatch._plan_sampler import PlanSampler
 from fitbatch.integrations._train_sizes import (
     BudgetSampling,
     causal_loss_sizes,
+    cheap_to_measure,
     collated_lengths,
     pad_multiple,
     token_lengths,
@@ -105,7 +106,9 @@ def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
     """Check a ready sampler's sizes against the rows the trainer trains on (after its preparation).
 
     Each size must be at least its row's ``input_ids`` length, rounded up to the collator's pad
-    ``multiple``; rows without ``input_ids`` (or sizes of several columns) are not checked.
+    ``multiple``. Only a ``datasets.Dataset`` (read as Arrow) or a list of rows is measured (never
+    a dataset that would load its samples); rows without ``input_ids``, or sizes of several
+    columns, are not checked (the collated-batch check still is).
 
     Raises:
         ValueError: another number of rows, or rows longer than their sizes (the message names
@@ -125,7 +128,7 @@ def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
             "(the trainer prepared the dataset: filtered or packed rows?): pass batch_sampler=BudgetSampling(budget, ...), "
             "which builds the sampler from the prepared rows, or build it over trainer.train_dataset"
         )
-    if np.ndim(sizes) != 1 or not hasattr(dataset, "__len__"):
+    if np.ndim(sizes) != 1 or not cheap_to_measure(dataset):  # never load every sample to check
         return
     try:
         needed = collated_lengths(token_lengths(dataset), multiple)
