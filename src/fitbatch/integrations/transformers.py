@@ -1,14 +1,20 @@
 """A Hugging Face ``transformers.Trainer`` that trains on a fitbatch sampler's batches.
 
->>> from fitbatch.integrations.transformers import FitbatchTrainer
+>>> from fitbatch.integrations.transformers import BudgetSampling, FitbatchTrainer
 >>> args = TrainingArguments("out", gradient_accumulation_steps=4, num_train_epochs=2)  # doctest: +SKIP
->>> sampler = fitbatch.BudgetBatchSampler(lengths, 8192, cost="padded", seed=args.seed,
-...                                       num_replicas=args.world_size, rank=args.process_index)  # doctest: +SKIP
 >>> trainer = FitbatchTrainer(model, args, train_dataset=ds, data_collator=collator,
-...                           batch_sampler=sampler)  # doctest: +SKIP
+...                           batch_sampler=BudgetSampling(8192, cost="padded"))  # doctest: +SKIP
 >>> trainer.train()  # or trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
 
+``class Trainer(FitbatchTrainerMixin, SFTTrainer)`` does the same for TRL (``docs/integrations.md``).
+
 What changes against a plain ``Trainer``:
+
+* **The sizes are those of the rows trained.** ``BudgetSampling`` (or any ``factory(trainer)``)
+  builds the sampler once the trainer's ``__init__`` has prepared ``train_dataset``; a ready
+  sampler is checked against those rows (count, lengths with the pad multiple) and the
+  trainer's world at construction. Every collated batch is measured against the budget
+  (``check_budget=True``).
 
 * **The batches.** The training loader is ``DataLoader(train_dataset, batch_sampler=sampler,
   collate_fn=data_collator)``, prepared by accelerate with its shard made a pass-through
