@@ -112,7 +112,8 @@ def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
     """Check a ready sampler's sizes against the rows the trainer trains on (after its preparation).
 
     Each size must be at least its row's ``input_ids`` length, rounded up to the collator's pad
-    ``multiple``. Only a ``datasets.Dataset`` (read as Arrow) or a list of rows is measured (never
+    ``multiple`` (for budget samplers; a ``ScheduledBatchSampler`` is checked for its number of
+    rows only). Only a ``datasets.Dataset`` (read as Arrow) or a list of rows is measured (never
     a dataset that would load its samples); rows without ``input_ids``, or sizes of several
     columns, are not checked (the collated-batch check still is).
 
@@ -134,7 +135,8 @@ def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
             "(the trainer prepared the dataset: filtered or packed rows?): pass batch_sampler=BudgetSampling(budget, ...), "
             "which builds the sampler from the prepared rows, or build it over trainer.train_dataset"
         )
-    if np.ndim(sizes) != 1 or not cheap_to_measure(dataset):  # never load every sample to check
+    # budget samplers only (a ScheduledBatchSampler's sizes may be counts); never load every sample
+    if np.ndim(sizes) != 1 or getattr(sampler, "options", None) is None or not cheap_to_measure(dataset):
         return
     try:
         needed = collated_lengths(token_lengths(dataset), multiple)
