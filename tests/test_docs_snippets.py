@@ -53,3 +53,25 @@ def test_the_windowed_planning_example_runs() -> None:
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     runner.run(test)
     assert runner.summarize().failed == 0 and test.examples
+
+
+def test_the_trl_snippets_run(tmp_path, monkeypatch, one_torch_thread: None) -> None:
+    """docs/integrations.md's TRL section, in order, on a tiny random Llama and an in-memory tokenizer."""
+    pytest.importorskip("trl", reason="the integrations extra is not installed")
+    import sys
+
+    import datasets
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "integrations"))
+    import tiny_lm
+
+    section = (DOCS / "integrations.md").read_text().split("## TRL `SFTTrainer`", 1)[1].split("\n## ", 1)[0]
+    blocks = BLOCK.findall(section)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    tokenizer = tiny_lm.tokenizer()
+    namespace: dict[str, object] = {"datasets": datasets, "texts": tiny_lm.texts(40), "tokenizer": tokenizer,
+                                    "model": tiny_lm.model(len(tokenizer))}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/integrations.md[TRL block {i}]", "exec"), namespace)
+    assert namespace["trainer"].state.global_step > 0 and namespace["packed"].state.global_step > 0

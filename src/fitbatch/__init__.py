@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch.collate import (
     PaddedBatch,
+    check_budget,
     make_hf_collate,
     make_pad_collate,
     make_varlen_collate,
@@ -168,6 +169,7 @@ __all__ = [
     "batch_stream",
     "build_size_index",
     "calibrate",
+    "check_budget",
     "make_hf_collate",
     "make_pad_collate",
     "make_varlen_collate",

@@ -9,7 +9,8 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
 * ``naive``: the issue's code, ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler,
   collate_fn=fitbatch.pad_collate))``: two epochs, the sampler's own plan beside them, and
   ``accelerator.skip_first_batches(loader, 5)`` of the second.
-* ``full``: ``fitbatch.integrations.accelerate.prepare`` (2 DataLoader workers) and a small
+* ``full``: first, a sampler over halved sizes, whose first collated batch ``prepare``'s budget
+  check refuses; then ``fitbatch.integrations.accelerate.prepare`` (2 DataLoader workers) and a small
   DDP model, two epochs, normalised by ``step_totals``; ``save_state`` after step
   ``--stop-step`` of epoch 1, then on to the end.
 * ``resume``: the same objects, ``load_state`` of that checkpoint, on to the end (any world).
@@ -82,6 +83,14 @@ def main() -> None:
             out[f"step_samples{epoch}"] = sampler.step_totals()[0].tolist()
         out["skip5"] = [ids(b) for b in acc.skip_first_batches(loader, 5)]
     else:
+        if args.phase == "full":  # sizes that are not these rows' (halved): caught at the first collated batch
+            wrong = fitbatch.BudgetBatchSampler(lengths // 2 + 1, BUDGET, cost="padded", seed=0, window=args.window or "auto")
+            unchecked = DataLoader(Samples(), batch_sampler=wrong, collate_fn=fitbatch.pad_collate)
+            try:
+                next(iter(fb_accelerate.prepare(acc, unchecked, register=False)))
+                out["mismatch"] = None
+            except ValueError as exc:
+                out["mismatch"] = str(exc)
         loader = fb_accelerate.prepare(
             acc, DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate, num_workers=2)
         )

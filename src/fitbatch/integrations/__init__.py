@@ -8,8 +8,10 @@
   plus fitbatch's own cursor registered for ``accelerator.save_state``/``load_state`` (exact
   mid-epoch resume, in O(1), on any world size) and ``set_epoch`` that reaches the sampler.
 * :mod:`fitbatch.integrations.transformers` — ``FitbatchTrainer`` / ``FitbatchTrainerMixin``:
-  a ``transformers.Trainer`` that trains on a fitbatch sampler's batches, with epochs of
-  varying length, token-normalised gradient accumulation and exact ``resume_from_checkpoint``.
+  a ``transformers.Trainer`` (or TRL's ``SFTTrainer``) that trains on a fitbatch sampler's
+  batches, built from the rows it prepared (``BudgetSampling``), with every collated batch
+  checked against the budget, epochs of varying length, token-normalised gradient accumulation
+  and exact ``resume_from_checkpoint``.
 
 Lightning, torchdata's ``StatefulDataLoader`` and plain loops need no adapter:
 ``docs/integrations.md`` shows each. Nothing here is imported by ``import fitbatch``, and each

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fitbatch._state import StateSchema
+from fitbatch.collate import check_budget as checked_collate
+from fitbatch.collate._budget import measurable
 from fitbatch.sampler._protocol import PlanSampler
 
 SAMPLER_KEY = "sampler"
@@ -38,7 +40,7 @@ def state_at(sampler: Any, done: int) -> dict[str, Any]:
     return sampler.state_dict(**{sampler.CURSOR_KEY: done})  # type: ignore[no-any-return]
 
 
-def prepare_loader(accelerator: Any, loader: Any) -> Any:
+def prepare_loader(accelerator: Any, loader: Any, *, check_budget: bool = True) -> Any:
     """``accelerator.prepare(loader)`` for a loader whose ``batch_sampler`` is a fitbatch sampler.
 
     The batch sampler already yields this rank's batches, so accelerate's ``BatchSamplerShard``
@@ -50,6 +52,11 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     compat sampler knows no world: on every process it batches what it is given, so give each
     process its share, as without accelerate (bionemo's ``SizeAwareBatchSampler`` over a
     ``DistributedSampler``, for example); without one, every process runs every sample.
+
+    With ``check_budget`` (the default), the prepared loader's collate function measures every
+    batch against the sampler's budget and raises at the first one over it
+    (:func:`fitbatch.collate.check_budget`; samplers whose cost cannot be measured on a token
+    tensor, and the compat samplers, are not checked). The given loader is not changed.
 
     Returns:
         accelerate's prepared loader (a ``DataLoaderShard``).
@@ -94,10 +101,15 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         )
     if sharded:
         shard.num_processes, shard.process_index = 1, 0  # a pass-through: this rank's batches
+    if check_budget and measurable(sampler) and getattr(prepared, "collate_fn", None) is not None:
+        # on the torch loader accelerate's adapter wraps (accelerate >= 1.0), read by each new
+        # iterator (and its workers) and carried by skip_first_batches
+        torch_loader = getattr(prepared, "base_dataloader", prepared)
+        torch_loader.collate_fn = checked_collate(prepared.collate_fn, sampler)
     return prepared
 
 
-def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> ResumableLoader:
+def prepare(accelerator: Any, loader: Any, *, register: bool = True, check_budget: bool = True) -> ResumableLoader:
     """Prepare a loader of fitbatch batches and register its cursor for ``save_state``.
 
     Args:
@@ -108,6 +120,8 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> Resumabl
             state (the compat ones) takes :func:`prepare_loader`.
         register: call ``accelerator.register_for_checkpointing`` on the result, so that
             ``save_state``/``load_state`` carry the epoch and the step.
+        check_budget: measure each collated batch against the sampler's budget (see
+            :func:`prepare_loader`).
 
     Returns:
         a :class:`ResumableLoader` over accelerate's prepared loader.
@@ -130,7 +144,7 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> Resumabl
             "cursor would restore it again; build the Accelerator without it (prepare() keeps the exact "
             "position), or use accelerator.prepare(loader) alone and set the sampler's epoch yourself"
         )
-    out = ResumableLoader(prepare_loader(accelerator, loader), sampler)
+    out = ResumableLoader(prepare_loader(accelerator, loader, check_budget=check_budget), sampler)
     if register:
         accelerator.register_for_checkpointing(out)
     return out
