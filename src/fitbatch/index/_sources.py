@@ -171,16 +171,20 @@ def _webdataset(path: str, extension: str | None) -> NDArray[Any]:
 
     keys: list[str] = []
     sizes: list[int] = []
-    with _open(path) as fh, tarfile.open(fileobj=fh, mode="r:*" if fh.seekable() else "r|*") as tar:
-        for member in tar:
-            match = (
-                re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
-            )
-            if match is None:  # webdataset skips members without an extension
-                continue
-            if extension is None or match.group(2) == extension:
-                keys.append(match.group(1))
-                sizes.append(member.size)
+    try:
+        with _open(path) as fh, tarfile.open(fileobj=fh, mode="r:*" if fh.seekable() else "r|*") as tar:
+            for member in tar:
+                match = (
+                    re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
+                )
+                if match is None:  # webdataset skips members without an extension
+                    continue
+                if extension is None or match.group(2) == extension:
+                    keys.append(match.group(1))
+                    sizes.append(member.size)
+    except tarfile.TarError as exc:  # not a tar, or one cut short
+        reason = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        raise ValueError(f"{path} is not a readable tar file ({reason}): a WebDataset shard is a .tar") from None
     if not keys:
         what = f"members with extension {extension!r}" if extension else "samples"
         raise ValueError(f"{path} holds no {what}")
