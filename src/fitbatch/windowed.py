@@ -46,7 +46,7 @@ from fitbatch._timeline import (
     check_step,
     cost_change,
 )
-from fitbatch._validate import choice, positive_int
+from fitbatch._validate import choice, positive_int, state_mapping
 from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
 from fitbatch.costs import CostModel
 from fitbatch.distributed import POLICIES, shared_seed, world_info
@@ -475,7 +475,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             ValueError: a state of another kind or version, other samples or options, or a
                 window or step outside the epoch.
         """
-        _state.load(self, state)
+        _state.load(self, state_mapping("windowed sampler", state))
 
     def __repr__(self) -> str:
         where = f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch}"
