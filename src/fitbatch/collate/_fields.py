@@ -83,7 +83,7 @@ def _array(value: Any) -> np.ndarray:
 
 def values(batch: Sequence[Mapping[str, Any]], key: str) -> list[np.ndarray]:
     """Every sample's ``key`` as a numpy array: not ``None``, numbers, all scalars or all sequences."""
-    out = []
+    out: list[np.ndarray] = []
     for i, sample in enumerate(batch):
         value = sample[key]
         if value is None:
