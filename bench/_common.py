@@ -12,9 +12,9 @@ import numpy as np
 import fitbatch
 
 # The library's metrics, under the names the benchmarks use.
-from fitbatch.metrics import batch_of_sample as batch_ids  # noqa: E402, F401
-from fitbatch.metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
-from fitbatch.metrics import repeat_rate  # noqa: E402, F401
+from fitbatch.plan._metrics import batch_of_sample as batch_ids  # noqa: E402, F401
+from fitbatch.plan._metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
+from fitbatch.plan._metrics import repeat_rate  # noqa: E402, F401
 
 
 def best_time(fn: Callable[[], object], repeat: int) -> tuple[float, object]:

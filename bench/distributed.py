@@ -119,11 +119,11 @@ def few_steps_table(repeats: int = 5) -> str:
     steps of the slowest rank's batch cost (the time of synchronous steps), re-planned over
     split, and "idle" the share of rank time spent waiting, re-planned.
     """
-    from fitbatch.distributed import arrange
-    from fitbatch.options import PlanOptions
-    from fitbatch.plan import plan_with
+    from fitbatch.epoch._arrange import arrange
+    from fitbatch.plan._options import PlanOptions
+    from fitbatch.plan._planner import plan_with
 
-    cost = fitbatch.resolve_cost("padded")
+    cost = fitbatch.costs.resolve_cost("padded")
     lines = [
         "| set | W | steps | straggler split (min-max) | straggler re-planned (min-max) | lone-batch bound (min-max) | wall re-planned / split | idle re-planned | batches single -> re-planned |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     tr = Trainer(args)
     # --tiny on CUDA: 1 GiB leaves room for the context and the cuBLAS workspaces
     tiny_capacity = "8MiB" if tr.device.type == "cpu" else "1GiB"
-    capacity = fitbatch.parse_budget(tiny_capacity if args.tiny else args.capacity)
+    capacity = fitbatch.costs.parse_budget(tiny_capacity if args.tiny else args.capacity)
     if tr.device.type == "cuda":
         total = torch.cuda.get_device_properties(tr.device).total_memory
         if capacity > 0.95 * total:

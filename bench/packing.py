@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch._packing import first_fit_starts  # noqa: E402
+from fitbatch._kernels.packing import first_fit_starts  # noqa: E402
 from fitbatch.strategies._base import Context, _pooled_layout  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
@@ -34,7 +34,7 @@ SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 
 def pools_alone(sizes: np.ndarray, budget: float) -> int:
     """Batches of the default pools packed one by one (no cross-pool pass)."""
-    ctx = Context(fitbatch.as_sizes(sizes), budget, fitbatch.resolve_cost("sum"), None, 1, True, 0, 0)
+    ctx = Context(fitbatch.as_sizes(sizes), budget, fitbatch.costs.resolve_cost("sum"), None, 1, True, 0, 0)
     order, seg_starts, _ = _pooled_layout(ctx, fitbatch.Packed().pool_size)
     _, starts = first_fit_starts(ctx.sizes.values[order], seg_starts, budget)
     return int(starts.size)

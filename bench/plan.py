@@ -52,7 +52,10 @@ from _common import (  # noqa: E402
 )
 
 import fitbatch  # noqa: E402
-from fitbatch import fixed_size_plan, largest_safe_batch_size  # noqa: E402
+from fitbatch.plan import (
+    fixed_size_plan,
+    largest_safe_batch_size,  # noqa: E402
+)
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 STRATEGIES = ("sequential", "sorted", "pooled", "buckets", "packed")

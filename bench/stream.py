@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 import fitbatch
-import fitbatch._jit
+import fitbatch._kernels.jit
 from fitbatch.costs import SumCost
-from fitbatch.plan import measure_batches
+from fitbatch.plan._planner import measure_batches
 from fitbatch.sizes import Sizes, as_sizes
 from fitbatch.streaming import batch_stream
 
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 BUDGET = 16384.0
 BUFFER = 10_000
-JIT = fitbatch._jit.enabled()  # loads the compiled loops now when numba is installed
+JIT = fitbatch._kernels.jit.enabled()  # loads the compiled loops now when numba is installed
 
 
 def fingerprint(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -
     src = Stream(kind, sizes)
 
     def stream(strategy: str, cost: str, vectorised: bool) -> Callable[[], Iterable[list[Any]]]:
-        kw: dict[str, Any] = {"sizeof": fitbatch.per_chunk(src.sizeof_batch) if vectorised else src.sizeof}
+        kw: dict[str, Any] = {"sizeof": fitbatch.streaming.per_chunk(src.sizeof_batch) if vectorised else src.sizeof}
         return lambda: batch_stream(src.items, budget=BUDGET, cost=cost, strategy=strategy, buffer_size=BUFFER, **kw)
 
     measured = as_sizes(sizes)

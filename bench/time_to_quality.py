@@ -16,7 +16,7 @@ cosine to 10 %; ``_lm_model.token_lr``):
    baseline ("fixed, best lr");
 2. every mode of ``--modes`` (``padded``, ``packed``) at the ``--budget``, with its rate from the
    best baseline rate by each rule of ``--lr-rules``: ``sqrt`` or ``linear`` in real tokens per
-   step (``_lm_model.mode_lr``; the rules of ``fitbatch.GradientAccumulator(lr_rule=)``);
+   step (``_lm_model.mode_lr``; the rules of ``fitbatch.schedule.GradientAccumulator(lr_rule=)``);
 3. ``padded`` at *equal tokens per step*: the budget whose plan carries the fixed batch's real
    tokens per step, at the baseline's rate: the speed-up of removing padding alone, without
    larger steps;

@@ -140,7 +140,7 @@ def speechbrain_sampler(lengths: np.ndarray, budget: int, seed: int) -> IndexBat
 
 def make_sampler(mode: str, lengths: np.ndarray, budget: int, seed: int) -> Any:
     if mode == "fixed":
-        from fitbatch import largest_safe_batch_size
+        from fitbatch.plan import largest_safe_batch_size
 
         size = largest_safe_batch_size(lengths, budget)
         if size != data.fixed_batch_size(lengths, budget):  # the examples' rule is the same

@@ -148,7 +148,7 @@ def fixed_batch_size(lengths: np.ndarray, budget: int) -> int:
     """The largest fixed batch size that never exceeds ``budget`` padded tokens.
 
     Its worst batch holds the longest samples, padded to the very longest; ``budget // max``
-    (for the padded cost this is ``fitbatch.largest_safe_batch_size``).
+    (for the padded cost this is ``fitbatch.plan.largest_safe_batch_size``).
     """
     return max(1, int(budget) // int(lengths.max()))
 

@@ -453,7 +453,7 @@ def mode_lr(lr: float, tokens_per_step: float, baseline_tokens_per_step: float, 
 
     ``lr`` is the baseline's (fixed batch size) rate. ``"sqrt"`` scales it by the square root
     of the tokens-per-step ratio, the usual rule for Adam when the batch grows; ``"linear"``
-    by the ratio itself (the SGD rule; ``fitbatch.GradientAccumulator`` offers the same two);
+    by the ratio itself (the SGD rule; ``fitbatch.schedule.GradientAccumulator`` offers the same two);
     ``"same"`` keeps it. Budget batches hold several times the real tokens of the safe fixed batch.
 
     >>> mode_lr(1e-3, 400.0, 100.0, "sqrt"), mode_lr(1e-3, 400.0, 100.0, "linear")

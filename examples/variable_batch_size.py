@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from fitbatch import BatchSizeSchedule, GradientAccumulator, ScheduledBatchSampler, pad_collate
+from fitbatch import pad_collate
+from fitbatch.schedule import BatchSizeSchedule, GradientAccumulator, ScheduledBatchSampler
 
 VOCAB, DIM = 64, 32
 

@@ -2,7 +2,7 @@
 
 :func:`check_plan` recomputes everything it checks from the sizes and the cost model alone, one
 batch at a time (through :mod:`reference`), never from the plan's own per-batch arrays. The
-plan-quality metrics at the bottom come from ``fitbatch.metrics`` (tests never import
+plan-quality metrics at the bottom come from ``fitbatch.plan._metrics`` (tests never import
 ``bench/``).
 """
 
@@ -52,7 +52,7 @@ COSTS: dict[str, Any] = {
     "sum": fitbatch.SumCost(),
     "padded": fitbatch.PaddedCost(),
     "polynomial": fitbatch.PaddedPolynomial(fixed=5.0, linear=1.0, per_token=1.0, quadratic=0.01),
-    "function": fitbatch.FunctionCost(_user_cost),
+    "function": fitbatch.costs.FunctionCost(_user_cost),
 }
 
 # Float sums are rounded differently by the kernels (prefix sums) and by measure_batches
@@ -224,7 +224,7 @@ def run_processes(commands: list[list[str]], timeout: float) -> list[str]:
 
 
 # --------------------------------------------------------------------------- quality metrics
-# The library's own metrics (fitbatch.metrics), under the names the tests use.
-from fitbatch.metrics import batch_of_sample as batch_ids  # noqa: E402, F401
-from fitbatch.metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
-from fitbatch.metrics import repeat_rate  # noqa: E402, F401
+# The library's own metrics (fitbatch.plan._metrics), under the names the tests use.
+from fitbatch.plan._metrics import batch_of_sample as batch_ids  # noqa: E402, F401
+from fitbatch.plan._metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
+from fitbatch.plan._metrics import repeat_rate  # noqa: E402, F401

@@ -20,7 +20,7 @@ import fitbatch
 import fitbatch.sizes
 import fitbatch.sizes._files as files_module
 from fitbatch import cli
-from fitbatch.distributed import arrange
+from fitbatch.epoch._arrange import arrange
 
 TESTS = Path(__file__).resolve().parent
 CLI_DATA = TESTS / "cli_data"
@@ -90,7 +90,7 @@ def test_plan_json_equals_the_library_over_ranks_and_epochs() -> None:
     args = ["--budget", "65536", "--oversized", "skip", "--world-size", "3", "--epochs", "2", "--json", "--seed", "5"]
     got = json.loads(run("plan", "pytokens.parquet", "--column", "tokens", *args).stdout)
     sizes = fitbatch.as_sizes(np.load(DATA / "cpython_stdlib_pytokens.npy"))
-    model = fitbatch.resolve_cost("padded")
+    model = fitbatch.costs.resolve_cost("padded")
     by_name = {r["plan"]: r for r in got["rows"]}
     assert list(by_name)[0].startswith("fixed batch size")
     for name in ("pooled", "buckets", "sequential"):
@@ -332,7 +332,7 @@ def test_sampler_logs_one_epoch_summary_at_info(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.INFO, logger="fitbatch"):
         batches = list(sampler)
         list(sampler)  # the same epoch again: planned once, logged once
-    summaries = [r for r in caplog.records if r.name == "fitbatch.sampler"]
+    summaries = [r for r in caplog.records if r.name == "fitbatch.sampler._budget"]
     assert len(summaries) == 1 and summaries[0].levelno == logging.INFO
     msg = summaries[0].getMessage()
     assert "\n" not in msg
@@ -342,7 +342,7 @@ def test_sampler_logs_one_epoch_summary_at_info(caplog: pytest.LogCaptureFixture
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="fitbatch"):
         list(sampler)
-    assert [r.getMessage()[:8] for r in caplog.records if r.name == "fitbatch.sampler"] == ["epoch 1:"]
+    assert [r.getMessage()[:8] for r in caplog.records if r.name == "fitbatch.sampler._budget"] == ["epoch 1:"]
 
 
 def test_console_script_is_installed() -> None:

@@ -60,11 +60,11 @@ def test_measure_names_the_bad_samples():
 
 
 def test_the_samplers_are_plan_samplers():
-    from fitbatch._plan_sampler import PlanSampler
     from fitbatch.compat.aistore import DynamicBatchSampler
     from fitbatch.compat.bionemo import SizeAwareBatchSampler
     from fitbatch.compat.equibatch import EquiarealBatchSampler
     from fitbatch.compat.xla_vbs import CustomSampler
+    from fitbatch.sampler._protocol import PlanSampler
 
     for cls in (DynamicBatchSampler, SizeAwareBatchSampler, EquiarealBatchSampler, CustomSampler):
         assert issubclass(cls, PlanSampler), cls

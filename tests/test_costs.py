@@ -62,7 +62,7 @@ def test_max_count_is_the_largest_fitting_count(edge, budget, coefs):
 
 def test_max_count_none_when_the_sum_matters():
     assert fitbatch.SumCost().max_count(np.array([1.0]), 10.0) is None
-    assert fitbatch.FunctionCost(lambda c, m, s: s).max_count(np.array([1.0]), 10.0) is None
+    assert fitbatch.costs.FunctionCost(lambda c, m, s: s).max_count(np.array([1.0]), 10.0) is None
     assert fitbatch.PaddedPolynomial(fixed=20.0).max_count(np.array([1.0]), 10.0).tolist() == [0.0]
 
 
@@ -81,24 +81,24 @@ def test_bad_weights(weights):
 
 
 def test_resolve_cost():
-    assert fitbatch.resolve_cost("sum") == fitbatch.SumCost()
-    assert fitbatch.resolve_cost("padded") == fitbatch.PaddedCost()
-    assert fitbatch.resolve_cost("polynomial") == fitbatch.PaddedPolynomial()
+    assert fitbatch.costs.resolve_cost("sum") == fitbatch.SumCost()
+    assert fitbatch.costs.resolve_cost("padded") == fitbatch.PaddedCost()
+    assert fitbatch.costs.resolve_cost("polynomial") == fitbatch.PaddedPolynomial()
     model = fitbatch.PaddedCost(weights=(1.0, 2.0))
-    assert fitbatch.resolve_cost(model) is model
-    fn = fitbatch.resolve_cost(lambda c, m, s: c * m)
-    assert isinstance(fn, fitbatch.FunctionCost)
+    assert fitbatch.costs.resolve_cost(model) is model
+    fn = fitbatch.costs.resolve_cost(lambda c, m, s: c * m)
+    assert isinstance(fn, fitbatch.costs.FunctionCost)
     assert ev(fn, [3], [4], [5]) == [12.0]
     assert set(COST_NAMES) == {"sum", "padded", "polynomial"}
 
 
 def test_resolve_cost_errors_list_the_alternatives():
     with pytest.raises(ValueError) as err:
-        fitbatch.resolve_cost("tokens")
+        fitbatch.costs.resolve_cost("tokens")
     for name in COST_NAMES:
         assert repr(name) in str(err.value)
     with pytest.raises(TypeError, match="cost"):
-        fitbatch.resolve_cost(3)
+        fitbatch.costs.resolve_cost(3)
 
 
 @pytest.mark.parametrize("fn, dimension", [
@@ -108,7 +108,7 @@ def test_resolve_cost_errors_list_the_alternatives():
 ])
 def test_decreasing_function_is_refused_naming_the_dimension(fn, dimension):
     with pytest.raises(ValueError, match=f"decreases with the {dimension}"):
-        fitbatch.resolve_cost(fn)
+        fitbatch.costs.resolve_cost(fn)
 
 
 def test_decreasing_custom_model_is_refused():
@@ -117,11 +117,11 @@ def test_decreasing_custom_model_is_refused():
             return 10.0 - np.asarray(count, dtype=np.float64)
 
     with pytest.raises(ValueError, match="non-decreasing"):
-        fitbatch.resolve_cost(Bad())
+        fitbatch.costs.resolve_cost(Bad())
 
 
 def test_function_cost_must_be_vectorised():
-    model = fitbatch.FunctionCost(lambda c, m, s: 1.0)
+    model = fitbatch.costs.FunctionCost(lambda c, m, s: 1.0)
     with pytest.raises(ValueError, match="vectorised"):
         model.evaluate(np.ones(3), np.ones(3), np.ones(3))
 
@@ -138,7 +138,7 @@ def test_models_are_frozen_and_compare_by_value():
     def my_cost(c, m, s):
         return s
 
-    assert fitbatch.FunctionCost(my_cost).to_dict()["fn"].endswith("my_cost")
+    assert fitbatch.costs.FunctionCost(my_cost).to_dict()["fn"].endswith("my_cost")
 
 
 # --- results are checked where they enter planning, naming the model and the batch ----------
@@ -177,7 +177,7 @@ def test_custom_models_are_checked_and_the_probe_grid_is_not():
         def evaluate(self, count, max_size, sum_size):
             return np.asarray(max_size, dtype=np.float64) - 1.0 + 0.0 * count
 
-    model = fitbatch.resolve_cost(LongerThanOne())  # negative on the probe grid: not refused there
+    model = fitbatch.costs.resolve_cost(LongerThanOne())  # negative on the probe grid: not refused there
     assert LongerThanOne.checked and not fitbatch.PaddedCost.checked
     with pytest.raises(ValueError, match=r"cost model .*LongerThanOne\(\) returned a negative cost -0.5 for a batch of "
                                          r"\(count=1, max=0.5, sum=0.5\)"):
@@ -224,7 +224,7 @@ def test_weights_must_match_the_size_dimensions(cls):
 def test_max_count_of_a_subnormal_size_is_unbounded_without_a_warning(cost):
     """budget / 5e-324 overflows: the closed-form count is inf (no limit), and numpy's overflow
     warning stays inside (found by a random hunt over the cost properties)."""
-    model = fitbatch.resolve_cost(cost)
+    model = fitbatch.costs.resolve_cost(cost)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = model.max_count(np.array([5e-324, 0.0, 2.0]), 1e6)

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch import BudgetBatchSampler
-from fitbatch.distributed import FEW_STEPS, shared_seed, straggler_ratio, world_info
+from fitbatch.epoch._arrange import FEW_STEPS, straggler_ratio
+from fitbatch.epoch._world import shared_seed, world_info
 from fitbatch.strategies._recut import greedy_cuts
 
 torch = pytest.importorskip("torch")
@@ -238,7 +239,7 @@ def test_planning_work_per_rank_does_not_grow_with_world(monkeypatch, functions)
     With fewer than FEW_STEPS steps and a batch count the world does not divide, plan_for_world
     bisects the budget: at most 14 more plans (a 1e-4 relative tolerance), whatever the world.
     """
-    import fitbatch.distributed as planning  # where the sampler plans its epochs
+    import fitbatch.epoch._arrange as planning  # where the sampler plans its epochs
 
     calls = []
     real = planning.plan_with
@@ -274,7 +275,7 @@ def test_world_and_rank_validation_and_defaults():
 
 def test_drop_policy_counts_and_logs_once(caplog):
     sizes = long_tailed(1, 500, 60)
-    caplog.set_level(logging.INFO, logger="fitbatch.distributed")
+    caplog.set_level(logging.INFO, logger="fitbatch.epoch._arrange")
     samplers = all_ranks(sizes, 200, 7, seed=2, policy="drop")
     got = [list(s) for s in samplers]
     single = fitbatch.plan_batches(sizes, 200, seed=2)
@@ -605,9 +606,9 @@ def test_seed_none_on_several_ranks_is_shared_or_refused(tmp_path):
     with pytest.raises(ValueError, match=r"seed=None.*4 ranks.*seed=<int>"):
         BudgetBatchSampler(np.ones(100), 10, num_replicas=4, rank=0, seed=None)
     with pytest.raises(ValueError, match="seed=None"):
-        fitbatch.WindowedBatchSampler(np.ones(100), 10, window=50, num_replicas=2, rank=1, seed=None)
+        fitbatch.sampler.WindowedBatchSampler(np.ones(100), 10, window=50, num_replicas=2, rank=1, seed=None)
     with pytest.raises(ValueError, match="seed=None"):
-        fitbatch.ScheduledBatchSampler(np.ones(100), 8, num_replicas=2, rank=0, seed=None)
+        fitbatch.schedule.ScheduledBatchSampler(np.ones(100), 8, num_replicas=2, rank=0, seed=None)
     assert shared_seed(None, 1) is None and shared_seed(3, 4) == 3  # one rank draws its own
     from contracts import run_processes
 

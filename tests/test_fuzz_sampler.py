@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fitbatch import BudgetBatchSampler
-from fitbatch.distributed import TooFewSamples
+from fitbatch.epoch._arrange import TooFewSamples
 
 BUDGET = 120.0
 

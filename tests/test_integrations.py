@@ -29,9 +29,10 @@ from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler  # noqa: 
 from torch.utils.data import DataLoader  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch import BudgetBatchSampler, ScheduledBatchSampler  # noqa: E402
+from fitbatch import BudgetBatchSampler  # noqa: E402
 from fitbatch.integrations import accelerate as fb_accelerate  # noqa: E402
-from fitbatch.sampler import PlanSampler, RankLayout  # noqa: E402
+from fitbatch.sampler._budget import PlanSampler, RankLayout  # noqa: E402
+from fitbatch.schedule import ScheduledBatchSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "integrations"

@@ -1,4 +1,4 @@
-"""The optional compiled loops (``fitbatch._jit``, the ``fast`` extra) give the numpy kernels' results.
+"""The optional compiled loops (``fitbatch._kernels.jit``, the ``fast`` extra) give the numpy kernels' results.
 
 Every comparison runs the same call twice, with ``FITBATCH_JIT=0`` (numpy) and ``FITBATCH_JIT=1``
 (numba, loaded at once), and checks the compiled one against the reference oracle too.
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from test_kernels import descending_case, make_sizes, ns, ref_carry
 
 import fitbatch
-from fitbatch import _jit
-from fitbatch import _kernels as K
-from fitbatch._kernels import sum_starts
-from fitbatch._packing import first_fit_laid, first_fit_starts
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import jit as _jit
+from fitbatch._kernels.batches import sum_starts
+from fitbatch._kernels.packing import first_fit_laid, first_fit_starts
 from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
@@ -74,7 +74,7 @@ def test_a_numba_that_fails_falls_back_to_numpy(monkeypatch, caplog):
 
     monkeypatch.setattr(_jit, "_warm", broken)
     sizes = np.array([3.0, 4.0, 5.0, 1.0])
-    with jit("1"), caplog.at_level("WARNING", logger="fitbatch._jit"):
+    with jit("1"), caplog.at_level("WARNING", logger="fitbatch._kernels.jit"):
         assert not _jit.enabled()
         got, _ = K.greedy_starts(sizes, 8.0, COSTS["sum"])
     assert got.tolist() == [0, 2]
@@ -138,7 +138,7 @@ def test_greedy_adds_fractional_sizes_in_the_compiled_order(seed, length, carrie
     at a sequential sum then cut the batches elsewhere). The walk is the path of few batches;
     the lock-step path of many adds prefix sums and may still differ at such a tie (documented
     in ``_jit_kernels``), so the numpy side here is the walk itself."""
-    from fitbatch._greedy import _Greedy, _walk_windows
+    from fitbatch._kernels.greedy import _Greedy, _walk_windows
 
     rng = np.random.default_rng(seed)
     sizes = np.round(rng.random(3 * length) * 0.3, 3)
@@ -386,7 +386,8 @@ def _in_fresh_process(code: str, mode: str | None) -> dict:
 PROBE = """
 import json, sys
 import numpy as np
-from fitbatch import _jit, plan_batches
+from fitbatch import plan_batches
+from fitbatch._kernels import jit as _jit
 sizes = np.random.default_rng(0).integers(1, 50, {n}).astype(float)
 plan_batches(sizes, 200, strategy="sequential")
 print(json.dumps({{"numba": "numba" in sys.modules, "loaded": _jit._module is not None}}))

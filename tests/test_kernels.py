@@ -18,10 +18,10 @@ from contracts import COSTS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbatch import _greedy as G
-from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
-from fitbatch._packing import first_fit_starts
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import greedy as G
+from fitbatch._kernels import sorting as SK
+from fitbatch._kernels.packing import first_fit_starts
 
 KINDS = ("int", "dyadic", "equal", "zeros", "dup", "2d")
 ns = st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 127, 129, 640, 1000, 2500, 3000]))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch.costs import Limits, PaddedCost, SumCost, resolve_limits
-from fitbatch.distributed import TooFewSamples
+from fitbatch.epoch._arrange import TooFewSamples
 
 DATA = Path(__file__).parent / "data"
 STRATEGIES = ("sequential", "sorted", "pooled", "buckets", "packed")
@@ -160,7 +160,7 @@ def test_columns_with_one_budget_and_one_dim_sizes_with_budget_mapping():
     with pytest.raises(ValueError, match="the sizes have no column names"):
         fitbatch.plan_batches([1, 2], {"tokens": 8})
     with pytest.raises(ValueError, match="budget is an empty mapping"):
-        fitbatch.PlanOptions.build({})
+        fitbatch.plan.PlanOptions.build({})
 
 
 @pytest.mark.parametrize(
@@ -226,7 +226,7 @@ def test_streams_refuse_several_limits():
 
 
 def test_limits_restore_from_state_description():
-    from fitbatch._timeline import restore_cost
+    from fitbatch.epoch._timeline import restore_cost
 
     limits = resolve_limits({"tokens": 100, "images": 4}, {"images": "sum"})
     assert restore_cost(json.loads(json.dumps(limits.to_dict()))) == limits
@@ -276,7 +276,7 @@ def test_every_strategy_respects_every_limit(case, strategy, seed, epoch):
 def test_fixed_only_measures(case, size, seed):
     columns, budgets, kinds = case
     plan = fitbatch.plan_batches(
-        columns, budgets, cost=kinds, strategy=fitbatch.Fixed(size), seed=seed
+        columns, budgets, cost=kinds, strategy=fitbatch.strategies.Fixed(size), seed=seed
     )
     assert all(len(b) == size for b in list(plan)[:-1])
     for name in budgets:
@@ -403,8 +403,8 @@ def test_real_function_lengths_with_synthetic_image_counts():
 )
 def test_compiled_rows_greedy_matches_numpy(case, cap, segment, poly):
     """The numba loop over rows (several limits) gives the numpy kernel's starts and open batch."""
-    from fitbatch import _greedy as G
-    from fitbatch import _jit
+    from fitbatch._kernels import greedy as G
+    from fitbatch._kernels import jit as _jit
 
     columns, budgets, kinds = case
     assert _jit.enabled(), "numba is installed in CI: the compiled loop must load"

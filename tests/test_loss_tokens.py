@@ -20,14 +20,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import (
-    BatchSizeSchedule,
-    BudgetBatchSampler,
-    GradientAccumulator,
-    ScheduledBatchSampler,
-    StepTotals,
-)
-from fitbatch.distributed import TooFewSamples
+from fitbatch import BudgetBatchSampler
+from fitbatch.epoch._arrange import TooFewSamples
+from fitbatch.sampler import StepTotals
+from fitbatch.schedule import BatchSizeSchedule, GradientAccumulator, ScheduledBatchSampler
 
 DATA = Path(__file__).parent / "data"
 WORKER = Path(__file__).parent / "schedule_scripts" / "loss_tokens_worker.py"
@@ -261,7 +257,7 @@ def test_a_state_saved_with_other_loss_sizes_is_refused():
     assert list(again) == list(sampler)[2:]
     # without loss sizes the digest is that of the sizes alone (states saved before them still load)
     plain = BudgetBatchSampler(sizes, 12000, num_replicas=1, rank=0).state_dict()
-    assert plain["sizes_digest"] == fitbatch.resume.sizes_digest(np.asarray(sizes))
+    assert plain["sizes_digest"] == fitbatch._state.sizes_digest(np.asarray(sizes))
     schedule = ScheduledBatchSampler(sizes, 8, micro_batch_size=2, loss_sizes=loss).state_dict(
         micro=2
     )
@@ -388,7 +384,7 @@ def test_accumulated_gradient_is_the_mean_over_the_steps_loss_tokens():
 
 
 def test_loss_tokens_normalisation_refuses_an_info_without_them():
-    from fitbatch import MicroBatchInfo
+    from fitbatch.schedule import MicroBatchInfo
 
     net = torch.nn.Linear(1, 1)
     acc = GradientAccumulator(

@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import _kernels as K
-from fitbatch.plan import lower_bound
+from fitbatch._kernels import batches as K
+from fitbatch.plan._planner import lower_bound
 from fitbatch.strategies._ordered import LOOSE
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -63,7 +63,7 @@ def test_contract(strategy, cost, oversized, kind, n, data_seed, budget, max_bat
         shuffle=shuffle, oversized=oversized, max_batch_size=max_batch_size,
     )
     check_plan(plan, sizes, budget, model, oversized=oversized, max_batch_size=max_batch_size)
-    assert plan.strategy_name == fitbatch.resolve_strategy(STRATEGIES[strategy]).name
+    assert plan.strategy_name == fitbatch.strategies.resolve_strategy(STRATEGIES[strategy]).name
     assert plan.cost_name == model.name
 
 
@@ -84,7 +84,7 @@ def test_batch_size_multiple(strategy, cost, n, data_seed, multiple, budget):
     spec = STRATEGIES[strategy]
     plan = fitbatch.plan_batches(sizes, budget, cost=model, strategy=spec, oversized="single",
                                  batch_size_multiple=multiple)
-    name = fitbatch.resolve_strategy(spec).name
+    name = fitbatch.strategies.resolve_strategy(spec).name
     if name in ("pooled", "packed"):
         allowed = -(-n // SMALL_POOL)
     elif strategy == "buckets-fixed":
@@ -375,7 +375,7 @@ def test_drop_last_drops_only_underfilled_segment_tails(strategy, n, data_seed, 
     assert cut.stats().dropped_batches == len(gone)
     costs = {tuple(sorted(b.tolist())): c for b, c in zip(full, full.costs, strict=True)}
     assert all(costs[b] < saturation * 400 for b in gone), "only batches under the saturation are dropped"
-    name = fitbatch.resolve_strategy(spec).name
+    name = fitbatch.strategies.resolve_strategy(spec).name
     if name in ("sequential", "sorted"):
         assert len(gone) <= 1
         if gone and name == "sequential":
@@ -574,12 +574,12 @@ def test_golden_plan(path):
     options = dict(case["options"])
     if isinstance(options.get("strategy"), dict):  # {"kind": name, **settings}
         spec = dict(options["strategy"])
-        options["strategy"] = type(fitbatch.resolve_strategy(spec.pop("kind")))(**spec)
+        options["strategy"] = type(fitbatch.strategies.resolve_strategy(spec.pop("kind")))(**spec)
     plan = fitbatch.plan_batches(sizes, case["budget"], **options)
     assert plan.to_lists() == case["batches"]
     assert plan.skipped.tolist() == case["skipped"]
     assert plan.dropped.tolist() == case["dropped"]
-    check_plan(plan, sizes, float(case["budget"]), fitbatch.resolve_cost(case["options"].get("cost", "padded")),
+    check_plan(plan, sizes, float(case["budget"]), fitbatch.costs.resolve_cost(case["options"].get("cost", "padded")),
                oversized=options.get("oversized", "error"), max_batch_size=options.get("max_batch_size"))
 
 
@@ -701,7 +701,7 @@ def test_whole_number_costs_past_2_53_never_exceed_the_budget(strategy):
 
 
 def test_position_size_correlation_takes_any_form_of_sizes():
-    from fitbatch.metrics import position_size_correlation
+    from fitbatch.plan._metrics import position_size_correlation
 
     sizes = [5, 1, 4, 2, 3, 3, 6, 2]
     plan = fitbatch.plan_batches(sizes, 6, strategy="sorted")
@@ -728,10 +728,10 @@ def test_from_batches_measures_empty_batches_and_refuses_float_indices():
 
 
 def test_metrics_name_a_sample_count_too_small():
-    from fitbatch.metrics import batch_of_sample
+    from fitbatch.plan._metrics import batch_of_sample
 
     plan = fitbatch.plan_batches([1, 2, 3, 4, 5], 6, cost="sum", strategy="sequential")
     with pytest.raises(ValueError, match="n=3 but the plan holds sample 4"):
         batch_of_sample(plan, 3)
     with pytest.raises(ValueError, match="n=2 but the plan holds sample 4"):
-        fitbatch.repeat_rate(plan, plan, n=2)
+        fitbatch.plan.repeat_rate(plan, plan, n=2)

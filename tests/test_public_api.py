@@ -8,6 +8,8 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import fitbatch
 
 # fitbatch and its public subpackages: every name in their __all__ is public (STYLE 2, 12)
@@ -15,25 +17,61 @@ PUBLIC_MODULES = (
     "fitbatch",
     "fitbatch.sizes",
     "fitbatch.index",
+    "fitbatch.costs",
+    "fitbatch.strategies",
+    "fitbatch.plan",
+    "fitbatch.epoch",
+    "fitbatch.sampler",
+    "fitbatch.collate",
     "fitbatch.pipeline",
     "fitbatch.memory",
     "fitbatch.streaming",
     "fitbatch.schedule",
+    "fitbatch.cli",
 )
 
 
-def test_all_is_sorted_and_resolves():
-    assert fitbatch.__all__ == sorted(fitbatch.__all__)
-    assert len(set(fitbatch.__all__)) == len(fitbatch.__all__)
-    for name in fitbatch.__all__:
-        assert getattr(fitbatch, name) is not None, name
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_all_is_sorted_and_resolves(module_name):
+    module = importlib.import_module(module_name)
+    public = [n for n in module.__all__ if not n.startswith("_") or n == "__version__"]
+    assert public == sorted(public)
+    assert len(set(module.__all__)) == len(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
 
 
-def test_core_names_are_public():
+def test_the_front_door_is_small_and_holds_the_readme_names():
+    assert 25 <= len(fitbatch.__all__) <= 36
     for name in ("plan_batches", "BatchPlan", "BudgetBatchSampler", "PlanStats", "pad_collate", "as_sizes",
-                 "PaddedCost", "SumCost", "PaddedPolynomial", "FunctionCost", "Pooled", "Buckets", "Packed",
-                 "Sorted", "Sequential", "resolve_cost", "resolve_strategy", "parse_budget", "__version__"):
+                 "PaddedCost", "SumCost", "PaddedPolynomial", "Pooled", "Buckets", "Packed", "Sorted",
+                 "Sequential", "make_varlen_collate", "batch_stream", "SizeIndex", "__version__"):
         assert name in fitbatch.__all__
+
+
+@pytest.mark.parametrize("name", sorted(fitbatch._MOVED))
+def test_a_name_that_left_the_front_door_still_works_with_a_warning(name):
+    face = importlib.import_module(fitbatch._MOVED[name])
+    assert name in face.__all__, f"{name} must be public on {face.__name__}"
+    with pytest.warns(DeprecationWarning, match=rf"fitbatch\.{name} moved to {face.__name__}\.{name}.*0\.3\.0"):
+        assert getattr(fitbatch, name) is getattr(face, name)
+
+
+@pytest.mark.parametrize("old", sorted(fitbatch._MOVED_MODULES))
+def test_a_module_that_moved_imports_as_its_face_with_a_warning(old):
+    code = (
+        "import warnings, importlib\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        f"try:\n    importlib.import_module({old!r})\nexcept DeprecationWarning as w:\n    print(w)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"print(importlib.import_module({old!r}).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == [
+        f"{old} moved to {fitbatch._MOVED_MODULES[old]} in fitbatch 0.2.0; the old path is removed in 0.3.0",
+        fitbatch._MOVED_MODULES[old],
+    ]
 
 
 def test_import_does_not_import_torch():
@@ -68,7 +106,7 @@ def test_every_public_name_has_an_example():
         module = importlib.import_module(module_name)
         for name in module.__all__:
             obj = getattr(module, name)
-            if not (inspect.isclass(obj) or inspect.isroutine(obj)) or id(obj) in seen:
+            if name.startswith("_") or not (inspect.isclass(obj) or inspect.isroutine(obj)) or id(obj) in seen:
                 continue
             seen.add(id(obj))
             if ">>>" not in _own_doc(obj):

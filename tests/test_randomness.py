@@ -122,13 +122,13 @@ def test_repeat_rate_counts_pairs_like_brute_force(sizes, seed):
     }
     pairs_a = [frozenset((i, j)) for batch in a.to_lists() for i in batch for j in batch if i < j]
     want = sum(p in together_b for p in pairs_a) / len(pairs_a) if pairs_a else 0.0
-    assert fitbatch.repeat_rate(a, b) == pytest.approx(want, abs=1e-12)
-    assert fitbatch.epoch_repeat_rate(sizes, 40, **kw) == pytest.approx(want, abs=1e-12)
+    assert fitbatch.plan.repeat_rate(a, b) == pytest.approx(want, abs=1e-12)
+    assert fitbatch.plan.epoch_repeat_rate(sizes, 40, **kw) == pytest.approx(want, abs=1e-12)
 
 
 def test_epoch_repeat_rate_refuses_epoch():
     with pytest.raises(TypeError, match="epochs="):
-        fitbatch.epoch_repeat_rate([1, 2, 3], 4, epoch=2)
+        fitbatch.plan.epoch_repeat_rate([1, 2, 3], 4, epoch=2)
 
 
 def test_epoch_repeat_rate_averages_consecutive_pairs(functions):
@@ -136,15 +136,15 @@ def test_epoch_repeat_rate_averages_consecutive_pairs(functions):
     sizes = functions[:8000]
     kw = dict(strategy=fitbatch.Pooled(randomness=0.05), seed=3)
     plans = [fitbatch.plan_batches(sizes, 16384, epoch=e, **kw) for e in range(2, 7)]
-    each = [fitbatch.repeat_rate(plans[k], plans[k + 1]) for k in range(4)]
-    assert fitbatch.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), pairs=4, **kw) == pytest.approx(np.mean(each), abs=1e-12)
-    assert fitbatch.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), **kw) == pytest.approx(each[0], abs=1e-12)
+    each = [fitbatch.plan.repeat_rate(plans[k], plans[k + 1]) for k in range(4)]
+    assert fitbatch.plan.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), pairs=4, **kw) == pytest.approx(np.mean(each), abs=1e-12)
+    assert fitbatch.plan.epoch_repeat_rate(sizes, 16384, epochs=(2, 3), **kw) == pytest.approx(each[0], abs=1e-12)
 
 
 @pytest.mark.parametrize("pairs", [0, -1, 1.5, True, "2"])
 def test_epoch_repeat_rate_refuses_bad_pairs(pairs):
     with pytest.raises(ValueError, match="pairs must be a whole number >= 1"):
-        fitbatch.epoch_repeat_rate([1, 2, 3], 4, pairs=pairs)
+        fitbatch.plan.epoch_repeat_rate([1, 2, 3], 4, pairs=pairs)
 
 
 # ------------------------------------------------- level boundaries that move every epoch

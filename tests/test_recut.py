@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import _kernels as K
+from fitbatch._kernels import batches as K
 from fitbatch.costs import PaddedCost, SumCost
-from fitbatch.distributed import plan_for_world
-from fitbatch.options import PlanOptions
+from fitbatch.epoch._arrange import plan_for_world
+from fitbatch.plan._options import PlanOptions
 from fitbatch.strategies import _recut
 from fitbatch.strategies._recut import greedy_cuts, least_cost_starts
 

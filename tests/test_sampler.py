@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, DataLoader, Dataset  # noqa: E402
 
 import fitbatch  # noqa: E402
-from fitbatch import BudgetBatchSampler, ScheduledBatchSampler, pad_collate  # noqa: E402
-from fitbatch.sampler import PlanSampler  # noqa: E402
+from fitbatch import BudgetBatchSampler, pad_collate  # noqa: E402
+from fitbatch.sampler._budget import PlanSampler  # noqa: E402
+from fitbatch.schedule import ScheduledBatchSampler  # noqa: E402
 
 
 def sizes_for(n=500, seed=0):
@@ -125,7 +126,7 @@ def test_bad_arguments():
 
 def test_planning_options_are_keyword_parameters_with_plan_options_defaults():
     default = BudgetBatchSampler([1, 2, 3], 10, num_replicas=1, rank=0).options
-    assert default == fitbatch.PlanOptions.build(10)
+    assert default == fitbatch.plan.PlanOptions.build(10)
     opts = BudgetBatchSampler([1, 2, 3], 10, max_batch_size=2, batch_size_multiple=2, shuffle=False, seed=4,
                               oversized="skip", drop_last=True, saturation=0.5, num_replicas=1, rank=0).options
     assert (opts.max_batch_size, opts.batch_size_multiple, opts.shuffle, opts.seed) == (2, 2, False, 4)
@@ -459,7 +460,7 @@ def test_a_change_whose_rest_cannot_fill_equal_steps_keeps_the_rest(caplog):
     its = [iter(s) for s in samplers]
     head = [next(it) for it in its]
     expected = [s.plan().to_lists()[1:] for s in samplers]
-    with caplog.at_level("WARNING", logger="fitbatch.sampler"):
+    with caplog.at_level("WARNING", logger="fitbatch.sampler._budget"):
         for s in samplers:
             s.set_budget(10)
     assert "cannot fill equal steps for 3 ranks" in caplog.text
@@ -580,6 +581,6 @@ def test_rank_stats_after_a_resume_on_another_world_compare_with_the_rest(functi
     three.load_state_dict(state)
     stats = three.plan().stats()
     rest = three.steps().plan
-    bound = fitbatch.plan.lower_bound(fitbatch.PaddedCost(), 16384.0, float(functions[rest.order].sum()), rest.n_samples)
+    bound = fitbatch.plan._planner.lower_bound(fitbatch.PaddedCost(), 16384.0, float(functions[rest.order].sum()), rest.n_samples)
     assert stats.lower_bound == -(-bound // 3) and stats.n_batches == len(three)
     assert 1.0 <= stats.batches_vs_lower_bound < 1.05

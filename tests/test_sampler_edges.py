@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import fitbatch
+import fitbatch.costs
+import fitbatch.schedule
 from fitbatch import BudgetBatchSampler
 
 
@@ -64,7 +66,7 @@ def test_loss_sizes_larger_than_the_sizes_are_refused(functions: np.ndarray) -> 
     with pytest.raises(ValueError, match=match):
         BudgetBatchSampler(sizes, 4096, loss_sizes=loss, num_replicas=1, rank=0)
     with pytest.raises(ValueError, match=match):
-        fitbatch.ScheduledBatchSampler(sizes, 4096, micro_batch_size=4, loss_sizes=loss, num_replicas=1, rank=0)
+        fitbatch.schedule.ScheduledBatchSampler(sizes, 4096, micro_batch_size=4, loss_sizes=loss, num_replicas=1, rank=0)
     assert fitbatch.plan_batches(sizes, 4096, loss_sizes=sizes).stats().loss_units == sizes.sum()  # equal is fine
 
 

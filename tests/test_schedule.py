@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from fitbatch.plan import PlanOptions  # noqa: E402
+from fitbatch.plan._planner import PlanOptions  # noqa: E402
 from fitbatch.schedule import (  # noqa: E402
     BatchSizeSchedule,
     GradientAccumulator,
@@ -688,7 +688,7 @@ def test_too_few_samples_for_the_ranks_names_a_way_out_it_takes():
 def test_a_finite_schedule_that_error_on_exhaustion_needs_no_step_for_dropped_samples():
     """drop_last drops what the schedule's steps do not hold: no step past its end is asked for
     (it raised); without drop_last the last samples need one, and that still raises."""
-    from fitbatch import BatchSizeSchedule
+    from fitbatch.schedule import BatchSizeSchedule
 
     sched = BatchSizeSchedule.from_list([4, 4], on_exhausted="error")
     s = ScheduledBatchSampler(10, sched, micro_batch_size=2, drop_last=True, shuffle=False)

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fitbatch
-from fitbatch import _shapes as S
-from fitbatch.cli import main
+from fitbatch.cli._main import main
+from fitbatch.plan import _shapes as S
 
 SHAPE_COSTS = {name: COSTS[name] for name in ("padded", "polynomial", "function")}
 
@@ -60,8 +60,8 @@ def check_shapes(
         longest = float(sizes[batch].max())
         assert len(batch) <= rows and longest <= length
         assert (rows, length) == pick_shape(shape_set, len(batch), longest)
-        # the collates pad to the same shape (fitbatch.pick_shape, the rule of make_hf_collate(shapes=))
-        assert tuple(int(v) for v in fitbatch.pick_shape(shape_set, len(batch), int(np.ceil(longest)))) == (rows, length)
+        # the collates pad to the same shape (fitbatch.collate.pick_shape, the rule of make_hf_collate(shapes=))
+        assert tuple(int(v) for v in fitbatch.collate.pick_shape(shape_set, len(batch), int(np.ceil(longest)))) == (rows, length)
         shape_cost = float(
             model.evaluate(
                 np.array([rows], float), np.array([length], float), np.array([rows * length], float)
@@ -252,7 +252,7 @@ def test_chosen_sub_batches_keep_fitting(functions):
     """A batch split in halves (equal steps per rank) still fits a shape of the set."""
     values = functions[:3000].astype(np.float64)
     plan = fitbatch.plan_batches(values, 4096, max_shapes=6)
-    split = fitbatch.distributed.split_batches(
+    split = fitbatch.epoch._arrange.split_batches(
         plan, fitbatch.as_sizes(values), fitbatch.PaddedCost(), 25
     )
     assert len(split) == len(plan) + 25
@@ -328,9 +328,9 @@ def test_a_budget_change_mid_epoch_keeps_every_batch_in_a_shape(functions):
 
 def test_scheduled_sampler_takes_max_shapes_from_plan_options(functions):
     values = functions[:3000]
-    micro = fitbatch.PlanOptions.build(2048, max_shapes=6)
-    schedule = fitbatch.BatchSizeSchedule.from_list([8192], on_exhausted="hold_last")
-    sampler = fitbatch.ScheduledBatchSampler(
+    micro = fitbatch.plan.PlanOptions.build(2048, max_shapes=6)
+    schedule = fitbatch.schedule.BatchSizeSchedule.from_list([8192], on_exhausted="hold_last")
+    sampler = fitbatch.schedule.ScheduledBatchSampler(
         values, schedule, micro_batch_size=micro, num_replicas=1, rank=0
     )
     assert sampler.shapes.shape[0] <= 6

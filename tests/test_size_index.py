@@ -194,7 +194,7 @@ def test_samplers_accept_an_index_and_it_pickles_by_path(
     from_array = fitbatch.BudgetBatchSampler(functions[:5000], 8192, **kw)
     assert list(from_index) == list(from_array) and len(from_index) == len(from_array)
     sched = [
-        fitbatch.ScheduledBatchSampler(s, 64, micro_batch_size=8, num_replicas=1, rank=0)
+        fitbatch.schedule.ScheduledBatchSampler(s, 64, micro_batch_size=8, num_replicas=1, rank=0)
         for s in (index, functions[:5000])
     ]
     assert list(sched[0]) == list(sched[1]) and sum(len(b) for b in sched[0]) == 5000
@@ -316,7 +316,7 @@ def test_build_from_files_by_byte_size(tmp_path: Path, pytokens: np.ndarray) -> 
         (tmp_path / "data" / f"f{i:03d}.bin").write_bytes(b"x" * n)
     index = build_size_index(str(tmp_path / "data"), tmp_path / "idx", rows_per_shard=16)
     np.testing.assert_array_equal(index.sizes, lengths)
-    np.testing.assert_array_equal(index.sizes, fitbatch.from_files(tmp_path / "data"))
+    np.testing.assert_array_equal(index.sizes, fitbatch.sizes.from_files(tmp_path / "data"))
     assert index.num_shards == 3
     mem = fsspec.filesystem("memory")
     for i, n in enumerate(lengths[:5].tolist()):

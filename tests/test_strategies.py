@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch import _rng
-from fitbatch import _sorting as SK
+from fitbatch._kernels import sorting as SK
 from fitbatch.costs import PaddedCost
 from fitbatch.sizes import as_sizes
-from fitbatch.strategies import STRATEGIES, Context, fit_buckets, strategy_names
+from fitbatch.strategies import STRATEGIES, Context, strategy_names
+from fitbatch.strategies._buckets import fit_buckets
 
 
 def context(sizes, budget=100.0, cost=None, *, shuffle=True, seed=0, epoch=0, cap=None, multiple=1):
@@ -27,16 +28,16 @@ def context(sizes, budget=100.0, cost=None, *, shuffle=True, seed=0, epoch=0, ca
 def test_resolve_strategy():
     assert strategy_names() == ("buckets", "packed", "pooled", "sequential", "sorted")
     for name in strategy_names():
-        s = fitbatch.resolve_strategy(name)
+        s = fitbatch.strategies.resolve_strategy(name)
         assert isinstance(s, STRATEGIES[name]) and s.name == name
     pooled = fitbatch.Pooled(pool_size=7)
-    assert fitbatch.resolve_strategy(pooled) is pooled
+    assert fitbatch.strategies.resolve_strategy(pooled) is pooled
     with pytest.raises(ValueError) as err:
-        fitbatch.resolve_strategy("random")
+        fitbatch.strategies.resolve_strategy("random")
     for name in strategy_names():
         assert repr(name) in str(err.value)
     with pytest.raises(TypeError, match="strategy"):
-        fitbatch.resolve_strategy(3)
+        fitbatch.strategies.resolve_strategy(3)
 
 
 @pytest.mark.parametrize("make, match", [
@@ -78,7 +79,7 @@ def test_shuffle_defaults_and_batch_order():
 def test_results_are_well_formed(name, n, seed, shuffle):
     sizes = np.random.default_rng(seed).integers(1, 60, n).astype(np.float64)
     ctx = context(sizes, 200.0, shuffle=shuffle, seed=seed)
-    res = fitbatch.resolve_strategy(name).plan(ctx)
+    res = fitbatch.strategies.resolve_strategy(name).plan(ctx)
     assert sorted(res.order.tolist()) == list(range(n))
     assert res.starts.dtype == np.int64 and res.tails.size == res.starts.size
     if n:
@@ -138,8 +139,8 @@ def test_fixed_reproduces_fixed_size_plan(n, batch_size, shuffle, seed, epoch, c
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 60, (n, 2) if two_d else n).astype(np.float64)
     opts = dict(shuffle=shuffle, seed=seed, epoch=epoch)
-    plan = fitbatch.plan_batches(sizes, 500, cost=COSTS[cost], strategy=fitbatch.Fixed(batch_size), oversized="single", **opts)
-    base = fitbatch.fixed_size_plan(sizes, batch_size, budget=500, cost=COSTS[cost], **opts)
+    plan = fitbatch.plan_batches(sizes, 500, cost=COSTS[cost], strategy=fitbatch.strategies.Fixed(batch_size), oversized="single", **opts)
+    base = fitbatch.plan.fixed_size_plan(sizes, batch_size, budget=500, cost=COSTS[cost], **opts)
     order = _rng.generator(seed, epoch, "fixed-order").permutation(n) if shuffle else range(n)
     assert plan.to_lists() == base.to_lists() == R.fixed_batches(order, batch_size)
     for name in ("order", "offsets", "costs", "real_units", "padded_units"):
@@ -150,15 +151,15 @@ def test_fixed_reproduces_fixed_size_plan(n, batch_size, shuffle, seed, epoch, c
 
 def test_fixed_golden_and_settings():
     # pins the shuffled order (the "fixed-order" key) as it was before Fixed existed
-    plan = fitbatch.fixed_size_plan([5, 9, 2, 7, 1, 8, 3, 6, 4], 4, budget=20, seed=4, epoch=2)
+    plan = fitbatch.plan.fixed_size_plan([5, 9, 2, 7, 1, 8, 3, 6, 4], 4, budget=20, seed=4, epoch=2)
     assert plan.to_lists() == [[5, 0, 7, 1], [2, 4, 3, 8], [6]]
     assert plan.costs.tolist() == [36.0, 28.0, 3.0] and plan.lower_bound == 3
-    fixed = fitbatch.Fixed(np.int64(4))
+    fixed = fitbatch.strategies.Fixed(np.int64(4))
     assert fixed.batch_size == 4 and type(fixed.batch_size) is int
-    assert fitbatch.resolve_strategy(fixed) is fixed and fixed.default_shuffle
-    assert fitbatch.PlanOptions.build(20, strategy=fixed).to_dict()["strategy"] == {"kind": "fixed", "batch_size": 4}
+    assert fitbatch.strategies.resolve_strategy(fixed) is fixed and fixed.default_shuffle
+    assert fitbatch.plan.PlanOptions.build(20, strategy=fixed).to_dict()["strategy"] == {"kind": "fixed", "batch_size": 4}
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        fitbatch.Fixed(0)
+        fitbatch.strategies.Fixed(0)
     for option in ({"max_batch_size": 3}, {"batch_size_multiple": 3}):
         with pytest.raises(ValueError, match=r"Fixed\(batch_size=4\) does not fit max_batch_size"):
             fitbatch.plan_batches([1, 2, 3], 20, strategy=fixed, **option)

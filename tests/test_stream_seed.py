@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch import batch_stream
-from fitbatch.metrics import repeat_rate
+from fitbatch.plan._metrics import repeat_rate
 from fitbatch.streaming import StreamDataset
 from fitbatch.streaming._shuffle import shuffled
 

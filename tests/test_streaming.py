@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 import fitbatch.streaming._plan as SP
-from fitbatch import _kernels as K
+from fitbatch._kernels import batches as K
 from fitbatch.streaming import (
     BatchStream,
     StreamDataset,
@@ -122,7 +122,7 @@ def test_sequential_long_open_batch_uses_the_kernel_carry():
 def test_sum_starts_equal_the_kernel_both_ways(n, seed, kind, budget, cap):
     # the stream's sum walk (searched at every position, or bisected per batch) is the kernel's
     sizes = np.zeros(n) if kind == "zeros" else make_sizes(n, seed, kind)
-    cost = fitbatch.resolve_cost("sum")
+    cost = fitbatch.costs.resolve_cost("sum")
     want = K.descending_starts(np.zeros(n, np.uint8), np.zeros(1), sizes, np.zeros(1, np.int64), budget, cost, cap=cap)
     default = K.LONG_BATCH
     try:
@@ -288,7 +288,7 @@ def test_streams_and_plans_refuse_oversized_items_with_one_message(strategy):
         fitbatch.plan_batches(data, 10, cost="sum")
     with pytest.raises(ValueError) as streamed:
         list(batch_stream(data, sizeof=float, budget=10, cost="sum", strategy=strategy))
-    # one rule and one message (fitbatch._rules.screen_oversized); only the names differ
+    # one rule and one message (fitbatch.plan._rules.screen_oversized); only the names differ
     names = {
         "2 samples": "2 items",
         "index 3 (cost 60.0), index 1 (cost 50.0)": "stream item 3 (cost 60.0), stream item 1 (cost 50.0)",
@@ -467,7 +467,7 @@ def test_per_chunk_sizes_a_chunk_at_once_and_equals_per_item() -> None:
         calls.append(len(ids))
         return sizes[np.asarray(ids, dtype=np.int64)]
 
-    by_chunk = list(batch_stream(range(7), sizeof=fitbatch.per_chunk(chunk), budget=10, cost="sum"))
+    by_chunk = list(batch_stream(range(7), sizeof=fitbatch.streaming.per_chunk(chunk), budget=10, cost="sum"))
     by_item = list(batch_stream(range(7), sizeof=lambda i: int(sizes[i]), budget=10, cost="sum"))
     assert by_chunk == by_item == [[0, 1], [2, 3], [4, 5], [6]]
     assert sum(calls) == 7 and len(calls) < 7
@@ -478,7 +478,7 @@ def test_sizeof_batch_is_deprecated_for_per_chunk() -> None:
         stream = batch_stream([3, 4, 5], sizeof_batch=lambda xs: np.asarray(xs), budget=8, cost="sum")
     assert list(stream) == [[3, 4], [5]]
     with pytest.raises(TypeError, match="per_chunk takes a function"):
-        fitbatch.per_chunk(3)
+        fitbatch.streaming.per_chunk(3)
 
 
 # ---------------------------------------------------------------------------- resume: nothing lost, nothing hangs

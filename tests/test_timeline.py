@@ -1,4 +1,4 @@
-"""fitbatch._timeline: an epoch's steps as they run, and the changes that replace their rest."""
+"""fitbatch.epoch._timeline: an epoch's steps as they run, and the changes that replace their rest."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import fitbatch
-from fitbatch._timeline import Planner, Timeline, changed, restore_cost, scaled
-from fitbatch.distributed import arrange
-from fitbatch.plan import PlanOptions, lower_bound, plan_with
+from fitbatch.epoch._arrange import arrange
+from fitbatch.epoch._timeline import Planner, Timeline, changed, restore_cost, scaled
+from fitbatch.plan._planner import PlanOptions, lower_bound, plan_with
 from fitbatch.sizes import as_sizes
 
 
@@ -95,9 +95,9 @@ def test_options_after_changes_and_costs_rebuilt_from_their_description():
     assert changed(opts, (100.0, 300.0), {"step": 1, "budget": 50.0})[1] == scaled((100.0, 300.0), 50.0) == (50.0, 150.0)
     for model in (fitbatch.SumCost(), fitbatch.PaddedCost(weights=(1.0, 0.5)), fitbatch.PaddedPolynomial(fixed=3.0, quadratic=0.1)):
         assert restore_cost(model.to_dict()) == model
-    memory = fitbatch.BatchMemoryModel(fixed=1e6, per_token=12.5, quadratic=0.25, margin=0.1, samples=((2.0, 64.0, 3e6),))
+    memory = fitbatch.memory.BatchMemoryModel(fixed=1e6, per_token=12.5, quadratic=0.25, margin=0.1, samples=((2.0, 64.0, 3e6),))
     assert restore_cost(json.loads(json.dumps(memory.to_dict()))) == memory, "what OOMGuard hands to set_cost"
-    user = fitbatch.FunctionCost(lambda count, max_size, sum_size: count * max_size)
+    user = fitbatch.costs.FunctionCost(lambda count, max_size, sum_size: count * max_size)
     assert restore_cost(user.to_dict(), [user]) is user, "a known model is reused"
     with pytest.raises(ValueError, match="cannot be rebuilt from the state"):
         restore_cost(user.to_dict())

@@ -11,13 +11,8 @@ from conftest import load_lengths
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fitbatch import (
-    block_causal_mask,
-    document_block_mask,
-    make_varlen_collate,
-    pick_shape,
-    varlen_collate,
-)
+from fitbatch import make_varlen_collate, varlen_collate
+from fitbatch.collate import block_causal_mask, document_block_mask, pick_shape
 
 LENGTHS = st.lists(st.integers(1, 12), min_size=1, max_size=8)
 SHAPES = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 16)), min_size=1, max_size=5)

@@ -1,4 +1,4 @@
-"""WindowedBatchSampler (fitbatch.windowed) and the windows it plans (fitbatch._windows).
+"""WindowedBatchSampler (fitbatch.sampler._windowed) and the windows it plans (fitbatch.epoch._windows).
 
 The guarantees of the plan samplers, for an epoch planned a window at a time: every sample once,
 equal steps on every rank, within budget, exact ``len()``, exact resume (also on another world
@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 from test_fuzz_sampler import BUDGET, SamplerMachine
 
 import fitbatch
-from fitbatch import BudgetBatchSampler, WindowedBatchSampler
-from fitbatch import _windows as W
+from fitbatch import BudgetBatchSampler
 from fitbatch.costs import resolve_cost
-from fitbatch.distributed import TooFewSamples
-from fitbatch.options import PlanOptions
+from fitbatch.epoch import _windows as W
+from fitbatch.epoch._arrange import TooFewSamples
+from fitbatch.plan._options import PlanOptions
+from fitbatch.sampler import WindowedBatchSampler
 
 DATA = Path(__file__).parent / "data"
 FUNCTIONS = np.load(DATA / "cpython_stdlib_functions.npy")

@@ -1,11 +1,12 @@
 """fitbatch: training batches that fit a memory budget instead of a fixed sample count.
 
-The whole API is importable from here. Six namespaces group the rest of what is public:
-``fitbatch.sizes`` (sizes from columns, datasets, files), ``fitbatch.streaming`` (streams of
-unknown length), ``fitbatch.schedule`` (batch-size schedules, gradient accumulation),
-``fitbatch.pipeline`` (background batch iterators), ``fitbatch.memory`` (peak memory, memory
-models, OOM guard) and ``fitbatch.compat`` (the seed tools' APIs). ``docs/architecture.md``
-says which module owns what.
+The front door holds what a user of the README needs: the planner, the sampler, the collates,
+the cost and strategy names, the stream, the size index, the memory tools and the step
+partitioner. Everything else lives in the face of the package named after its concept:
+``fitbatch.sizes``, ``fitbatch.index``, ``fitbatch.costs``, ``fitbatch.strategies``,
+``fitbatch.plan``, ``fitbatch.epoch``, ``fitbatch.sampler``, ``fitbatch.collate``,
+``fitbatch.streaming``, ``fitbatch.schedule``, ``fitbatch.pipeline``, ``fitbatch.memory``,
+``fitbatch.compat``, ``fitbatch.integrations`` (``docs/architecture.md`` draws the layers).
 
 >>> import fitbatch
 >>> plan = fitbatch.plan_batches([12, 3, 7, 9, 4, 15], 24, cost="padded", strategy="sorted")
@@ -15,182 +16,162 @@ says which module owns what.
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from fitbatch._plan_sampler import StepTotals
-from fitbatch._validate import parse_budget
-from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.collate import (
     PaddedBatch,
-    block_causal_mask,
-    document_block_mask,
     make_hf_collate,
     make_pad_collate,
     make_varlen_collate,
     pad_collate,
-    pick_shape,
     varlen_collate,
 )
-from fitbatch.costs import (
-    CostModel,
-    FunctionCost,
-    Limits,
-    PaddedCost,
-    PaddedPolynomial,
-    SumCost,
-    resolve_cost,
-)
+from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
 from fitbatch.index import SizeIndex, build_size_index
-from fitbatch.memory import (
-    BatchMemoryModel,
-    OOMGuard,
-    SizeMemoryModel,
-    calibrate,
-    collect_peak_memory,
-    measure_peak,
-)
-from fitbatch.metrics import epoch_repeat_rate, position_size_correlation, repeat_rate
-from fitbatch.options import PlanOptions
-from fitbatch.plan import BatchPlan, plan_batches
-from fitbatch.sizes import (
-    Sizes,
-    as_sizes,
-    from_array,
-    from_dataset,
-    from_files,
-    from_source,
-    from_tokenizer,
-    list_files,
-)
-from fitbatch.stats import PlanStats
-from fitbatch.strategies import (
-    Buckets,
-    Fixed,
-    Packed,
-    Pooled,
-    Sequential,
-    Sorted,
-    Strategy,
-    resolve_strategy,
-)
+from fitbatch.memory import OOMGuard, calibrate
+from fitbatch.plan import BatchPlan, PlanStats, plan_batches
+from fitbatch.sizes import Sizes, as_sizes
+from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted
 
-if TYPE_CHECKING:  # imported lazily below: these subclass or import torch
-    from fitbatch.pipeline import Infinite
+if TYPE_CHECKING:  # loaded on first use below: they subclass or import torch
     from fitbatch.sampler import BudgetBatchSampler
-    from fitbatch.schedule import (
-        BatchSizeSchedule,
-        GradientAccumulator,
-        MicroBatchInfo,
-        ScheduledBatchSampler,
-    )
-    from fitbatch.streaming import (
-        BatchStream,
-        EqualSteps,
-        StreamDataset,
-        StreamShard,
-        StreamSummary,
-        batch_stream,
-        equal_steps,
-        per_chunk,
-    )
-    from fitbatch.windowed import WindowedBatchSampler
+    from fitbatch.streaming import batch_stream
 
 __version__ = "0.1.0"
 
-
 _LAZY = {
+    "BudgetBatchSampler": "fitbatch.sampler",
+    "batch_stream": "fitbatch.streaming",
+}
+
+#: names that left the front door in 0.2.0: where they live now (removed from here in 0.3.0)
+_MOVED = {
+    "BatchMemoryModel": "fitbatch.memory",
     "BatchSizeSchedule": "fitbatch.schedule",
     "BatchStream": "fitbatch.streaming",
-    "BudgetBatchSampler": "fitbatch.sampler",
     "EqualSteps": "fitbatch.streaming",
+    "Fixed": "fitbatch.strategies",
+    "FunctionCost": "fitbatch.costs",
     "GradientAccumulator": "fitbatch.schedule",
     "Infinite": "fitbatch.pipeline",
     "MicroBatchInfo": "fitbatch.schedule",
+    "PlanOptions": "fitbatch.plan",
     "ScheduledBatchSampler": "fitbatch.schedule",
+    "SizeMemoryModel": "fitbatch.memory",
+    "StepTotals": "fitbatch.sampler",
+    "Strategy": "fitbatch.strategies",
     "StreamDataset": "fitbatch.streaming",
     "StreamShard": "fitbatch.streaming",
     "StreamSummary": "fitbatch.streaming",
-    "WindowedBatchSampler": "fitbatch.windowed",
-    "batch_stream": "fitbatch.streaming",
+    "WindowedBatchSampler": "fitbatch.sampler",
+    "block_causal_mask": "fitbatch.collate",
+    "collect_peak_memory": "fitbatch.memory",
+    "document_block_mask": "fitbatch.collate",
+    "epoch_repeat_rate": "fitbatch.plan",
     "equal_steps": "fitbatch.streaming",
+    "fixed_size_plan": "fitbatch.plan",
+    "from_array": "fitbatch.sizes",
+    "from_dataset": "fitbatch.sizes",
+    "from_files": "fitbatch.sizes",
+    "from_source": "fitbatch.sizes",
+    "from_tokenizer": "fitbatch.sizes",
+    "largest_safe_batch_size": "fitbatch.plan",
+    "list_files": "fitbatch.sizes",
+    "measure_peak": "fitbatch.memory",
+    "parse_budget": "fitbatch.costs",
     "per_chunk": "fitbatch.streaming",
+    "pick_shape": "fitbatch.collate",
+    "position_size_correlation": "fitbatch.plan",
+    "repeat_rate": "fitbatch.plan",
+    "resolve_cost": "fitbatch.costs",
+    "resolve_strategy": "fitbatch.strategies",
+}
+
+#: modules that became packages' private parts in 0.2.0: the face that holds their public names
+_MOVED_MODULES = {
+    "fitbatch.baseline": "fitbatch.plan",
+    "fitbatch.distributed": "fitbatch.epoch",
+    "fitbatch.metrics": "fitbatch.plan",
+    "fitbatch.options": "fitbatch.plan",
+    "fitbatch.resume": "fitbatch._state",
+    "fitbatch.stats": "fitbatch.plan",
+    "fitbatch.windowed": "fitbatch.sampler",
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Importing torch takes seconds; numpy-only users of the planner never pay for it.
-    if name in _LAZY:
-        import importlib
+def _moved(old: str, new: str) -> None:
+    warnings.warn(f"{old} moved to {new} in fitbatch 0.2.0; the old path is removed in 0.3.0", DeprecationWarning, stacklevel=3)
 
+
+#: the package faces, loaded on first use as attributes (``fitbatch.schedule.GradientAccumulator``)
+_PACKAGES = frozenset({
+    "cli", "collate", "compat", "costs", "epoch", "index", "integrations", "memory", "pipeline", "plan", "sampler",
+    "schedule", "sizes", "steps", "strategies", "streaming",
+})
+
+
+def __getattr__(name: str) -> Any:
+    # importing torch takes seconds: numpy-only users of the planner never pay for it
+    if name in _PACKAGES:
+        return importlib.import_module(f"fitbatch.{name}")
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MOVED:
+        _moved(f"fitbatch.{name}", f"{_MOVED[name]}.{name}")
+        return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'fitbatch' has no attribute {name!r}")
 
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import fitbatch.distributed`` (a module before 0.2.0) gives its package face, with a warning."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _MOVED_MODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        _moved(spec.name, _MOVED_MODULES[spec.name])
+        return importlib.import_module(_MOVED_MODULES[spec.name])
+
+    def exec_module(self, module: Any) -> None:
+        """Nothing to run: the module is the face it moved to."""
+
+
+sys.meta_path.append(_MovedModules())
+
 __all__ = [
-    "BatchMemoryModel",
     "BatchPlan",
-    "BatchSizeSchedule",
-    "BatchStream",
     "Buckets",
     "BudgetBatchSampler",
     "CostModel",
-    "EqualSteps",
-    "Fixed",
-    "FunctionCost",
-    "GradientAccumulator",
-    "Infinite",
     "Limits",
-    "MicroBatchInfo",
     "OOMGuard",
     "Packed",
     "PaddedBatch",
     "PaddedCost",
     "PaddedPolynomial",
-    "PlanOptions",
     "PlanStats",
     "Pooled",
-    "ScheduledBatchSampler",
     "Sequential",
     "SizeIndex",
-    "SizeMemoryModel",
     "Sizes",
     "Sorted",
-    "StepTotals",
-    "Strategy",
-    "StreamDataset",
-    "StreamShard",
-    "StreamSummary",
     "SumCost",
-    "WindowedBatchSampler",
     "__version__",
     "as_sizes",
     "batch_stream",
-    "block_causal_mask",
     "build_size_index",
     "calibrate",
-    "collect_peak_memory",
-    "document_block_mask",
-    "epoch_repeat_rate",
-    "equal_steps",
-    "fixed_size_plan",
-    "from_array",
-    "from_dataset",
-    "from_files",
-    "from_source",
-    "from_tokenizer",
-    "largest_safe_batch_size",
-    "list_files",
     "make_hf_collate",
     "make_pad_collate",
     "make_varlen_collate",
-    "measure_peak",
     "pad_collate",
-    "parse_budget",
-    "per_chunk",
-    "pick_shape",
     "plan_batches",
-    "position_size_correlation",
-    "repeat_rate",
-    "resolve_cost",
-    "resolve_strategy",
     "varlen_collate",
 ]

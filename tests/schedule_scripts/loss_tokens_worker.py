@@ -48,7 +48,7 @@ def loss_sizes() -> list[int]:
 
 
 def schedule():
-    from fitbatch import BatchSizeSchedule
+    from fitbatch.schedule import BatchSizeSchedule
 
     return BatchSizeSchedule.from_list(SCHEDULE, on_exhausted="cycle")
 
@@ -72,7 +72,7 @@ def loss_sum(model: torch.nn.Module, batch: list[int]) -> torch.Tensor:
 
 
 def run(world: int, rank: int, ddp: bool) -> list[dict]:
-    from fitbatch import GradientAccumulator, ScheduledBatchSampler
+    from fitbatch.schedule import GradientAccumulator, ScheduledBatchSampler
 
     net = make_model()
     model = torch.nn.parallel.DistributedDataParallel(net) if ddp else net

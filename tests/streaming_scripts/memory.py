@@ -2,7 +2,7 @@
 
 Usage: python memory.py STRATEGY COST N_ITEMS BUFFER_SIZE
 RSS is sampled after the first tenth of the stream (or after numba's loading point, twice
-``fitbatch._jit.LOAD_AT`` items, if later: the ``fast`` extra's one-time import is not growth) and at
+``fitbatch._kernels.jit.LOAD_AT`` items, if later: the ``fast`` extra's one-time import is not growth) and at
 the end: the growth in between is what a leak or an unbounded buffer would show (10 M Python
 items held would be ~400 MB).
 """
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 import fitbatch.streaming as fs
-from fitbatch import _jit
+from fitbatch._kernels import jit as _jit
 
 
 def rss_mb() -> float:

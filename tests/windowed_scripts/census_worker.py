@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from fitbatch import WindowedBatchSampler
+from fitbatch.sampler import WindowedBatchSampler
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cpython_stdlib_functions.npy"
 KW = {"window": 2048, "block": 256, "strategy": "pooled", "seed": 3}

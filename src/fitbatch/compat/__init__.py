@@ -1,7 +1,7 @@
 """Drop-in adapters of the five seed tools' APIs, planned by fitbatch's engine.
 
 One thin module per tool; each keeps the tool's names and signatures, maps them onto the core
-(:func:`fitbatch.plan.plan_with`, :func:`fitbatch.streaming.batch_stream`,
+(:func:`fitbatch.plan._planner.plan_with`, :func:`fitbatch.streaming.batch_stream`,
 :mod:`fitbatch.memory`, :mod:`fitbatch.pipeline`, :mod:`fitbatch.schedule`) and says in its
 docstring where it deliberately differs from the original (a bug not reproduced) and why:
 
@@ -19,7 +19,7 @@ docstring where it deliberately differs from the original (a bug not reproduced)
 Migrating is a change of the import line, for bionemo and dpipe a change of the package prefix
 (see ``docs/migrating.md``); ``tests/upstream/`` runs the tools' own test suites on the adapters. Importing a module here
 imports torch only where the adapter needs it by nature. The samplers are
-:class:`~fitbatch.sampler.PlanSampler` subclasses, as ``fitbatch.BudgetBatchSampler`` is; they
+:class:`~fitbatch.sampler._budget.PlanSampler` subclasses, as ``fitbatch.BudgetBatchSampler`` is; they
 take torch's ``Sampler``/``BatchSampler`` as a second base on first access to the class.
 
 >>> from fitbatch.compat.equibatch import EquiarealBatchSampler
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch.plan import BatchPlan, PlanOptions, plan_with
+from fitbatch.plan._planner import BatchPlan, PlanOptions, plan_with
+from fitbatch.sampler._protocol import PlanSampler, RankLayout, torch_class
 from fitbatch.sizes import Sizes, as_sizes
 
 TOOLS = ("aistore", "bionemo", "dpipe", "equibatch", "xla_vbs")
@@ -145,7 +145,7 @@ def lazy_torch_classes(module: str, classes: dict[str, tuple[type, str]]) -> Cal
 
 
 class OrderedPlanSampler(PlanSampler):
-    """A :class:`~fitbatch.sampler.PlanSampler` over the order a wrapped sampler gives, drawn anew each iteration.
+    """A :class:`~fitbatch.sampler._budget.PlanSampler` over the order a wrapped sampler gives, drawn anew each iteration.
 
     Subclasses implement :meth:`_draw` (read the order, measure, plan) and may override
     :meth:`_after` (called once an iteration has yielded every batch). The batches hold the

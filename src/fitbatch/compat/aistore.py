@@ -9,7 +9,7 @@ The batches are the original's: greedy in index order (or a shuffled order), a b
 samples while their summed size stays at most ``max_batch_size``; a sample larger than
 ``max_batch_size`` is dropped (logged and counted), or with ``allow_oversized_samples=True``
 gets a batch of its own; with ``drop_last=True`` the last batch is dropped unless it is filled
-to ``saturation_factor``. They are planned by :func:`fitbatch.plan.plan_batches`
+to ``saturation_factor``. They are planned by :func:`fitbatch.plan._planner.plan_batches`
 (``strategy="sequential"``, ``cost="sum"``, ``oversized="skip"`` or ``"single"``,
 ``drop_last``, ``saturation``).
 
@@ -27,7 +27,7 @@ Deliberate differences from aistore 2.0.0 (bugs not reproduced):
   at once and keeps filling the batch that was open before it.
 * Zero-byte objects are batched like any other (the original drops them with a warning).
 * Fractional sizes are planned against ``max_batch_size * (1 - 1e-12)`` (see
-  :func:`fitbatch.plan.plan_with`); ties within that margin may close a batch earlier.
+  :func:`fitbatch.plan._planner.plan_with`); ties within that margin may close a batch earlier.
 
 >>> from fitbatch.compat.aistore import DynamicBatchSampler
 >>> sampler = DynamicBatchSampler([400, 300, 900, 2000, 200], max_batch_size=1000)
@@ -41,11 +41,11 @@ import numbers
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike
 from fitbatch._validate import fraction, parse_budget
 from fitbatch.compat import lazy_torch_classes
-from fitbatch.plan import BatchPlan, PlanOptions, plan_with
+from fitbatch.plan._planner import BatchPlan, PlanOptions, plan_with
+from fitbatch.sampler._protocol import PlanSampler, RankLayout
 from fitbatch.sizes import as_sizes
 
 __all__ = ["DynamicBatchSampler", "SATURATION_FACTOR", "object_sizes"]
@@ -77,7 +77,7 @@ def object_sizes(data_source: Any) -> list[float]:
 class _DynamicBatchSampler(PlanSampler):
     """Mini-batches of indices whose summed object sizes fit ``max_batch_size`` bytes.
 
-    A :class:`~fitbatch.sampler.PlanSampler` (``set_epoch``, ``plan()`` with its stats:
+    A :class:`~fitbatch.sampler._budget.PlanSampler` (``set_epoch``, ``plan()`` with its stats:
     dropped, skipped), and a subclass of torch's ``Sampler`` when torch is installed.
 
     Args:

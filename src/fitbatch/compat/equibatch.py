@@ -6,7 +6,7 @@ Migrating: ``from equibatch import EquiarealBatchSampler`` becomes
 The batches are the original's: greedy in the sampler's order, a batch closes before the sample
 that would push its summed footprint over ``max_footprint`` or its count over ``max_size``, and a
 sample over ``max_footprint`` on its own gets a batch of its own. They are planned by
-:func:`fitbatch.plan.plan_with` (``strategy="sequential"``, ``cost="sum"``,
+:func:`fitbatch.plan._planner.plan_with` (``strategy="sequential"``, ``cost="sum"``,
 ``max_batch_size=max_size``, ``oversized="single"``) over the order the sampler yields.
 
 Deliberate differences from equibatch 0.1.3 (bugs not reproduced):
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch._validate import parse_budget, positive_int
 from fitbatch.compat import OrderedPlanSampler, lazy_torch_classes, measure, plan_in_order
-from fitbatch.plan import BatchPlan
+from fitbatch.plan._planner import BatchPlan
 
 __all__ = ["EquiarealBatchSampler"]
 

@@ -4,7 +4,7 @@ Migrating: ``import variable_batch_size as vbs`` becomes
 ``import fitbatch.compat.xla_vbs as vbs``; nothing else changes. It runs on any device (CPU,
 CUDA, XLA), in one process or under an initialised ``torch.distributed`` process group.
 
-* :class:`CustomSampler` — a :class:`fitbatch.ScheduledBatchSampler`: micro-batches of
+* :class:`CustomSampler` — a :class:`fitbatch.schedule.ScheduledBatchSampler`: micro-batches of
   ``minibatch_size`` indices such that trace step s consumes ``trace[s]`` samples over all
   ranks; the epoch holds the whole trace steps that fit, the samples left over are dropped
   (counted in ``plan().stats()``), as in the original.
@@ -13,7 +13,7 @@ CUDA, XLA), in one process or under an initialised ``torch.distributed`` process
   accumulates until the trace step's last micro-batch, then averages the gradients over the
   step's micro-batches (all ranks), scales every learning rate by ``batch / ref_batchsize``
   (linear), its square root (root) or 1 (constant) for that step only — the factor of
-  :meth:`fitbatch.GradientAccumulator.lr_factor` — steps, and zeroes the gradients.
+  :meth:`fitbatch.schedule.GradientAccumulator.lr_factor` — steps, and zeroes the gradients.
   ``zero_grad()`` has no effect, as documented.
 
 Deliberate differences from the original (bugs not reproduced):
@@ -56,7 +56,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fitbatch.resume import EPOCH_KEY, MICRO_KEY, StateSchema
+from fitbatch._state import EPOCH_KEY, MICRO_KEY, StateSchema
 from fitbatch.schedule import (
     BatchSizeSchedule,
     GradientAccumulator,
@@ -87,7 +87,7 @@ class CustomSampler(ScheduledBatchSampler):
     Args:
         dataset: the dataset (only its length is used), or the number of samples.
         trace: a ``step,batchsize`` CSV path, a list (batch size of step i), an int (constant),
-            or a :class:`fitbatch.BatchSizeSchedule`; every batch size a multiple of
+            or a :class:`fitbatch.schedule.BatchSizeSchedule`; every batch size a multiple of
             ``minibatch_size``.
         seed: the shuffle's seed.
         num_replicas, rank: the data-parallel world (from ``torch.distributed`` when omitted).

@@ -12,6 +12,7 @@ array([ 40., 100.])
 
 from __future__ import annotations
 
+from fitbatch._validate import parse_budget
 from fitbatch.costs._limits import Limits, resolve_limits
 from fitbatch.costs._models import (
     COST_NAMES,
@@ -36,9 +37,10 @@ __all__ = [
     "PaddedCost",
     "PaddedPolynomial",
     "SumCost",
+    "parse_budget",
+    "resolve_cost",
+    "resolve_limits",
     "_check_costs",
     "_reduce_length",
     "_reduce_sum",
-    "resolve_cost",
-    "resolve_limits",
 ]

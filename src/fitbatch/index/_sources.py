@@ -17,7 +17,7 @@ sizes one shard in a worker. The size taken per format:
   the path up to the first dot of the file name), in order of first appearance; with ``column``
   an extension (``"txt"``), only that member's bytes;
 * **files** (any other directory, glob or fsspec URL): each file's byte size from the listing
-  (:func:`fitbatch.list_files`), in sorted path order, shards of ``rows_per_shard`` files.
+  (:func:`fitbatch.sizes.list_files`), in sorted path order, shards of ``rows_per_shard`` files.
 
 >>> import numpy as np
 >>> read_shard(Shard("array", "demo", (np.array([3, 1]),)), None, None)

@@ -1,7 +1,7 @@
 """fitbatch batches under Hugging Face ``accelerate``, with an exact cursor for ``save_state``.
 
 ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler, collate_fn=...))`` already gives
-every rank exactly the fitbatch sampler's batches (see :mod:`fitbatch.integrations._sharding`),
+every rank exactly the fitbatch sampler's batches (see :mod:`fitbatch.sampler._sharding`),
 and ``accelerator.skip_first_batches(loader, k)`` resumes it ``k`` steps into an epoch. What
 accelerate cannot know is *where* a budget-batched epoch stands: ``save_state`` saves no
 position for a plain loader, and a sampler registered on its own would save the batches its
@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from fitbatch._plan_sampler import PlanSampler
-from fitbatch.resume import StateSchema
+from fitbatch._state import StateSchema
+from fitbatch.sampler._protocol import PlanSampler
 
 SAMPLER_KEY = "sampler"
 
@@ -198,7 +198,7 @@ class ResumableLoader:
             self.loader.set_epoch(epoch)
 
     def step_totals(self) -> Any:
-        """The sampler's :class:`~fitbatch.StepTotals` of the epoch: per step, samples, real units and loss units, all ranks."""
+        """The sampler's :class:`~fitbatch.sampler.StepTotals` of the epoch: per step, samples, real units and loss units, all ranks."""
         return self.sampler.step_totals()
 
     def __len__(self) -> int:

@@ -44,9 +44,9 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from fitbatch._plan_sampler import PlanSampler
+from fitbatch._state import EPOCH_KEY, NUM_REPLICAS_KEY
 from fitbatch.integrations.accelerate import prepare_loader, state_at
-from fitbatch.resume import EPOCH_KEY, NUM_REPLICAS_KEY
+from fitbatch.sampler._protocol import PlanSampler
 
 logger = logging.getLogger(__name__)
 

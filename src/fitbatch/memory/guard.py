@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch._state import STEPS_KEY, StateSchema
 from fitbatch._validate import fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel
 from fitbatch.memory._guard_split import _batch_len, accumulate, sample_units
@@ -52,7 +53,6 @@ from fitbatch.memory._guard_sync import (
 )
 from fitbatch.memory.model import BatchMemoryModel, load_memory_model
 from fitbatch.memory.profile import PeakTracker, free_memory
-from fitbatch.resume import STEPS_KEY, StateSchema
 
 if TYPE_CHECKING:
     import torch

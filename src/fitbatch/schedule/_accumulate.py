@@ -1,7 +1,7 @@
 """``GradientAccumulator``: one optimizer step per scheduled step, exact whatever the micro-batches.
 
 For each micro-batch the training loop passes the SUM of its per-unit losses (per real token,
-or per sample) and the :class:`~fitbatch.MicroBatchInfo` from the sampler. The accumulator
+or per sample) and the :class:`~fitbatch.schedule.MicroBatchInfo` from the sampler. The accumulator
 
 * zeroes the gradients when a step opens and checks that no micro-batch was skipped;
 * scales the loss by ``1 / step total`` (the step's real units, its tokens that carry loss
@@ -19,7 +19,7 @@ The seed's ``LinearRuleOptimizer(optimizer, ref_batchsize=256)`` is
 ``GradientAccumulator(model, optimizer, lr_rule="linear", reference=256, normalize="samples")``.
 
 >>> import torch
->>> from fitbatch import ScheduledBatchSampler
+>>> from fitbatch.schedule import ScheduledBatchSampler
 >>> net = torch.nn.Linear(2, 1)
 >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
 >>> acc = GradientAccumulator(net, opt, lr_rule="linear", reference=4, normalize="samples")
@@ -38,8 +38,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fitbatch._state import CONFIG_KEY, STEPS_KEY, StateSchema
 from fitbatch._validate import choice, non_negative_int, parse_budget
-from fitbatch.resume import CONFIG_KEY, STEPS_KEY, StateSchema
 from fitbatch.schedule._sampler import MicroBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class GradientAccumulator:
     Two micro-batches of 8 tokens make one step of 16 tokens, so ``"sqrt"`` doubles the LR for it:
 
     >>> import torch
-    >>> from fitbatch import GradientAccumulator, ScheduledBatchSampler
+    >>> from fitbatch.schedule import GradientAccumulator, ScheduledBatchSampler
     >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
     >>> net = torch.nn.Linear(1, 1)
     >>> acc = GradientAccumulator(net, torch.optim.SGD(net.parameters(), lr=0.1), lr_rule="sqrt", reference=4)
@@ -108,7 +108,7 @@ class GradientAccumulator:
     def step_size(self, info: MicroBatchInfo) -> float:
         """The step's total in the ``normalize`` unit (all ranks, all micro-batches).
 
-        >>> from fitbatch import ScheduledBatchSampler
+        >>> from fitbatch.schedule import ScheduledBatchSampler
         >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, loss_sizes=[2, 4, 0, 5])
         >>> info = sampler.infos()[0]
         >>> import torch

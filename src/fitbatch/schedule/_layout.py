@@ -13,7 +13,7 @@ the size is a multiple of ``micro_batch_size * world``), laid out by the fixed-c
 multiple becomes (see :data:`ROUNDING`).
 
 Budget steps (``micro_budget``): the core planner cuts the epoch into size-aware micro-batches,
-:func:`fitbatch.distributed.arrange` groups them ``world`` at a time into cost-balanced rows, and
+:func:`fitbatch.epoch._arrange.arrange` groups them ``world`` at a time into cost-balanced rows, and
 step s takes the next rows while their real units stay within ``size(s)`` (at least one row).
 """
 
@@ -26,11 +26,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import SumCost
-from fitbatch.distributed import TooFewSamples, arrange
-from fitbatch.plan import BatchPlan, PlanOptions, plan_with
+from fitbatch.epoch._arrange import TooFewSamples, arrange
+from fitbatch.plan._planner import BatchPlan, PlanOptions, plan_with
 from fitbatch.schedule._sizes import BatchSizeSchedule
 from fitbatch.sizes import Sizes
-from fitbatch.strategies import fixed_counts
+from fitbatch.strategies._fixed import fixed_counts
 
 logger = logging.getLogger(__name__)
 

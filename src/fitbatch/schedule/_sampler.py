@@ -5,7 +5,7 @@ with a budget as ``micro_batch_size``) over all ranks, as an equal number of mic
 every rank; see :mod:`fitbatch.schedule._layout` for the split and the rounding rule. The
 sampler yields this rank's micro-batches as lists of int (a ``DataLoader`` ``batch_sampler``);
 :meth:`with_info` and :meth:`infos` give, for each, a :class:`MicroBatchInfo` with what a
-:class:`~fitbatch.GradientAccumulator` needs: whether it closes its step, and the step's samples
+:class:`~fitbatch.schedule.GradientAccumulator` needs: whether it closes its step, and the step's samples
 real units and loss units summed over all ranks (computed from the shared plan, without
 communication).
 
@@ -34,13 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from fitbatch._plan_sampler import PlanSampler, RankLayout
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
-from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch.distributed import shared_seed, world_info
-from fitbatch.plan import PlanOptions
-from fitbatch.resume import (
+from fitbatch._state import (
     CONFIG_KEY,
     DIGEST,
     EPOCH_KEY,
@@ -52,7 +47,12 @@ from fitbatch.resume import (
     integer,
     mapping,
 )
-from fitbatch.sampler import TorchBatchSampler
+from fitbatch._validate import choice, non_negative_int, parse_budget, positive_int
+from fitbatch._validate import loss_sizes as check_loss_sizes
+from fitbatch.epoch._world import shared_seed, world_info
+from fitbatch.plan._planner import PlanOptions
+from fitbatch.sampler._budget import TorchBatchSampler
+from fitbatch.sampler._protocol import PlanSampler, RankLayout
 from fitbatch.schedule._layout import ROUNDING, Layout, budget_layout, round_sizes, sample_layout
 from fitbatch.schedule._sizes import BatchSizeSchedule, ScheduleLike
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
@@ -79,7 +79,7 @@ class MicroBatchInfo:
             this micro-batch and in the whole step (all ranks, all micro-batches); equal to
             ``units`` and ``step_units`` when the sampler has no ``loss_sizes``.
 
-    >>> from fitbatch import ScheduledBatchSampler
+    >>> from fitbatch.schedule import ScheduledBatchSampler
     >>> sampler = ScheduledBatchSampler([3, 5, 2, 6], 4, micro_batch_size=2, shuffle=False)
     >>> for batch, info in sampler.with_info():
     ...     print(batch, info)
@@ -116,7 +116,7 @@ class MicroBatchInfo:
 class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,valid-type]
     """Yield micro-batches whose steps follow a batch-size schedule.
 
-    A :class:`~fitbatch.sampler.PlanSampler` whose rows are micro-batches: ``len()``, ``plan()``
+    A :class:`~fitbatch.sampler._budget.PlanSampler` whose rows are micro-batches: ``len()``, ``plan()``
     and the state's ``micro`` count micro-batches, ``step_totals()`` optimizer steps.
 
     Args:
@@ -127,7 +127,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             ``micro_batch_size`` is an int, real size units per step when it is a budget.
         micro_batch_size: what one micro-batch on one rank may hold: an int is its most
             samples; a budget (a string such as ``"64KiB"`` or ``"4096"``, or a
-            :class:`~fitbatch.PlanOptions` whose ``seed`` and ``shuffle`` this sampler's
+            :class:`~fitbatch.plan.PlanOptions` whose ``seed`` and ``shuffle`` this sampler's
             replace) is its most cost: micro-batches are then planned by the core planner and
             grouped into steps of at most ``schedule(s)`` real units.
         micro_budget: deprecated, removed in 0.3.0: pass the budget as ``micro_batch_size``.

@@ -7,7 +7,7 @@
 * :class:`Buckets` — size buckets fitted to the data; shuffle inside buckets, equal-count batches
   per bucket, the buckets' leftovers planned together; batches interleaved at random.
 
-``randomness=`` on both is the co-batch repeat rate aimed at (:func:`fitbatch.repeat_rate`
+``randomness=`` on both is the co-batch repeat rate aimed at (:func:`fitbatch.plan.repeat_rate`
 between consecutive epochs); ``"auto"`` picks it from the data (docs/plan_quality.md).
 * :class:`Packed` — bin packing within pools: for costs that grow with the sum, first-fit
   decreasing (each sample, largest first, into the first batch with room for it), then the
@@ -31,25 +31,21 @@ from collections.abc import Sequence
 
 from fitbatch._validate import choice
 from fitbatch.strategies._base import Context, Result, Strategy
-from fitbatch.strategies._buckets import Buckets, fit_buckets
-from fitbatch.strategies._fixed import Fixed, fixed_counts
-from fitbatch.strategies._mixing import fit_mixed_buckets
+from fitbatch.strategies._buckets import Buckets
+from fitbatch.strategies._fixed import Fixed
 from fitbatch.strategies._ordered import Packed, Pooled, Sequential, Sorted
 
 __all__ = [
-    "STRATEGIES",
     "Buckets",
     "Context",
     "Fixed",
     "Packed",
     "Pooled",
     "Result",
+    "STRATEGIES",
     "Sequential",
     "Sorted",
     "Strategy",
-    "fit_buckets",
-    "fit_mixed_buckets",
-    "fixed_counts",
     "resolve_strategy",
     "strategy_names",
 ]
@@ -77,4 +73,9 @@ def resolve_strategy(strategy: str | Strategy) -> Strategy:
 
 
 def strategy_names() -> Sequence[str]:
+    """The names ``strategy=`` accepts.
+
+    >>> strategy_names()
+    ('buckets', 'packed', 'pooled', 'sequential', 'sorted')
+    """
     return tuple(STRATEGIES)

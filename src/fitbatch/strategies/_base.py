@@ -11,9 +11,10 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit, _rng
-from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
+from fitbatch import _rng
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import jit as _jit
+from fitbatch._kernels import sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.sizes import Sizes
 from fitbatch.strategies import _lattice
@@ -24,7 +25,16 @@ FloatArray = NDArray[np.float64]
 
 @dataclasses.dataclass
 class Context:
-    """Everything a strategy needs for one epoch; sort keys are computed once, on demand."""
+    """Everything a strategy needs for one epoch; sort keys are computed once, on demand.
+
+    A strategy's :meth:`Strategy.plan` gets one and returns a :class:`Result`.
+
+    >>> from fitbatch import as_sizes
+    >>> from fitbatch.costs import SumCost
+    >>> ctx = Context(as_sizes([3, 1, 2]), 4.0, SumCost(), None, 1, False, 0, 0)
+    >>> len(ctx.sizes), ctx.budget
+    (3, 4.0)
+    """
 
     sizes: Sizes
     budget: float
@@ -34,7 +44,7 @@ class Context:
     shuffle: bool
     seed: int
     epoch: int
-    #: samples of the whole epoch when these sizes are one window of it (:mod:`fitbatch.windowed`):
+    #: samples of the whole epoch when these sizes are one window of it (:mod:`fitbatch.sampler._windowed`):
     #: ``randomness="auto"`` mixes as much as it would for the epoch (``None``: these sizes)
     population: int | None = None
     _keys: tuple[NDArray[np.uint16], FloatArray] | None = None
@@ -69,7 +79,13 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """A strategy's output: sample positions in batch order, batch starts, and tail batches."""
+    """A strategy's output: sample positions in batch order, batch starts, and tail batches.
+
+    >>> import numpy as np
+    >>> r = Result(np.array([2, 0, 1]), np.array([0, 2]), np.array([False, True]))
+    >>> [r.order[a:b].tolist() for a, b in zip(r.starts, [*r.starts[1:], len(r.order)])]
+    [[2, 0], [1]]
+    """
 
     order: IntArray
     starts: IntArray

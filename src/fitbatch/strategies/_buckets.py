@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _sorting as SK
+from fitbatch._kernels import sorting as SK
 from fitbatch._validate import fraction, positive_int
 from fitbatch.costs import CostModel
 from fitbatch.strategies import _lattice
@@ -38,7 +38,7 @@ class Buckets(Strategy):
 
     ``randomness`` is the co-batch repeat rate the fitted buckets aim at: the share of sample
     pairs batched together in one epoch that meet again in the next (pair-weighted, as
-    :func:`fitbatch.repeat_rate` measures it). Lower is more random and pads more. Buckets of
+    :func:`fitbatch.plan.repeat_rate` measures it). Lower is more random and pads more. Buckets of
     small sizes (many samples, many pairs per batch) are made wide, buckets of large sizes stay
     as narrow as ``spread``; when shuffled, their boundaries move every epoch (as for
     :class:`Pooled`). ``"auto"`` (default) takes the lowest repeat rate whose buckets cost about

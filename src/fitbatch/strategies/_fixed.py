@@ -44,7 +44,7 @@ class Fixed(Strategy):
     ``batch_size_multiple`` must divide it.
 
     >>> import fitbatch
-    >>> plan = fitbatch.plan_batches([4, 1, 3, 2, 5], 8, strategy=fitbatch.Fixed(2), shuffle=False)
+    >>> plan = fitbatch.plan_batches([4, 1, 3, 2, 5], 8, strategy=fitbatch.strategies.Fixed(2), shuffle=False)
     >>> plan.to_lists(), plan.costs.tolist(), plan.strategy_name
     ([[0, 1], [2, 3], [4]], [8.0, 6.0, 5.0], 'fixed(2)')
     """

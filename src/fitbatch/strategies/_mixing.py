@@ -1,6 +1,6 @@
 """Size levels fitted for a target co-batch repeat rate: wide where batches hold many samples.
 
-The repeat rate between two epochs (:func:`fitbatch.repeat_rate`) is pair-weighted, so it is
+The repeat rate between two epochs (:func:`fitbatch.plan.repeat_rate`) is pair-weighted, so it is
 decided by the batches of the smallest sizes: a batch of ``c`` samples holds ``c (c - 1) / 2``
 pairs. If samples are shuffled inside a level and cut into batches of ``c``, a pair meets again
 with probability about ``c / population``, so a level adds about ``c**2 / 2`` repeated pairs,
@@ -23,7 +23,7 @@ cuts the shuffled order at the least total cost for the same batch count
 (:mod:`fitbatch.strategies._recut`; one process only).
 
 >>> import numpy as np
->>> from fitbatch import _sorting as SK
+>>> from fitbatch._kernels import sorting as SK
 >>> from fitbatch.costs import PaddedCost
 >>> sizes = np.random.default_rng(0).lognormal(4, 1, 20000).round() + 1
 >>> keys, edges = SK.size_keys(sizes, True)
@@ -42,7 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch import _sorting as SK
+from fitbatch._kernels import sorting as SK
 from fitbatch.costs import CostModel
 from fitbatch.strategies._base import remembered
 
@@ -221,7 +221,7 @@ def fit_mixed_buckets(
     like :func:`fitbatch.strategies.fit_buckets`.
 
     >>> import numpy as np
-    >>> from fitbatch import _sorting as SK
+    >>> from fitbatch._kernels import sorting as SK
     >>> from fitbatch.costs import PaddedCost
     >>> keys, edges = SK.size_keys(np.array([1.0, 2, 2, 3, 50, 60, 61]), True)
     >>> lut, tops = fit_mixed_buckets(keys, edges, 128.0, PaddedCost(), None, 0.02, 0.5)

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
-from fitbatch._packing import first_fit_laid
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import sorting as SK
+from fitbatch._kernels.packing import first_fit_laid
 from fitbatch._validate import fraction, positive_int
 from fitbatch.strategies import _lattice
 from fitbatch.strategies._base import (
@@ -127,7 +127,7 @@ class Pooled(_Pools):
 
     Pools are sorted by size level, not by exact size: ``randomness`` is the co-batch repeat
     rate aimed at (the share of pairs batched together in one epoch that meet again in the
-    next, :func:`fitbatch.repeat_rate`), and the levels are fitted for it as
+    next, :func:`fitbatch.plan.repeat_rate`), and the levels are fitted for it as
     :class:`Buckets` fits its buckets (wide levels for small sizes, whose batches hold many
     pairs; levels as narrow as ``spread`` for large ones). Inside a level the order is random,
     so batch partners change every epoch, and when shuffled the level boundaries move every

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _kernels as K
+from fitbatch._kernels import batches as K
 from fitbatch.costs import CostModel
 
 IntArray = NDArray[np.int64]

@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from fitbatch import _rng
-from fitbatch._plan_sampler import torch_class
 from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._state import OPTIONS_KEY, STEP_KEY
 from fitbatch._validate import non_negative_int, positive_int
-from fitbatch.resume import OPTIONS_KEY, STEP_KEY
+from fitbatch.sampler._protocol import torch_class
 from fitbatch.streaming._state import EQUAL_STEPS_STATE
 
 logger = logging.getLogger("fitbatch.streaming")
@@ -58,7 +58,7 @@ class StreamShard:
     >>> import fitbatch
     >>> def shard_items(shard):
     ...     return range(shard.index, 10, shard.count)
-    >>> ds = fitbatch.StreamDataset(shard_items, sizeof=lambda x: 1, budget=4, cost="sum", num_replicas=2, rank=1)
+    >>> ds = fitbatch.streaming.StreamDataset(shard_items, sizeof=lambda x: 1, budget=4, cost="sum", num_replicas=2, rank=1)
     >>> shard = ds.shard()
     >>> shard.index, shard.count, shard.seed == ds.shard().seed, list(ds)
     (1, 2, True, [[1, 3, 5, 7], [9]])
@@ -131,7 +131,7 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         shuffle: bool = False,
         **stream_options: Any,
     ) -> None:
-        from fitbatch.distributed import world_info
+        from fitbatch.epoch._world import world_info
         from fitbatch.streaming._stream import batch_stream
 
         self._source = source
@@ -192,7 +192,7 @@ class EqualStepsSummary:
         collectives: ``all_reduce`` calls made (one per ``sync_every`` window).
 
     >>> import fitbatch
-    >>> run = fitbatch.equal_steps(iter([[0, 1], [2, 3, 4]]), sync_every=4)  # a world of one
+    >>> run = fitbatch.streaming.equal_steps(iter([[0, 1], [2, 3, 4]]), sync_every=4)  # a world of one
     >>> list(run)
     [[0, 1], [2, 3, 4]]
     >>> run.summary
@@ -219,10 +219,10 @@ class EqualSteps(Iterator[Any]):
 
     >>> import fitbatch
     >>> batches = [[0, 1], [2], [3, 4], [5]]
-    >>> run = fitbatch.equal_steps(batches, sync_every=3)
+    >>> run = fitbatch.streaming.equal_steps(batches, sync_every=3)
     >>> list(run), run.summary.steps, run.summary.collectives
     ([[0, 1], [2], [3, 4], [5]], 4, 2)
-    >>> list(fitbatch.equal_steps(batches, steps=2))
+    >>> list(fitbatch.streaming.equal_steps(batches, steps=2))
     [[0, 1], [2]]
     """
 

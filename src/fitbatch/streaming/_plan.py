@@ -1,9 +1,9 @@
 """Planners behind :mod:`fitbatch.streaming`: chunks of (positions, items, sizes) in, batches out.
 
 Both planners only decide *which buffered items go together*; the batch lengths come from the
-core kernels (:func:`fitbatch._kernels.greedy_starts`, :func:`~fitbatch._kernels.sum_starts`,
-:func:`~fitbatch._kernels.edge_counts`) and :func:`fitbatch.strategies.fit_buckets`, and the
-oversized and budget rules from :mod:`fitbatch._rules`, so a stream and an indexed plan of the
+core kernels (:func:`fitbatch._kernels.batches.greedy_starts`, :func:`~fitbatch._kernels.batches.sum_starts`,
+:func:`~fitbatch._kernels.batches.edge_counts`) and :func:`fitbatch.strategies.fit_buckets`, and the
+oversized and budget rules from :mod:`fitbatch.plan._rules`, so a stream and an indexed plan of the
 same data follow one engine.
 
 Resume contract (relied on by :class:`fitbatch.streaming.BatchStream`): what a planner emits in
@@ -21,13 +21,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit
-from fitbatch import _kernels as K
-from fitbatch import _sorting as SK
-from fitbatch._rules import planning_budget
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import jit as _jit
+from fitbatch._kernels import sorting as SK
 from fitbatch._validate import choice
 from fitbatch.costs import CostModel
-from fitbatch.strategies import Buckets, Sequential, Strategy, fit_buckets
+from fitbatch.plan._rules import planning_budget
+from fitbatch.strategies import Buckets, Sequential, Strategy
+from fitbatch.strategies._buckets import fit_buckets
 from fitbatch.streaming._shuffle import emission_key
 
 IntArray = NDArray[np.int64]
@@ -84,7 +85,7 @@ def plan_starts(sizes: FloatArray, budget: float, cost: CostModel, cap: int | No
     """Greedy batch starts from a fresh batch at position 0 (the indexed ``sequential`` plan).
 
     An unweighted sum cost searches prefix sums (compiled with the ``fast`` extra, else
-    :func:`fitbatch._kernels.sum_starts`); other costs run :func:`fitbatch._kernels.greedy_starts`.
+    :func:`fitbatch._kernels.batches.sum_starts`); other costs run :func:`fitbatch._kernels.batches.greedy_starts`.
     """
     if K.plain_sum(cost) and sizes.size:
         compiled = _jit.prefix_sum_starts(sizes, budget, sizes.size if cap is None else cap)
@@ -114,7 +115,7 @@ def whole_runs(batches: list[Segment]) -> list[Run]:
 
 
 def lower_budget(planner: SequentialPlanner | BucketPlanner, sizes: FloatArray) -> None:
-    """Plan against :func:`fitbatch._rules.planning_budget` once a fractional size shows up.
+    """Plan against :func:`fitbatch.plan._rules.planning_budget` once a fractional size shows up.
 
     The indexed planner follows the same rule, so both agree. The switch is sticky: a stream
     cannot know its later sizes.

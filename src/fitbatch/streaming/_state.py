@@ -2,7 +2,7 @@
 
 A state is refused before anything is restored when a key is unknown or missing, the version is
 another, or a value has the wrong type or range (each check names the state, the key and the
-value, through :class:`fitbatch.resume.StateSchema`). What no single value can tell — a state
+value, through :class:`fitbatch._state.StateSchema`). What no single value can tell — a state
 taken over another source, with other options, or of a run that cannot resume — is checked by
 the owner's ``load_state_dict``.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch._state import OPTIONS_KEY, STEP_KEY, StateSchema
 from fitbatch._validate import non_negative_int
-from fitbatch.resume import OPTIONS_KEY, STEP_KEY, StateSchema
 
 SHOWN = 10  # skipped positions kept in a stream's summary and state
 

@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit, _rng
+from fitbatch import _rng
+from fitbatch._kernels import jit as _jit
 from fitbatch._rng import SeedLike
-from fitbatch._rules import OVERSIZED, screen_oversized
+from fitbatch._state import OPTIONS_KEY
 from fitbatch._validate import choice, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.costs._limits import one_budget
-from fitbatch.resume import OPTIONS_KEY
+from fitbatch.plan._rules import OVERSIZED, screen_oversized
 from fitbatch.strategies import Buckets, Strategy
 from fitbatch.streaming._plan import (
     BucketPlanner,
@@ -475,7 +476,7 @@ def batch_stream(
     >>> lengths = {"a": 3, "bb": 5, "c": 2, "ddd": 4}
     >>> list(batch_stream(lengths, sizeof=lengths.get, budget=10, cost="padded"))
     [['a', 'bb'], ['c', 'ddd']]
-    >>> from fitbatch import per_chunk
+    >>> from fitbatch.streaming import per_chunk
     >>> list(batch_stream(["ab", "c", "def"], sizeof=per_chunk(lambda xs: [len(x) for x in xs]), budget=4, cost="sum"))
     [['ab', 'c'], ['def']]
     """

@@ -10,7 +10,7 @@
 * :class:`BucketBatchSampler` — indices grouped into size buckets, each bucket batched by its
   own base batch sampler (a :class:`SizeAwareBatchSampler` plans with fitbatch), the buckets
   interleaved at random (or in order); each iteration is drawn as one
-  :class:`~fitbatch.plan.BatchPlan`, so ``len()`` is exact and ``plan().stats()`` measures it.
+  :class:`~fitbatch.plan._planner.BatchPlan`, so ``len()`` is exact and ``plan().stats()`` measures it.
 
 The differences from the original are listed in :mod:`fitbatch.compat.bionemo`.
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Union
 import numpy as np
 
 from fitbatch.compat import OrderedPlanSampler, lazy_torch_classes, measure, plan_in_order
-from fitbatch.plan import BatchPlan
+from fitbatch.plan._planner import BatchPlan
 
 __all__ = ["BucketBatchSampler", "Real", "SizeAwareBatchSampler", "size_aware_batching"]
 
@@ -245,7 +245,7 @@ class _BucketBatchSampler(OrderedPlanSampler):
 
     A subclass of torch's ``Sampler``. ``len()`` draws the next iteration (so it is exact,
     even when a base sampler skips elements), and ``plan()`` is that iteration as a
-    :class:`~fitbatch.plan.BatchPlan` over ``sizes`` (``plan().stats()``).
+    :class:`~fitbatch.plan._planner.BatchPlan` over ``sizes`` (``plan().stats()``).
 
     Raises:
         TypeError, ValueError: arguments of the wrong type or shape (the original's checks,

@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _kernels as K
-from fitbatch import _shapes as S
-from fitbatch._batch_plan import BatchPlan, measure_batches
-from fitbatch._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch._kernels import batches as K
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
 from fitbatch.costs._limits import check_limits, describer
-from fitbatch.options import PlanKeywords, PlanOptions
+from fitbatch.plan import _shapes as S
+from fitbatch.plan._batch_plan import BatchPlan, measure_batches
+from fitbatch.plan._options import PlanKeywords, PlanOptions
+from fitbatch.plan._rules import OVERSIZED, planning_budget, screen_oversized
+from fitbatch.plan._stats import lower_bound, samples_bound
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
-from fitbatch.stats import lower_bound, samples_bound
 from fitbatch.strategies import Context, Strategy
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def plan_batches(
             ``plan.loss_units`` (per batch) and ``plan.stats().loss_units`` (in all).
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
             ``oversized``, ``drop_last``, ``saturation``, ``max_shapes``, with the meaning and the defaults of
-            the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.options.PlanKeywords`).
+            the :class:`PlanOptions` attributes (typed: :class:`~fitbatch.plan._options.PlanKeywords`).
 
     Returns:
         A :class:`BatchPlan`.

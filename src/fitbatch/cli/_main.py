@@ -33,11 +33,11 @@ import numpy as np
 import fitbatch
 import fitbatch.index
 import fitbatch.sizes
-from fitbatch._demo import stdlib_function_lengths
-from fitbatch.baseline import fixed_size_plan, largest_safe_batch_size
-from fitbatch.distributed import arrange
+from fitbatch.cli._demo import stdlib_function_lengths
+from fitbatch.epoch._arrange import arrange
 from fitbatch.index._format import is_index_dir
-from fitbatch.plan import OVERSIZED
+from fitbatch.plan._baseline import fixed_size_plan, largest_safe_batch_size
+from fitbatch.plan._planner import OVERSIZED
 from fitbatch.strategies import strategy_names
 
 
@@ -215,7 +215,7 @@ def _spread(plan: fitbatch.BatchPlan, sizes: fitbatch.Sizes, model: fitbatch.Cos
 
 def safe_batch_size(sizes: fitbatch.Sizes, budget: float, cost: str) -> int:
     """``largest_safe_batch_size`` on the largest samples only (the same answer, in O(n))."""
-    key = fitbatch.resolve_cost(cost).sample_cost(sizes.values)
+    key = fitbatch.costs.resolve_cost(cost).sample_cost(sizes.values)
     m = 1024
     while m < len(sizes):
         top = np.argpartition(-key, m)[:m]
@@ -250,7 +250,7 @@ def _strategy_stats(name: str) -> list[fitbatch.PlanStats]:
 
 def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
     """The fixed-batch-size baseline and each chosen strategy, planned for every epoch."""
-    model = fitbatch.resolve_cost(args.cost)
+    model = fitbatch.costs.resolve_cost(args.cost)
     names = strategy_names() if args.strategy == "all" else (args.strategy,)
     common = {"max_batch_size": args.max_batch_size, "seed": args.seed, "oversized": args.oversized}
     if args.max_shapes is not None:
@@ -302,7 +302,7 @@ def _load(source: str, column: str | None) -> Any:
 
 
 def _check_budget(sizes: fitbatch.Sizes, budget: float, cost: str) -> None:
-    alone = fitbatch.resolve_cost(cost).sample_cost(sizes.values)
+    alone = fitbatch.costs.resolve_cost(cost).sample_cost(sizes.values)
     if alone.min() > budget:
         raise CliError(
             f"budget {budget:g} is smaller than every sample: the smallest costs {alone.min():g} alone "
@@ -321,7 +321,7 @@ def _describe(sizes: Any) -> str:
 
 
 def _oversized_note(sizes: fitbatch.Sizes, args: argparse.Namespace) -> str:
-    over = int(np.count_nonzero(fitbatch.resolve_cost(args.cost).sample_cost(sizes.values) > args.budget))
+    over = int(np.count_nonzero(fitbatch.costs.resolve_cost(args.cost).sample_cost(sizes.values) > args.budget))
     if not over or args.oversized == "error":
         return ""
     what = "left out (--oversized skip)" if args.oversized == "skip" else "each in a batch of its own (--oversized single)"
@@ -339,7 +339,7 @@ def _plan(args: argparse.Namespace) -> int:
         hint = " (--oversized single or --oversized skip)" if "oversized=" in str(exc) else ""
         raise CliError(f"{exc}{hint}") from None
     if args.plot:
-        from fitbatch._plot import plot_plan
+        from fitbatch.cli._plot import plot_plan
 
         try:
             plot_plan(args.plot, sizes, [(r.name, r.first) for r in rows if r.first is not None], budget=args.budget,
@@ -409,7 +409,7 @@ def _index(args: argparse.Namespace) -> int:
 
 def _budget(text: str) -> float:
     try:
-        return fitbatch.parse_budget(text)
+        return fitbatch.costs.parse_budget(text)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -470,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="compare strategies on this Python's standard library")
-    demo.add_argument("--budget", type=fitbatch.parse_budget, default=8192.0, help="batch budget (default 8192 tokens)")
+    demo.add_argument("--budget", type=fitbatch.costs.parse_budget, default=8192.0, help="batch budget (default 8192 tokens)")
     demo.add_argument("--cost", choices=("padded", "sum", "polynomial"), default="padded")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--limit", type=int, default=None, help="tokenise only the first N files")
@@ -487,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cannot be read or written, a missing optional dependency, a storage backend's credentials
     or access error). Usage errors exit through argparse with the same status; any other
     exception propagates with its traceback.
+
+    >>> main(["plan", "--budget", "8192", "/no/such/sizes.npy"])
+    2
     """
     args = build_parser().parse_args(argv)
     before = set(logging.getLogger().handlers)  # handlers of an embedding program stay as they are

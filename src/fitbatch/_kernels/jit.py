@@ -74,7 +74,7 @@ def _load() -> ModuleType | None:
             logger.debug("numba is not installed: the greedy loops run in numpy")
             return None
         try:
-            from fitbatch import _jit_kernels
+            from fitbatch._kernels import compiled as _jit_kernels
 
             _warm(_jit_kernels)
         except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
@@ -178,7 +178,7 @@ def _greedy_rows(
 
 
 def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray | None:
-    """:func:`fitbatch._kernels.sum_starts` compiled, or ``None`` when not compiled."""
+    """:func:`fitbatch._kernels.batches.sum_starts` compiled, or ``None`` when not compiled."""
     module = _kernels(sizes.shape[0])
     if module is None:
         return None
@@ -189,7 +189,7 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
 def first_fit_in_place(
     sizes: FloatArray, positions: IntArray, seg_starts: IntArray, budget: float, cap: int
 ) -> IntArray | None:
-    """:func:`fitbatch._packing.first_fit_laid` compiled: ``sizes`` and ``positions``
+    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: ``sizes`` and ``positions``
     (contiguous float64 and int64) rearranged in place into batch order, and the batch starts;
     ``None`` when not compiled.
 

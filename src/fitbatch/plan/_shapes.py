@@ -34,7 +34,7 @@ from fitbatch.sizes import Sizes
 from fitbatch.strategies import Strategy
 
 if TYPE_CHECKING:
-    from fitbatch.options import PlanOptions
+    from fitbatch.plan._options import PlanOptions
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -388,14 +388,6 @@ def shape_stats(shapes: IntArray | None, real_units: FloatArray) -> dict[str, An
     }
 
 
-def check_model(model: CostModel, max_shapes: int | None) -> None:
-    """Refuse ``max_shapes`` with a cost model that ignores the padded length (sum costs)."""
-    if max_shapes is not None and not model.uses_max:
-        raise ValueError(
-            f"max_shapes={max_shapes} needs a padded cost model (cost='padded', 'polynomial' or one "
-            f"that grows with the longest sample); {model!r} ignores the padded length, so a batch's "
-            "shape would be (1, total) over packed samples; pass max_shapes=None with this cost"
-        )
 
 
 __all__ = [
@@ -403,7 +395,6 @@ __all__ = [
     "ShapeCost",
     "batch_longest",
     "bounded",
-    "check_model",
     "distinct_lengths",
     "optimal_lengths",
     "pick_shapes",

@@ -14,7 +14,7 @@ stream, ``equal_steps``, the accumulator, ``OOMGuard``, the compat optimizers):
   what was consumed.
 * A sampler whose epoch changed part-way (budget, cost model, world size) saves the changes as
   *events* (:func:`events` checks them) and rebuilds the same epoch on resume
-  (:mod:`fitbatch._timeline`), so every sample of the epoch still runs exactly once.
+  (:mod:`fitbatch.epoch._timeline`), so every sample of the epoch still runs exactly once.
 
 >>> COUNTER = StateSchema("counter", version=1, required={"count": integer()})
 >>> state = COUNTER.envelope(count=3)
@@ -122,7 +122,7 @@ def mapping(name: str, value: Any) -> None:
 
 
 def events(name: str, value: Any) -> None:
-    """A check for a list of epoch events (see :mod:`fitbatch._timeline`): each a ``step`` and one change.
+    """A check for a list of epoch events (see :mod:`fitbatch.epoch._timeline`): each a ``step`` and one change.
 
     >>> events("events", [{"step": 3, "budget": 3686.4}, {"step": 5, "num_replicas": 3}])
     >>> events("events", [{"step": 3, "budget": -1}])

@@ -1,6 +1,6 @@
 """``BatchPlan``: one epoch's batches as index arrays, with per-batch costs, units and shapes.
 
-Made by :func:`fitbatch.plan_batches` (see :mod:`fitbatch.plan`, which re-exports it) or, for
+Made by :func:`fitbatch.plan_batches` (see :mod:`fitbatch.plan._planner`, which re-exports it) or, for
 batches made elsewhere, by :meth:`BatchPlan.from_batches`; :func:`measure_batches` measures them.
 """
 
@@ -17,16 +17,16 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit
-from fitbatch import _kernels as K
-from fitbatch import _shapes as S
+from fitbatch._kernels import batches as K
+from fitbatch._kernels import jit as _jit
 from fitbatch._validate import parse_budget
 from fitbatch.costs import CostModel, Limits, resolve_cost
 from fitbatch.costs._limits import check_limits, column_costs, limit_fills, limit_index
+from fitbatch.plan import _shapes as S
+from fitbatch.plan._stats import PlanStats
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
-from fitbatch.stats import PlanStats
 
-logger = logging.getLogger("fitbatch.plan")
+logger = logging.getLogger("fitbatch.plan._planner")
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -211,7 +211,7 @@ class BatchPlan(Sequence[IntArray]):
         _, costs, real, padded = measure_batches(sz, model, order, offsets)
         cap = float(max(costs.max(initial=0.0), 1.0)) if budget is None else parse_budget(budget)
         if lower_bound is None:  # the bound of the samples the batches hold
-            from fitbatch.stats import samples_bound
+            from fitbatch.plan._stats import samples_bound
 
             lower_bound = samples_bound(model, cap, sz.values[order])
         plan = cls(

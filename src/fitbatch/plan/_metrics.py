@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch.plan import BatchPlan
+from fitbatch.plan._planner import BatchPlan
 from fitbatch.sizes import as_sizes
 
 
@@ -119,7 +119,7 @@ def epoch_repeat_rate(
     >>> abs(epoch_repeat_rate(sizes, 4096, pairs=3) - sum(one) / 3) < 1e-12
     True
     """
-    from fitbatch.plan import plan_batches
+    from fitbatch.plan._planner import plan_batches
 
     if "epoch" in options:
         raise TypeError("epoch_repeat_rate takes epochs=(first, second), not epoch=")

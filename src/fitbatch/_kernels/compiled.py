@@ -1,14 +1,14 @@
-"""numba-compiled greedy loops and layout sorts (imported by :mod:`fitbatch._jit` only when numba is installed).
+"""numba-compiled greedy loops and layout sorts (imported by :mod:`fitbatch._kernels.jit` only when numba is installed).
 
-Each loop is the in-order greedy of :func:`fitbatch._kernels.greedy_starts` (or the prefix-sum
-search of :func:`fitbatch._kernels.sum_starts`) written as the plain per-sample loop, with
+Each loop is the in-order greedy of :func:`fitbatch._kernels.batches.greedy_starts` (or the prefix-sum
+search of :func:`fitbatch._kernels.batches.sum_starts`) written as the plain per-sample loop, with
 the same floating-point operations in the same order, so the batches are the same (one
 exception: fractional sizes under a sum-based cost, where numpy's lock-step path, for many
 batches, adds prefix sums; a batch can then end one sample apart where a running sum lands
 within a rounding of the budget, both within the budget). numpy's
 vectorised kernels pay a few numpy calls per chunk or a Python step per batch; here a sample costs
 a few nanoseconds, which matters for short batches read from a stream in small chunks.
-:func:`first_fit_in_place` is the first-fit loop of :func:`fitbatch._packing.first_fit_laid` (the
+:func:`first_fit_in_place` is the first-fit loop of :func:`fitbatch._kernels.packing.first_fit_laid` (the
 same tree, subtractions and comparisons), and :func:`shuffle_by_level` / :func:`shuffle_in_pools`
 are the stable sorts of the shuffled layouts as counting sorts (a stable sort has one result).
 """
@@ -367,7 +367,7 @@ def _first_fit_batches(  # pragma: no cover - compiled
     sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
 ) -> int:
     """The batch of every position (numbered in opening order) written to ``batch``, and the
-    number of batches: the loop of :func:`fitbatch._packing._first_fit_batches` (``cap``: at
+    number of batches: the loop of :func:`fitbatch._kernels.packing._first_fit_batches` (``cap``: at
     most ``n``), with the same tree of remaining room and the same subtractions and comparisons
     in the same order."""
     n = sizes.shape[0]
@@ -420,7 +420,7 @@ def _first_fit_batches(  # pragma: no cover - compiled
 def first_fit_in_place(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
     sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
 ) -> np.ndarray:
-    """:func:`fitbatch._packing.first_fit_laid` compiled: the batches of :func:`_first_fit_batches`,
+    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: the batches of :func:`_first_fit_batches`,
     with ``sizes`` and ``positions`` rearranged in place into batch order; returns the batch starts.
 
     ``batch`` is a buffer of ``n`` integers (int32 below ``2**31`` samples) for each position's

@@ -1,6 +1,6 @@
 """``PlanSampler``: the sampler protocol, written once for every fitbatch sampler.
 
-:class:`~fitbatch.BudgetBatchSampler`, :class:`~fitbatch.ScheduledBatchSampler` and the compat
+:class:`~fitbatch.BudgetBatchSampler`, :class:`~fitbatch.schedule.ScheduledBatchSampler` and the compat
 samplers (:mod:`fitbatch.compat`) are plan samplers: each plans an epoch and yields this rank's
 batches of it. This module imports no torch, so that a compat adapter can be imported without
 it; a sampler takes torch's ``BatchSampler`` (or ``Sampler``) as a second base with
@@ -15,15 +15,12 @@ import importlib
 import json
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._validate import non_negative_int
-from fitbatch.integrations._sharding import outer_world
-from fitbatch.plan import BatchPlan
-from fitbatch.resume import (
+from fitbatch._state import (
     CONFIG_KEY,
     EPOCH_KEY,
     N_SAMPLES_KEY,
@@ -33,6 +30,10 @@ from fitbatch.resume import (
     StateSchema,
     sizes_digest,
 )
+from fitbatch._validate import non_negative_int
+from fitbatch.epoch._arrange import StepTotals
+from fitbatch.plan._planner import BatchPlan
+from fitbatch.sampler._sharding import outer_world
 from fitbatch.sizes import Sizes
 
 
@@ -52,30 +53,6 @@ def torch_class(name: str) -> type:
     return base
 
 
-class StepTotals(NamedTuple):
-    """Per step of an epoch, over all ranks and micro-batches: what a loop normalises its loss by.
-
-    Known from the shared plan on every rank, with no all-reduce. ``loss_units`` counts the
-    tokens that carry loss (labels != -100) given as the sampler's ``loss_sizes=``; without
-    them it equals ``units``.
-
-    >>> from fitbatch import BudgetBatchSampler
-    >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", loss_sizes=[2, 1, 3, 0], num_replicas=1, rank=0)
-    >>> totals = sampler.step_totals()
-    >>> totals.samples.tolist(), totals.units.tolist(), totals.loss_units.tolist()
-    ([2, 1, 1], [2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
-
-    Attributes:
-        samples: samples in each step (int64).
-        units: real (unpadded) size units in each step.
-        loss_units: tokens that carry loss in each step (``units`` without ``loss_sizes``).
-    """
-
-    samples: NDArray[np.int64]
-    units: NDArray[np.float64]
-    loss_units: NDArray[np.float64]
-
-
 @dataclasses.dataclass(frozen=True)
 class RankLayout:
     """One epoch as this rank runs it: its batches in order, and the steps' totals over all ranks.
@@ -84,7 +61,7 @@ class RankLayout:
     ``plan`` runs at row ``first`` of the epoch: after a change of world size part-way through
     an epoch, the rows before it ran on other ranks.
 
-    >>> from fitbatch.plan import plan_batches
+    >>> from fitbatch.plan._planner import plan_batches
     >>> layout = RankLayout.alone(plan_batches([3, 1, 2], 4, cost="sum", strategy="sequential"))
     >>> len(layout.plan), layout.step_samples.tolist(), layout.step_units.tolist()
     (2, [2, 1], [4.0, 2.0])
@@ -160,12 +137,12 @@ class PlanSampler:
     cursor has its own keyword there (``step=``, ``micro=``), and a sampler without state (the
     compat ones) must not look stateful to ``StatefulDataLoader``.
 
-    A sampler with state also sets ``STATE`` (its :class:`~fitbatch.resume.StateSchema`), and
+    A sampler with state also sets ``STATE`` (its :class:`~fitbatch._state.StateSchema`), and
     where its state names them otherwise ``CURSOR_KEY`` (rows of the epoch consumed,
     ``"step"``), ``CONFIG_KEY`` (``"config"``) and ``CONFIG_NAME`` (what the configuration is,
     for messages); it has ``num_replicas`` and ``_sizes`` (the samples).
 
-    >>> from fitbatch.plan import plan_batches
+    >>> from fitbatch.plan._planner import plan_batches
     >>> class Fixed(PlanSampler):
     ...     def _layout(self, epoch):
     ...         return RankLayout.alone(plan_batches([3, 1, 2, 2], 4, cost="sum", strategy="sequential"))
@@ -247,7 +224,7 @@ class PlanSampler:
     def n_steps(self, epoch: int | None = None) -> int:
         """How many batches this rank runs in the epoch (default: the current one): ``len(plan(epoch))``.
 
-        A :class:`~fitbatch.WindowedBatchSampler` counts them without planning the epoch.
+        A :class:`~fitbatch.sampler.WindowedBatchSampler` counts them without planning the epoch.
 
         >>> from fitbatch import BudgetBatchSampler
         >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).n_steps()
@@ -308,7 +285,7 @@ class PlanSampler:
     def __iter__(self) -> Iterator[list[int]]:
         # Under accelerate's BatchSamplerShard (``accelerator.prepare`` of the loader), yield the
         # batches of all ranks, step by step: the shard's every-world-th pick then hands each rank
-        # its own. Elsewhere, this rank's batches. (fitbatch.integrations._sharding says why.)
+        # its own. Elsewhere, this rank's batches. (fitbatch.sampler._sharding says why.)
         world = outer_world(self, sys._getframe(1), iterating=True)
         if world > 1:
             self._position = self._start

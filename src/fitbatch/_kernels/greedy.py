@@ -5,7 +5,7 @@ position that must start a batch, a lone sample over budget forming a batch of i
 :func:`greedy_starts` picks the cheapest of three forms that give the same starts:
 
 * with the ``fast`` extra (numba), the built-in cost models run a compiled per-sample loop
-  (:mod:`fitbatch._jit`: the same arithmetic);
+  (:mod:`fitbatch._kernels.jit`: the same arithmetic);
 * few batches are walked one at a time, each end found by vectorised windows of doubling width
   (a few numpy steps per batch);
 * many are chunked: the greedy runs in lock-step over all chunks at once (one numpy step per
@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch import _jit
+from fitbatch._kernels import jit as _jit
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial
 
 IntArray = NDArray[np.int64]

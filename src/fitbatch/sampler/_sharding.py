@@ -4,7 +4,7 @@
 accelerate's ``BatchSamplerShard``, which hands process ``p`` the batches ``p``, ``p + world``,
 ``p + 2 world``, ... of what the sampler yields. A fitbatch sampler already yields only its own
 rank's batches: sharded again, each rank would run ``1/world`` of them and the epoch would lose
-the rest, silently. So :class:`~fitbatch.sampler.PlanSampler` asks :func:`outer_world` who calls
+the rest, silently. So :class:`~fitbatch.sampler._budget.PlanSampler` asks :func:`outer_world` who calls
 its ``__iter__``/``__len__``:
 
 * a ``BatchSamplerShard`` over the sampler's own world: the sampler yields (and counts) the

@@ -19,7 +19,7 @@ budget no longer holds (a ``set_budget`` after an out-of-memory error in the win
 planned again into batches that fit.
 
 >>> import numpy as np
->>> from fitbatch.options import PlanOptions
+>>> from fitbatch.plan._options import PlanOptions
 >>> windows = Windows.keyed(10, window=4, block=2, seed=0, epoch=0, shuffle=False)
 >>> windows.n_windows, [windows.ids(w).tolist() for w in range(windows.n_windows)]
 (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
@@ -41,15 +41,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch._batch_plan import BatchPlan, measure_batches
-from fitbatch._rules import screen_oversized
-from fitbatch._timeline import Timeline, changed
+from fitbatch._state import NUM_REPLICAS_KEY, _good_event, _refuse, sizes_digest
 from fitbatch.costs import CostModel
 from fitbatch.costs._limits import check_limits, describer
-from fitbatch.distributed import Steps, arrange
-from fitbatch.options import PlanOptions
-from fitbatch.plan import plan_with
-from fitbatch.resume import NUM_REPLICAS_KEY, _good_event, _refuse, sizes_digest
+from fitbatch.epoch._arrange import Steps, arrange
+from fitbatch.epoch._timeline import Timeline, changed
+from fitbatch.plan._batch_plan import BatchPlan, measure_batches
+from fitbatch.plan._options import PlanOptions
+from fitbatch.plan._planner import plan_with
+from fitbatch.plan._rules import screen_oversized
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
 from fitbatch.strategies import Sorted
 
@@ -456,17 +456,6 @@ def census(
     return [int(c) for c in counts]
 
 
-def shared_world(world: int) -> bool:
-    """Whether an initialised ``torch.distributed`` of ``world`` ranks can share a census."""
-    if world == 1:
-        return False
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - without torch
-        return False
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() == world)
-
-
 __all__ = [
     "AUTO_ABOVE",
     "BLOCK",
@@ -486,7 +475,6 @@ __all__ = [
     "handed_on",
     "options_at",
     "own_plan",
-    "shared_world",
     "window_seed",
     "window_events",
     "window_of",

@@ -1,7 +1,7 @@
 """An epoch that changes part-way: its steps as they run, and how a change replaces their rest.
 
 A :class:`~fitbatch.BudgetBatchSampler` epoch begins as one arrangement of steps (see
-:mod:`fitbatch.distributed`). A change at step ``k`` — a new budget or cost model
+:mod:`fitbatch.epoch._arrange`). A change at step ``k`` — a new budget or cost model
 (``set_budget``/``set_cost`` part-way through the epoch) or a new world size (a resume on other
 ranks) — keeps steps ``0 .. k-1`` and replaces the rest: a new budget or cost model plans the
 samples of the remaining steps again, a new world size arranges their batches for the new
@@ -23,9 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch import _shapes as S
-from fitbatch._plan_sampler import StepTotals
-from fitbatch._rules import screen_oversized
+from fitbatch._state import BUDGET_KEY, COST_KEY, NUM_REPLICAS_KEY, STEP_KEY
 from fitbatch._validate import parse_budget
 from fitbatch.costs import (
     CostModel,
@@ -37,18 +35,20 @@ from fitbatch.costs import (
     resolve_limits,
 )
 from fitbatch.costs._limits import check_budget_shape, check_limits, describer, limit_columns
-from fitbatch.distributed import (
+from fitbatch.epoch._arrange import (
     Steps,
+    StepTotals,
     TooFewSamples,
     arrange,
     arrange_budgets,
     plan_for_world,
     straggler_ratio,
 )
-from fitbatch.plan import BatchPlan, PlanOptions
-from fitbatch.resume import BUDGET_KEY, COST_KEY, NUM_REPLICAS_KEY, STEP_KEY
+from fitbatch.plan import _shapes as S
+from fitbatch.plan._planner import BatchPlan, PlanOptions
+from fitbatch.plan._rules import screen_oversized
+from fitbatch.plan._stats import samples_bound
 from fitbatch.sizes import Sizes
-from fitbatch.stats import samples_bound
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class Timeline:
     so every sample of the epoch still runs exactly once. ``base`` is the step at which the
     world size last changed: a rank of the current world runs steps ``base ..`` only.
 
-    >>> from fitbatch.distributed import arrange
-    >>> from fitbatch.plan import PlanOptions, plan_with
+    >>> from fitbatch.epoch._arrange import arrange
+    >>> from fitbatch.plan._planner import PlanOptions, plan_with
     >>> from fitbatch.sizes import as_sizes
     >>> sizes, opts = as_sizes([1] * 12), PlanOptions.build(2, cost="sum", strategy="sequential")
     >>> steps = arrange(plan_with(sizes, opts), sizes, opts.cost, 2, seed=0, epoch=0)

@@ -1,20 +1,20 @@
 """``BudgetBatchSampler``: budget-planned batches for ``torch.utils.data.DataLoader``.
 
 A :class:`PlanSampler` (the protocol all fitbatch samplers share: ``len()``, iteration, epochs,
-the resume cursor and the state envelope, see :mod:`fitbatch._plan_sampler`), and a subclass of
+the resume cursor and the state envelope, see :mod:`fitbatch.sampler._protocol`), and a subclass of
 torch's ``BatchSampler`` when torch is importable (a plain iterable otherwise). It yields lists
 of int, has an exact ``len()`` (the batches the next iteration yields), ``set_epoch(epoch)``,
 re-entrant iteration, data-parallel splitting and exact resume:
 
 * every rank plans the same global epoch from ``(seed, epoch)`` and runs its share of
   cost-balanced steps; all ranks yield the same number of batches (see
-  :mod:`fitbatch.distributed`);
+  :mod:`fitbatch.epoch._arrange`);
 * ``set_budget``/``set_cost`` part-way through an epoch re-plan the samples of the steps not yet
   handed out (the running iteration takes them at its next batch) and are saved as *events*;
 * ``state_dict()`` is ``{version, epoch, step, events, ...}``; ``load_state_dict()`` re-plans the
   epoch (no replay of consumed batches), replays its events and continues at ``step``; if the
   world size changed, the rest of the epoch is re-arranged for the new world so every
-  remaining sample is seen exactly once (:mod:`fitbatch._timeline`).
+  remaining sample is seen exactly once (:mod:`fitbatch.epoch._timeline`).
 
 >>> sampler = BudgetBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 12, strategy="sorted")
 >>> list(sampler)
@@ -31,23 +31,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch._timeline import (
-    Budgets,
-    Planner,
-    Timeline,
-    budget_change,
-    changed,
-    check_step,
-    cost_change,
-    screen,
-)
-from fitbatch._validate import choice, parse_budget, positive_int
-from fitbatch._validate import loss_sizes as check_loss_sizes
-from fitbatch.costs import CostModel
-from fitbatch.distributed import POLICIES, Steps, shared_seed, world_info
-from fitbatch.options import PlanKeywords, PlanOptions
-from fitbatch.resume import (
+from fitbatch._state import (
     DIGEST,
     EPOCH_KEY,
     EVENTS_KEY,
@@ -61,6 +45,23 @@ from fitbatch.resume import (
     integer,
     mapping,
 )
+from fitbatch._validate import choice, parse_budget, positive_int
+from fitbatch._validate import loss_sizes as check_loss_sizes
+from fitbatch.costs import CostModel
+from fitbatch.epoch._arrange import POLICIES, Steps
+from fitbatch.epoch._timeline import (
+    Budgets,
+    Planner,
+    Timeline,
+    budget_change,
+    changed,
+    check_step,
+    cost_change,
+    screen,
+)
+from fitbatch.epoch._world import shared_seed, world_info
+from fitbatch.plan._options import PlanKeywords, PlanOptions
+from fitbatch.sampler._protocol import PlanSampler, RankLayout, torch_class
 from fitbatch.sizes import SizesLike, as_sizes
 from fitbatch.strategies import Strategy
 
@@ -91,9 +92,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
-        window: ``"auto"`` (default): above :data:`fitbatch._windows.AUTO_ABOVE` samples (2**25),
+        window: ``"auto"`` (default): above :data:`fitbatch.epoch._windows.AUTO_ABOVE` samples (2**25),
             with one budget, no ``loss_sizes``, ``drop_last`` or ``max_shapes``, the sampler
-            built is a :class:`~fitbatch.WindowedBatchSampler` that plans the epoch a window of
+            built is a :class:`~fitbatch.sampler.WindowedBatchSampler` that plans the epoch a window of
             about a million samples at a time; an int plans in windows of that many samples at
             any size; ``None`` never does.
         loss_sizes: optional, per sample, the tokens that carry loss (labels != -100): they do
@@ -101,8 +102,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             ranks, and they are part of the state's ``sizes_digest``.
         **options: ``max_batch_size``, ``batch_size_multiple``, ``shuffle``, ``seed``,
             ``oversized``, ``drop_last``, ``saturation``, ``max_shapes`` (see :attr:`shapes`),
-            with the meaning and the defaults of the :class:`fitbatch.PlanOptions` attributes (typed:
-            :class:`~fitbatch.options.PlanKeywords`).
+            with the meaning and the defaults of the :class:`fitbatch.plan.PlanOptions` attributes (typed:
+            :class:`~fitbatch.plan._options.PlanKeywords`).
 
     Raises:
         ValueError, TypeError: invalid sizes, budget or options (naming the parameter).
@@ -136,11 +137,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # window="auto" (or a window size): a BudgetBatchSampler over very many samples is a
-        # WindowedBatchSampler (fitbatch.windowed), which plans the epoch a window at a time
+        # WindowedBatchSampler (fitbatch.sampler._windowed), which plans the epoch a window at a time
         if cls is BudgetBatchSampler and (args or "sizes" in kwargs):
             windowed, window = _window_for(args, kwargs)
             if windowed:
-                from fitbatch.windowed import WindowedBatchSampler
+                from fitbatch.sampler._windowed import WindowedBatchSampler
 
                 rest = {k: v for k, v in kwargs.items() if k != "window"}
                 return WindowedBatchSampler(*args, window=window, **rest)
@@ -162,7 +163,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         **options: Unpack[PlanKeywords],
     ) -> None:
         if window not in ("auto", None):
-            raise TypeError(f"window={window!r} plans in windows, which {type(self).__name__} does not; use fitbatch.WindowedBatchSampler")
+            raise TypeError(f"window={window!r} plans in windows, which {type(self).__name__} does not; use fitbatch.sampler.WindowedBatchSampler")
         self._sizes = as_sizes(sizes, n)
         self._loss = check_loss_sizes(loss_sizes, len(self._sizes), self._sizes.values)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
@@ -402,7 +403,7 @@ def _window_for(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[bool, i
     >>> _window_for(([1, 2, 3], 4), {}), _window_for(([1, 2, 3], 4), {"window": 2})
     ((False, None), (True, 2))
     """
-    from fitbatch import _windows as W
+    from fitbatch.epoch import _windows as W
 
     window = kwargs.get("window", "auto")
     if window is None:
@@ -419,7 +420,7 @@ def _window_for(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[bool, i
     if not isinstance(n, int) or n <= W.AUTO_ABOVE or blocked or per_rank:
         return False, None
     logger.info("%d samples: planned in windows (pass window=None for one global plan)", n)
-    return True, None  # the windowed sampler's own choice (fitbatch._windows.auto_window)
+    return True, None  # the windowed sampler's own choice (fitbatch.epoch._windows.auto_window)
 
 
 def _options(opts: PlanOptions, budgets: Budgets) -> dict[str, Any]:

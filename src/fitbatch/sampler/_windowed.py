@@ -2,7 +2,7 @@
 
 A :class:`~fitbatch.BudgetBatchSampler` plans the whole epoch on every rank: about 36 bytes per
 sample at peak. This sampler plans it in windows of about a million samples (see
-:mod:`fitbatch._windows`): a rank holds one window's plan, reads one window's sizes from a
+:mod:`fitbatch.epoch._windows`): a rank holds one window's plan, reads one window's sizes from a
 memory-mapped :class:`~fitbatch.SizeIndex`, and never holds the epoch. It keeps the
 guarantees of the plan samplers: every sample once per epoch, equal steps on every rank with
 cost-balanced batches, exact ``len()``, ``set_budget``/``set_cost`` part-way, and an exact
@@ -16,7 +16,7 @@ resume, also on another world size.
 * ``plan()`` and ``step_totals()`` walk the epoch window by window (time O(n)).
 
 ``BudgetBatchSampler(..., window="auto")`` (the default) becomes this sampler above
-:data:`~fitbatch._windows.AUTO_ABOVE` samples; ``window=N`` asks for it at any size.
+:data:`~fitbatch.epoch._windows.AUTO_ABOVE` samples; ``window=N`` asks for it at any size.
 
 >>> sampler = WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 10, window=4, block=2,
 ...                                strategy="sorted", num_replicas=1, rank=0)
@@ -34,25 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fitbatch import _windowed_state as _state
-from fitbatch import _windows as W
-from fitbatch._plan_sampler import PlanSampler, RankLayout, torch_class
-from fitbatch._timeline import (
-    Planner,
-    Timeline,
-    _join,
-    budget_change,
-    changed,
-    check_step,
-    cost_change,
-)
-from fitbatch._validate import choice, positive_int, state_mapping
-from fitbatch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_KEY, Live, window_events
-from fitbatch.costs import CostModel
-from fitbatch.distributed import POLICIES, shared_seed, world_info
-from fitbatch.options import PlanKeywords, PlanOptions
-from fitbatch.plan import BatchPlan
-from fitbatch.resume import (
+from fitbatch._state import (
     DIGEST,
     EPOCH_KEY,
     EVENTS_KEY,
@@ -65,6 +47,32 @@ from fitbatch.resume import (
     integer,
     mapping,
 )
+from fitbatch._validate import choice, positive_int, state_mapping
+from fitbatch.costs import CostModel
+from fitbatch.epoch import _windows as W
+from fitbatch.epoch._arrange import POLICIES
+from fitbatch.epoch._timeline import (
+    Planner,
+    Timeline,
+    _join,
+    budget_change,
+    changed,
+    check_step,
+    cost_change,
+)
+from fitbatch.epoch._windows import (
+    CARRY_KEY,
+    CENSUS,
+    WINDOW_KEY,
+    WINDOW_STEP_KEY,
+    Live,
+    window_events,
+)
+from fitbatch.epoch._world import shared_seed, shared_world, world_info
+from fitbatch.plan._options import PlanKeywords, PlanOptions
+from fitbatch.plan._planner import BatchPlan
+from fitbatch.sampler import _windowed_state as _state
+from fitbatch.sampler._protocol import PlanSampler, RankLayout, torch_class
 from fitbatch.sizes import SizesLike
 from fitbatch.strategies import Strategy
 
@@ -86,13 +94,13 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         budget, cost, strategy, num_replicas, rank, policy, n: as for
             :class:`~fitbatch.BudgetBatchSampler` (one budget for every rank).
         window: samples per window (rounded down to whole blocks); each is planned alone.
-            ``None`` (default): :func:`fitbatch._windows.auto_window`, 2**20 samples, or more
+            ``None`` (default): :func:`fitbatch.epoch._windows.auto_window`, 2**20 samples, or more
             when a window would hold fewer than two batches per rank (a resume adopts the
             saved window).
         block: samples per block, the unit the epoch's keyed permutation moves.
         census: ``"collective"`` (share the census over ``torch.distributed`` when it is
             initialised) or ``"local"``.
-        **options: the :class:`~fitbatch.PlanOptions` keywords but ``drop_last`` and
+        **options: the :class:`~fitbatch.plan.PlanOptions` keywords but ``drop_last`` and
             ``max_shapes`` (their per-window meaning would differ from the epoch's).
 
     Raises:
@@ -362,7 +370,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     def _outer(self) -> int:
         import sys
 
-        from fitbatch.integrations._sharding import outer_world
+        from fitbatch.sampler._sharding import outer_world
 
         return outer_world(self, sys._getframe(2))
 
@@ -419,7 +427,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
         known = self._counts.setdefault((epoch, json.dumps(self._opts.to_dict(), sort_keys=True, default=str)), {})
         missing = [w for w in todo if w not in known]
         if missing:
-            group = self.census == "collective" and W.shared_world(self.num_replicas)
+            group = self.census == "collective" and shared_world(self.num_replicas)
             counts = W.census(self._column, self.windows(epoch), self._opts, epoch, missing, self.rank, self.num_replicas, group)
             known.update(zip(missing, counts))
         return known

@@ -18,10 +18,10 @@ ranks in proportion to their budgets, plans each rank's share with its own budge
 splits batches on the ranks that have fewer, so that step counts are equal again.
 
 >>> import fitbatch
->>> from fitbatch.distributed import arrange
+>>> from fitbatch.epoch._arrange import arrange
 >>> sizes = fitbatch.as_sizes([5, 3, 8, 2, 7, 4, 6, 1, 9])
 >>> plan = fitbatch.plan_batches(sizes, 10, strategy="sorted")
->>> steps = arrange(plan, sizes, fitbatch.resolve_cost("padded"), 2, seed=0, epoch=0)
+>>> steps = arrange(plan, sizes, fitbatch.costs.resolve_cost("padded"), 2, seed=0, epoch=0)
 >>> steps.grid.shape[1], len(steps.rank_plan(0)) == len(steps.rank_plan(1))
 (2, True)
 >>> sorted(int(i) for r in range(2) for b in steps.rank_plan(r) for i in b)
@@ -33,15 +33,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch._validate import choice, parse_budget, positive_int
+from fitbatch._validate import choice, parse_budget
 from fitbatch.costs import CostModel
-from fitbatch.plan import BatchPlan, PlanOptions, measure_batches, plan_with
+from fitbatch.plan._planner import BatchPlan, PlanOptions, measure_batches, plan_with
 from fitbatch.sizes import Sizes
 from fitbatch.strategies._recut import greedy_cuts
 
@@ -55,60 +55,41 @@ POLICIES = ("split", "drop")
 FEW_STEPS = 64
 
 
-def world_info(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int]:
-    """``(num_replicas, rank)``: as given, else from an initialised ``torch.distributed``, else (1, 0)."""
-    if num_replicas is None or rank is None:
-        detected = (1, 0)
-        try:
-            import torch.distributed as dist
+class StepTotals(NamedTuple):
+    """Per step of an epoch, over all ranks and micro-batches: what a loop normalises its loss by.
 
-            if dist.is_available() and dist.is_initialized():
-                detected = (dist.get_world_size(), dist.get_rank())
-        except ImportError:
-            pass
-        num_replicas = detected[0] if num_replicas is None else num_replicas
-        rank = detected[1] if rank is None else rank
-    world = int(positive_int("num_replicas", num_replicas) or 1)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
-    return world, int(rank)
+    Known from the shared plan on every rank, with no all-reduce. ``loss_units`` counts the
+    tokens that carry loss (labels != -100) given as the sampler's ``loss_sizes=``; without
+    them it equals ``units``.
 
+    >>> from fitbatch import BudgetBatchSampler
+    >>> sampler = BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", loss_sizes=[2, 1, 3, 0], num_replicas=1, rank=0)
+    >>> totals = sampler.step_totals()
+    >>> totals.samples.tolist(), totals.units.tolist(), totals.loss_units.tolist()
+    ([2, 1, 1], [2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
 
-def shared_seed(seed: Any, world: int) -> Any:
-    """The seed every rank plans with: ``seed`` itself, unless it is ``None`` on several ranks.
-
-    ``seed=None`` draws fresh entropy, which differs on every rank: their plans would disagree
-    (samples repeated and lost). Under an initialised ``torch.distributed`` of ``world`` ranks
-    rank 0's draw is broadcast (a collective call: every rank must build its sampler); without
-    one it is refused.
-
-    >>> shared_seed(None, 1) is None, shared_seed(7, 8)
-    (True, 7)
-    >>> shared_seed(None, 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: seed=None draws another seed on each of the 2 ranks, whose plans would then disagree (samples repeated and lost); pass seed=<int>, the same on every rank, or build the sampler after torch.distributed.init_process_group (rank 0's draw is then shared)
+    Attributes:
+        samples: samples in each step (int64).
+        units: real (unpadded) size units in each step.
+        loss_units: tokens that carry loss in each step (``units`` without ``loss_sizes``).
     """
-    if seed is not None or world == 1:
-        return seed
-    from fitbatch._windows import shared_world
 
-    if not shared_world(world):
-        raise ValueError(
-            f"seed=None draws another seed on each of the {world} ranks, whose plans would then disagree "
-            "(samples repeated and lost); pass seed=<int>, the same on every rank, or build the sampler "
-            "after torch.distributed.init_process_group (rank 0's draw is then shared)"
-        )
-    import torch.distributed as dist
-
-    drawn = [_rng.resolve_seed(None)]
-    dist.broadcast_object_list(drawn, src=0)
-    return int(drawn[0])
+    samples: NDArray[np.int64]
+    units: NDArray[np.float64]
+    loss_units: NDArray[np.float64]
 
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-    """A plan arranged into steps: ``grid[k, r]`` is the batch of ``plan`` that rank r runs at step k."""
+    """A plan arranged into steps: ``grid[k, r]`` is the batch of ``plan`` that rank r runs at step k.
+
+    >>> from fitbatch import as_sizes, plan_batches
+    >>> from fitbatch.costs import SumCost
+    >>> sizes = as_sizes([4, 4, 4, 4, 4, 4])
+    >>> steps = arrange(plan_batches(sizes, 8, cost="sum"), sizes, SumCost(), 3, seed=0, epoch=0)
+    >>> steps.n_steps, steps.grid.shape, steps.step_samples.tolist()
+    (1, (1, 3), [6])
+    """
 
     plan: BatchPlan
     grid: IntArray
@@ -150,7 +131,16 @@ def straggler_ratio(costs: FloatArray) -> float:
 
 
 class TooFewSamples(ValueError):
-    """Too few samples to give every rank a batch at every step (``policy="split"``)."""
+    """Too few samples to give every rank a batch at every step (``policy="split"``).
+
+    >>> from fitbatch import as_sizes, plan_batches
+    >>> from fitbatch.costs import SumCost
+    >>> sizes = as_sizes([4, 4])
+    >>> arrange(plan_batches(sizes, 8, cost="sum"), sizes, SumCost(), 3, seed=0, epoch=0)
+    Traceback (most recent call last):
+    ...
+    fitbatch.epoch._arrange.TooFewSamples: cannot give every rank a batch: 2 samples in 1 batches need 2 more batches; use fewer ranks, a smaller budget, or policy='drop'
+    """
 
 
 def split_batches(plan: BatchPlan, sizes: Sizes, model: CostModel, extra: int) -> BatchPlan:
@@ -208,6 +198,13 @@ def arrange(
     """Arrange a global plan into cost-balanced steps of ``world`` batches (see the module doc).
 
     One rank runs the plan as it is, in its order, with no straggler ratio.
+
+    >>> from fitbatch import as_sizes, plan_batches
+    >>> from fitbatch.costs import PaddedCost
+    >>> sizes = as_sizes([5, 3, 8, 2, 7, 4, 6, 1, 9])
+    >>> steps = arrange(plan_batches(sizes, 10, strategy="sorted"), sizes, PaddedCost(), 2, seed=0, epoch=0)
+    >>> sorted(int(i) for r in range(2) for b in steps.rank_plan(r) for i in b)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8]
     """
     choice("policy", policy, POLICIES)
     if world == 1:
@@ -242,7 +239,7 @@ def plan_for_world(
     same plan from (sizes, options, epoch): no communication.
 
     >>> import fitbatch
-    >>> from fitbatch.options import PlanOptions
+    >>> from fitbatch.plan._options import PlanOptions
     >>> sizes = fitbatch.as_sizes([100] * 10)
     >>> opts = PlanOptions.build(300, cost="sum", strategy="sequential")
     >>> [len(b) for b in plan_for_world(sizes, opts, 0, 1)], [len(b) for b in plan_for_world(sizes, opts, 0, 3)]
@@ -301,6 +298,12 @@ def arrange_budgets(
 
     Samples are dealt to ranks at random in proportion to their budgets; every rank plans all
     shares (the work is one plan of all samples, whatever the world size).
+
+    >>> from fitbatch import as_sizes
+    >>> from fitbatch.plan import PlanOptions
+    >>> steps = arrange_budgets(as_sizes([3] * 12), PlanOptions.build(6, cost="sum"), [6, 12], 0)
+    >>> steps.budgets, steps.grid.shape[1]
+    ((6.0, 12.0), 2)
     """
     caps = np.array([parse_budget(b, "budgets[i]") for b in budgets])
     n = len(sizes)
@@ -350,11 +353,11 @@ def _stack(ranked: list[BatchPlan], caps: FloatArray, sizes: Sizes, model: CostM
 
 __all__ = [
     "POLICIES",
+    "StepTotals",
     "Steps",
     "TooFewSamples",
     "arrange",
     "arrange_budgets",
     "split_batches",
     "straggler_ratio",
-    "world_info",
 ]

@@ -4,15 +4,15 @@ No torch and no per-sample Python loop lives here. The kernels share one contrac
 is a maximal run of consecutive positions whose cost fits the budget (greedy), never crossing a
 segment start, a lone sample over budget forming a batch of its own:
 
-* :func:`greedy_starts` — any order, any cost model (:mod:`fitbatch._greedy`, re-exported).
+* :func:`greedy_starts` — any order, any cost model (:mod:`fitbatch._kernels.greedy`, re-exported).
 * :func:`descending_starts` — positions whose planning size (an upper bound of the true size) is
   non-increasing within each segment: the first sample of a batch bounds its max, so every
   position's batch length is known in closed form and only the chain of batch starts is walked
   (a per-batch, not per-sample, loop). Its two searches serve streams too: :func:`sum_starts`
   (the unweighted sum cost over one segment, by prefix sums) and :func:`edge_counts` (batch
   lengths for given size bounds; the one bisection for costs that use the sum).
-(Sort keys live in :mod:`fitbatch._sorting`, bin packing for sum costs in
-:mod:`fitbatch._packing`.)
+(Sort keys live in :mod:`fitbatch._kernels.sorting`, bin packing for sum costs in
+:mod:`fitbatch._kernels.packing`.)
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._greedy import OpenBatch as OpenBatch  # the any-order greedy, re-exported
-from fitbatch._greedy import greedy_starts as greedy_starts
+from fitbatch._kernels.greedy import OpenBatch as OpenBatch  # the any-order greedy, re-exported
+from fitbatch._kernels.greedy import greedy_starts as greedy_starts
 from fitbatch.costs import CostModel, SumCost
 
 IntArray = NDArray[np.int64]

@@ -17,7 +17,7 @@ from fitbatch.strategies import Buckets, Context
 
 def bucket_edges(sizes: fitbatch.Sizes, budget: float, cost: str, max_batch_size: int | None = None) -> NDArray[np.float64]:
     """Upper edges of the size buckets the ``buckets`` strategy fits to these sizes."""
-    ctx = Context(sizes=sizes, budget=budget, cost=fitbatch.resolve_cost(cost), cap=max_batch_size,
+    ctx = Context(sizes=sizes, budget=budget, cost=fitbatch.costs.resolve_cost(cost), cap=max_batch_size,
                   multiple=1, shuffle=False, seed=0, epoch=0)
     return Buckets().bucket_ids(ctx)[1]
 

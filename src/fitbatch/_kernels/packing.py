@@ -6,7 +6,7 @@ under each node, so a sample costs about ``2 log2(batches)`` steps. On the stand
 file token counts it lands within 0.03 % of the Martello–Toth lower bound where taking the
 largest samples then the smallest (the earlier walk) stayed 1–7 % above it.
 
-With the ``fast`` extra the loop is compiled (:func:`fitbatch._jit.first_fit_in_place`); without
+With the ``fast`` extra the loop is compiled (:func:`fitbatch._kernels.jit.first_fit_in_place`); without
 it the same loop runs in Python (:func:`_first_fit_batches`), with the same subtractions and
 comparisons, so the batches are the same either way (a few microseconds per sample: install the
 extra for millions).
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fitbatch import _jit
-from fitbatch._kernels import FloatArray, IntArray
+from fitbatch._kernels import jit as _jit
+from fitbatch._kernels.batches import FloatArray, IntArray
 
 
 def first_fit_laid(
@@ -79,7 +79,7 @@ def first_fit_starts(
 def _first_fit_batches(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, int]:
     """The batch of every position (numbered in opening order) and the number of batches; a
     batch holds at most ``cap`` samples (at most ``n``). The compiled twin is
-    :func:`fitbatch._jit_kernels._first_fit_batches`."""
+    :func:`fitbatch._kernels.compiled._first_fit_batches`."""
     n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
     values = sizes.tolist()

@@ -14,8 +14,8 @@ import numpy as np
 from fitbatch._rng import SeedLike
 from fitbatch._validate import parse_budget
 from fitbatch.costs import CostModel, resolve_cost
-from fitbatch.options import PlanOptions
-from fitbatch.plan import BatchPlan, plan_with
+from fitbatch.plan._options import PlanOptions
+from fitbatch.plan._planner import BatchPlan, plan_with
 from fitbatch.sizes import SizesLike, as_sizes
 from fitbatch.strategies import Fixed
 

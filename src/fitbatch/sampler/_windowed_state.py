@@ -1,4 +1,4 @@
-"""The state of a :class:`~fitbatch.WindowedBatchSampler`: saved and loaded (its methods call these).
+"""The state of a :class:`~fitbatch.sampler.WindowedBatchSampler`: saved and loaded (its methods call these).
 
 A state is ``(epoch, step, window, window_step, carry)`` plus the epoch's events and the options
 it began with; a resume plans the saved window and, when it was handed batches, the one before.
@@ -11,13 +11,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from fitbatch import _windows as W
-from fitbatch._timeline import check_step
+from fitbatch._state import EVENTS_KEY, NUM_REPLICAS_KEY, OPTIONS_KEY, STEP_KEY
 from fitbatch._validate import non_negative_int
-from fitbatch._windows import CARRY_KEY, WINDOW_KEY, WINDOW_STEP_KEY
-from fitbatch.resume import EVENTS_KEY, NUM_REPLICAS_KEY, OPTIONS_KEY, STEP_KEY
+from fitbatch.epoch import _windows as W
+from fitbatch.epoch._timeline import check_step
+from fitbatch.epoch._windows import CARRY_KEY, WINDOW_KEY, WINDOW_STEP_KEY
 
-logger = logging.getLogger("fitbatch.windowed")
+logger = logging.getLogger("fitbatch.sampler._windowed")
 
 
 def save(sampler: Any, step: int | None) -> dict[str, Any]:

@@ -12,11 +12,20 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from fitbatch._rng import SeedLike, resolve_seed
-from fitbatch._rules import OVERSIZED
-from fitbatch._shapes import check_model
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost, resolve_limits
+from fitbatch.plan._rules import OVERSIZED
 from fitbatch.strategies import Strategy, resolve_strategy
+
+
+def check_model(model: CostModel, max_shapes: int | None) -> None:
+    """Refuse ``max_shapes`` with a cost model that ignores the padded length (sum costs)."""
+    if max_shapes is not None and not model.uses_max:
+        raise ValueError(
+            f"max_shapes={max_shapes} needs a padded cost model (cost='padded', 'polynomial' or one "
+            f"that grows with the longest sample); {model!r} ignores the padded length, so a batch's "
+            "shape would be (1, total) over packed samples; pass max_shapes=None with this cost"
+        )
 
 
 class PlanKeywords(TypedDict, total=False):
@@ -67,10 +76,10 @@ class PlanOptions:
             ``docs/shapes.md``); ``None`` (default): no bound. Needs 1-D sizes and a padded cost.
 
     >>> import fitbatch
-    >>> opts = fitbatch.PlanOptions.build("2KiB", cost="sum", strategy="sorted", max_batch_size=8)
+    >>> opts = fitbatch.plan.PlanOptions.build("2KiB", cost="sum", strategy="sorted", max_batch_size=8)
     >>> opts.budget, opts.cost, opts.strategy, opts.max_batch_size, opts.effective_shuffle
     (2048.0, SumCost(weights=None), Sorted(descending=False), 8, False)
-    >>> fitbatch.PlanOptions.build(2048, oversized="drop")
+    >>> fitbatch.plan.PlanOptions.build(2048, oversized="drop")
     Traceback (most recent call last):
         ...
     ValueError: unknown oversized 'drop'; expected one of ('error', 'single', 'skip')
