@@ -284,6 +284,7 @@ def test_trainer_epochs_of_their_own_length_and_the_checked_resume(tmp_path):
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2) -> None:
+    """Run ``script`` on ``nproc`` gloo processes (1: plain python), failing after TIMEOUT s."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join(sys.path), "TOKENIZERS_PARALLELISM": "false"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
@@ -342,6 +343,41 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, wi
     before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < stop]
     after = [x[2] for x in alone["log"] if x[0] == 1]
     assert flat(before + after) == list(range(n)), "each sample of the resumed epoch exactly once"
+
+
+def test_accelerate_resume_inside_a_gradient_accumulation_on_1_2_and_3_processes(tmp_path):
+    """Issue 37: save_state at loader step 5 with gradient_accumulation_steps=2 (inside an
+    accumulation) on 2 processes; load_state on 3 deadlocked (accelerate restores its step
+    counter from a file per rank, which the third rank lacks, so the ranks synchronised
+    gradients on different steps). The checkpoint resumes at the accumulation's first batch
+    (4), accelerate's counter is set from the loader's cursor on every rank: on 2 processes the
+    run ends with the very parameters of the uninterrupted one; on 1 and 3 every sample of the
+    epoch runs once and every rank synchronises on the same steps, within the timeout."""
+    worker = WORKERS / "accelerate_worker.py"
+    n, stop, accum = 3000, 5, 2
+    common = ["--out", str(tmp_path), "--accum", str(accum)]
+    torchrun(worker, *common, "--phase", "full", "--stop-step", str(stop))
+    full = results(tmp_path, "full-w2", 2)
+    boundary = stop - stop % accum  # the first batch of the accumulation the checkpoint is inside
+    for f in full:
+        syncs = [x[4] for x in f["log"] if x[0] == 1]
+        assert syncs[:6] == [False, True, False, True, False, True], "accumulation over 2 batches"
+    torchrun(worker, *common, "--phase", "resume")
+    same = results(tmp_path, "resume-w2", 2)
+    for f, r in zip(full, same):
+        assert r["resumed_at"] == [1, boundary] and r["acc_step"] == boundary
+        assert r["log"] == [x for x in f["log"] if (x[0], x[1]) >= (1, boundary)], "the same batches, synced alike"
+        np.testing.assert_allclose(r["params"], f["params"], rtol=0, atol=1e-12)
+    before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < boundary]
+    for world in (1, 3):
+        torchrun(worker, *common, "--phase", "resume", nproc=world)
+        runs = results(tmp_path, f"resume-w{world}", world)
+        assert {r["acc_step"] for r in runs} == {0} and all(r["resumed_at"] == [1, 0] for r in runs)
+        steps = [[(x[0], x[1], x[3], x[4]) for x in r["log"]] for r in runs]
+        assert all(s == steps[0] for s in steps), "every rank counts and synchronises on the same steps"
+        after = [x[2] for r in runs for x in r["log"] if x[0] == 1]
+        assert flat(before + after) == list(range(n)), f"each sample of the resumed epoch once ({world} processes)"
+        assert all(r["end"] == [2, 0] for r in runs)
 
 
 def test_accelerate_two_processes_compat_sampler_over_a_distributed_sampler(tmp_path):

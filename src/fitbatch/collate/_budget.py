@@ -158,6 +158,13 @@ class BudgetCheckedCollate:
     Build it with :func:`check_budget`. Picklable when the wrapped function is (``DataLoader``
     workers); the batch count in the error is per process (per worker with workers).
 
+    >>> import numpy as np
+    >>> from fitbatch import pad_collate
+    >>> checked = check_budget(pad_collate, 16, cost="padded")
+    >>> isinstance(checked, BudgetCheckedCollate), checked.budget
+    (True, 16.0)
+    >>> _ = checked([np.ones(7), np.ones(8)])  # 2 rows x 8 = 16: within the budget
+
     Attributes:
         collate_fn: the wrapped function.
         budget: the most one batch may cost.

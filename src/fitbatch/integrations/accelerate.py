@@ -19,7 +19,10 @@ loader had *fetched* (one ahead, more with workers), not those the loop trained 
 
 After ``load_state`` the loader continues at the saved step of the saved epoch, re-planning in
 O(1) (no batch is replayed), and on another number of processes the rest of the epoch is
-re-arranged for the new world (each sample still exactly once).
+re-arranged for the new world (each sample still exactly once). With gradient accumulation, a
+checkpoint taken inside an accumulation resumes at that accumulation's first batch, and
+accelerate's step counter is set from the loader's cursor on every rank (see
+:class:`ResumableLoader`).
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True, check_budge
             "cursor would restore it again; build the Accelerator without it (prepare() keeps the exact "
             "position), or use accelerator.prepare(loader) alone and set the sampler's epoch yourself"
         )
-    out = ResumableLoader(prepare_loader(accelerator, loader, check_budget=check_budget), sampler)
+    out = ResumableLoader(prepare_loader(accelerator, loader, check_budget=check_budget), sampler, accelerator)
     if register:
         accelerator.register_for_checkpointing(out)
     return out
@@ -160,9 +163,21 @@ class ResumableLoader:
     After an iteration runs to the end, the sampler moves on to the next epoch (as accelerate's
     loaders count epochs); :meth:`set_epoch` sets one.
 
+    Gradient accumulation (``Accelerator(gradient_accumulation_steps=k)`` and ``with
+    accelerator.accumulate(model)``, one batch per call): a checkpoint taken inside an
+    accumulation holds the model as the last optimizer step left it, not the gradients of the
+    batches since, so its cursor is the first batch of that accumulation: a resume runs those
+    batches again and every batch's gradient is applied once. After ``load_state``,
+    accelerate's step counter (which decides on which batches the ranks synchronise
+    gradients) is set from this cursor on every rank: accelerate restores it from a file per
+    rank, which a rank added by a larger world does not have; ranks that disagreed on it
+    deadlocked in DDP.
+
     Args:
         loader: accelerate's prepared loader (from :func:`prepare_loader`).
         sampler: the fitbatch sampler it draws from.
+        accelerator: the ``Accelerator`` (:func:`prepare` passes it), for the gradient
+            accumulation above; ``None``: no accumulation is assumed.
 
     >>> import fitbatch
     >>> sampler = fitbatch.BudgetBatchSampler([3, 1, 4, 1, 5], 5, num_replicas=1, rank=0)
@@ -173,9 +188,10 @@ class ResumableLoader:
 
     STATE = StateSchema("accelerate loader", version=1, required=(SAMPLER_KEY,))
 
-    def __init__(self, loader: Any, sampler: Any) -> None:
-        self.loader, self.sampler = loader, sampler
+    def __init__(self, loader: Any, sampler: Any, accelerator: Any = None) -> None:
+        self.loader, self.sampler, self.accelerator = loader, sampler, accelerator
         self._done = self._first_step()  # steps of the epoch the loop has received
+        self._start = self._done  # the step this iteration of the epoch began at
 
     @property
     def epoch(self) -> int:
@@ -207,20 +223,29 @@ class ResumableLoader:
         return int(self.sampler.n_steps()) - len(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        self._done = self._first_step()
+        self._done = self._start = self._first_step()
         for batch in self.loader:
             self._done += 1
             yield batch
         self.set_epoch(self.sampler.epoch + 1)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "sampler"):  # not set yet (unpickling): no recursion
+        if name in ("loader", "sampler", "accelerator"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def _pending(self) -> int:
+        """Batches of an unfinished gradient accumulation (their gradients are in no checkpoint)."""
+        acc = self.accelerator
+        steps = int(getattr(acc, "gradient_accumulation_steps", 1) or 1)
+        if acc is None or steps <= 1 or getattr(acc, "sync_gradients", True):
+            return 0
+        return min(int(acc.step) % steps, self._done - self._start)
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"version", "sampler"}``: the sampler's state after the steps the loop received."""
-        return self.STATE.envelope(**{SAMPLER_KEY: state_at(self.sampler, self._done)})
+        """``{"version", "sampler"}``: the sampler's state after the steps the loop received
+        (inside a gradient accumulation: at its first batch, see the class docstring)."""
+        return self.STATE.envelope(**{SAMPLER_KEY: state_at(self.sampler, self._done - self._pending())})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the saved epoch and step (re-arranged if the number of processes changed)."""
@@ -229,7 +254,11 @@ class ResumableLoader:
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(self.sampler.epoch)
         # the sampler's cursor: the saved step, or 0 of a re-arranged rest of the epoch
-        self._done = self._first_step()
+        self._done = self._start = self._first_step()
+        if self.accelerator is not None and hasattr(self.accelerator, "step"):
+            # the same accumulation phase on every rank, whatever files the world had: accelerate
+            # counts batches since the epoch began (0 at each epoch's end), as this cursor does
+            self.accelerator.step = self._done
 
 
 __all__ = ["ResumableLoader", "prepare", "prepare_loader", "state_at"]

@@ -91,7 +91,7 @@ def plan_batches(
     """
     opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
     checked = [as_sizes(sizes, n)]
-    loss = check_loss_sizes(loss_sizes, len(checked[0]))
+    loss = check_loss_sizes(loss_sizes, len(checked[0]), checked[0].values)
     # plan_with gets the only reference to the converted sizes, so that it can let them go once a
     # skip screen has copied the kept ones (a name here would hold them for the whole call)
     return plan_with(checked.pop(), opts, epoch, loss_sizes=loss)

@@ -166,7 +166,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if window not in ("auto", None):
             raise TypeError(f"window={window!r} plans in windows, which {type(self).__name__} does not; use fitbatch.sampler.WindowedBatchSampler")
         self._sizes = as_sizes(sizes, n)
-        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes), self._sizes.values)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._budgets: tuple[float, ...] | None = None
         if isinstance(budget, Sequence) and not isinstance(budget, str):

@@ -47,7 +47,7 @@ from fitbatch._state import (
     integer,
     mapping,
 )
-from fitbatch._validate import choice, positive_int
+from fitbatch._validate import choice, positive_int, state_mapping
 from fitbatch.costs import CostModel
 from fitbatch.epoch import _windows as W
 from fitbatch.epoch._arrange import POLICIES
@@ -488,7 +488,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             ValueError: a state of another kind or version, other samples or options, or a
                 window or step outside the epoch.
         """
-        _state.load(self, state)
+        _state.load(self, state_mapping("windowed sampler", state))
 
     def __repr__(self) -> str:
         where = f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch}"

@@ -198,7 +198,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
         else:
             self._sizes = as_sizes(sizes)
-        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes), self._sizes.values)
         self.schedule = BatchSizeSchedule.coerce(schedule)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):

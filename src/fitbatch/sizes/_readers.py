@@ -195,7 +195,7 @@ def from_source(
         if ext == ".npy":
             try:
                 arr = np.load(io.BytesIO(data), allow_pickle=False)
-            except ValueError as exc:
+            except (ValueError, EOFError) as exc:  # EOFError: an empty or cut-short file
                 raise ValueError(f"{src} is not a numeric .npy array: {exc}") from None
             if arr.dtype.kind not in "iufb" and arr.ndim == 1:
                 arr = to_numbers(arr.tolist(), src)
