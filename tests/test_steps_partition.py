@@ -177,7 +177,7 @@ def test_the_cap_is_a_cap() -> None:
 
 def test_a_small_step_exactly() -> None:
     p = partition([900, 700, 400, 300, 200, 100], 1000, world=2)
-    assert [[b.tolist() for b in p[r]] for r in range(2)] == [[[0], [3, 5]], [[1], [2, 4]]]
+    assert [[b.tolist() for b in p[r]] for r in range(2)] == [[[0], [3, 4]], [[1], [2, 5]]]
     assert p.step_samples.tolist() == [2, 4] and p.step_tokens.tolist() == [1600.0, 1000.0]
     assert p.loss_tokens == 2600.0 and p.lower_bound == 2
 

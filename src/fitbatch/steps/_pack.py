@@ -47,16 +47,12 @@ class Bins:
     total: FloatArray
     bin_of: IntArray
     failed: NDArray[np.bool_]
-    #: per row, the cost (alone) of the units that fit no bin: how many more bins it may need
-    spill: FloatArray
-    #: per row, the mean cost of its bins when a unit first fit none (what this deal can fill)
-    fill: FloatArray
 
     @classmethod
     def empty(cls, rows: int, m: int, n_units: int) -> Bins:
         zeros = np.zeros((rows, m))
         return cls(zeros, zeros.copy(), zeros.copy(), zeros.copy(), np.full(n_units, -1, np.int64),
-                   np.zeros(rows, dtype=bool), np.zeros(rows), np.zeros(rows))
+                   np.zeros(rows, dtype=bool))
 
 
 def pack(
@@ -75,9 +71,8 @@ def pack(
             other unit fits beside them.
 
     Returns:
-        The bins; ``failed[r]`` is true where a unit of row ``r`` fit no bin (the row must be
-        packed into more bins: ``spill[r]`` is the cost of its units left out, whose own bins
-        the others are dealt as if they had).
+        The bins; ``failed[r]`` is true where a unit of row ``r`` fit no bin: the row's dealing
+        stopped there, and it must be packed into more bins.
     """
     rows, k = order.shape
     bins = Bins.empty(rows, m, units.weight.size)
@@ -91,7 +86,7 @@ def pack(
     done = np.zeros(rows, dtype=np.int64)  # units of each row dealt so far (a prefix of the row)
     t = 0
     while True:
-        live = done < n
+        live = (done < n) & ~bins.failed
         if not live.any():
             return bins
         # invariant: the first done[r] units of a row that has not failed are each in one bin,
@@ -180,35 +175,26 @@ def _place_rest(rows: IntArray, unit: IntArray, units: Units, bins: Bins, budget
                   bins.total.min(axis=1)[rows] + units.total[unit])
     out = floor > budget
     if out.any():
-        _mark_failed(np.unique(rows[out]), bins, model)
-        alone = _cost(model, units.count[unit[out]], units.longest[unit[out]], units.total[unit[out]])
-        bins.spill += np.bincount(rows[out], alone, bins.spill.size)
+        bins.failed[rows[out]] = True
     for row, u in zip(rows[~out].tolist(), unit[~out].tolist()):
         _place_alone(row, u, units, bins, budget, model)
 
 
 def _place_alone(row: int, unit: int, units: Units, bins: Bins, budget: float, model: CostModel | None) -> None:
     """``unit`` into the lightest bin of ``row`` it fits, or mark the row failed."""
+    if bins.failed[row]:
+        return
     count = bins.count[row] + units.count[unit]
     longest = np.maximum(bins.longest[row], units.longest[unit])
     total = bins.total[row] + units.total[unit]
     fits = _cost(model, count, longest, total) <= budget
     if not fits.any():
-        _mark_failed(np.array([row]), bins, model)
-        bins.spill[row] += float(_cost(model, units.count[unit : unit + 1], units.longest[unit : unit + 1],
-                                       units.total[unit : unit + 1])[0])
+        bins.failed[row] = True
         return
     b = int(np.argmin(np.where(fits, bins.load[row], np.inf)))
     bins.load[row, b] += units.weight[unit]
     bins.count[row, b], bins.longest[row, b], bins.total[row, b] = count[b], longest[b], total[b]
     bins.bin_of[unit] = b
-
-
-def _mark_failed(rows: IntArray, bins: Bins, model: CostModel | None) -> None:
-    first = rows[~bins.failed[rows]]
-    if first.size:
-        bins.fill[first] = _cost(model, bins.count[first], bins.longest[first], bins.total[first]).mean(axis=1)
-    bins.failed[rows] = True
 
 
 def _deal_block(order: IntArray, done: IntArray, live: NDArray[np.bool_], width: int, units: Units, bins: Bins,

@@ -157,15 +157,21 @@ def partition(
     (4, [1, 1, 1, 1], 1.0)
     >>> p = partition([500, 300, 200, 200, 100, 100], 600, world=2, weights=lambda L: 24576 * L + L**2)
     >>> [b.tolist() for b in p[0]], [b.tolist() for b in p[1]], p.step_tokens.tolist()
-    ([[0], [4, 5]], [[1, 2], [3]], [1000.0, 400.0])
+    ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
     world = _int_option("world", world)
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
                        loss_sizes, oversized, cp_size)
-    rank_of_group = plan.split_ranks(world)
-    order, alone, bound = plan.micro_rows(rank_of_group, world)
-    m, bins = settle(order, alone, plan.units, bound, plan, agree=None)
-    return plan.result(bins, m, rank_of_group, tuple(range(world)), world, gather=None)
+    ranks = tuple(range(world))
+    if plan.keep_groups_on_rank and world > 1:  # groups that may span micro-batches: ranks first
+        rank_of_group = plan.split_ranks(world)
+        order, alone, bound = plan.micro_rows(rank_of_group, world)
+        m, bins = settle(order, alone, plan.units, int(bound.max()), plan, agree=None)
+        return plan.result(*by_rank(bins, m, rank_of_group[plan.group[plan.kept]], plan.unit_of[plan.kept]), m, ranks, world, gather=None)
+    # else one pool of world * m bins, dealt to the micro-steps heaviest first, `world` at a time
+    order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
+    m, bins = settle(order, alone, plan.units, -(-int(bound[0]) // world), plan, agree=None, width=world)
+    return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
 # --------------------------------------------------------------------------- the plan of a step
@@ -292,17 +298,17 @@ class _Plan:
         by_sum = math.ceil(float(extra.sum()) / room * (1 - 1e-12))
         return max(1, by_sum, int((extra > room / 2).sum()))
 
-    def result(self, bins: Bins, m: int, rank_of_group: IntArray, ranks: tuple[int, ...], world: int,
-               gather: Callable[[FloatArray], FloatArray] | None) -> Partition:
-        """The partition: micro-steps ordered heaviest first on each rank, and the totals."""
+    @property
+    def keep_groups_on_rank(self) -> bool:
+        return not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
+
+    def result(self, row: IntArray, micro: IntArray, workload: FloatArray, m: int, ranks: tuple[int, ...],
+               world: int, gather: Callable[[FloatArray], FloatArray] | None) -> Partition:
+        """The partition, from the row (index into ``ranks``) and micro-step of each kept
+        sequence and the ``(rows, m)`` workloads; ``gather`` shares them with the other ranks."""
         rows = len(ranks)
-        step_of_bin = np.empty((rows, m), dtype=np.int64)
-        heaviest = np.argsort(-bins.load, axis=1, kind="stable")
-        np.put_along_axis(step_of_bin, heaviest, np.arange(m)[None, :], axis=1)
         seq = np.flatnonzero(self.kept)
         unit = self.unit_of[seq]
-        row = rank_of_group[self.group[seq]] if rows > 1 else np.zeros(seq.size, dtype=np.int64)
-        micro = step_of_bin[row, bins.bin_of[unit]]
         key = row * m + micro
         order = seq[np.argsort(key, kind="stable")]  # ascending indices within a micro-batch
         n_sizes = np.bincount(key, minlength=rows * m)
@@ -313,7 +319,6 @@ class _Plan:
             np.bincount(micro, self.sizes[seq], minlength=m),
             np.bincount(micro, self.loss[seq], minlength=m),
         ])
-        workload = np.take_along_axis(bins.load, heaviest, axis=1)
         if gather is not None:  # the other ranks' totals and workloads
             shared = gather(np.vstack([local, workload]))  # (world, 4, m)
             local, workload = shared[:, :3].sum(axis=0), shared[:, 3]
@@ -349,36 +354,73 @@ class _Plan:
 # --------------------------------------------------------------------------- the micro-batch count
 
 
-def settle(order: IntArray, alone: IntArray, units: Units, bound: NDArray[np.int64], plan: _Plan,
-           agree: Callable[[int], int] | None) -> tuple[int, Bins]:
-    """The micro-batch count and every row's bins.
+def by_rank(bins: Bins, m: int, row: IntArray, unit: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """Each row's ``m`` bins as its micro-batches, heaviest first: the row and micro-step of
+    each kept sequence (given its row and unit), and the ``(rows, m)`` workloads."""
+    heaviest = np.argsort(-bins.load, axis=1, kind="stable")
+    step_of_bin = np.empty_like(heaviest)
+    np.put_along_axis(step_of_bin, heaviest, np.arange(m)[None, :], axis=1)
+    return row, step_of_bin[row, bins.bin_of[unit]], np.take_along_axis(bins.load, heaviest, axis=1)
 
-    The rows are packed at their largest lower bound; only if a row fails is the count raised,
-    to what its left-out units need (every failing row at once), until each has packed. ``agree``
-    (a collective MAX, or none) then makes the count common, and a row packed into fewer bins is
-    packed again into that many; if it fails there (the deal is not monotone in the count, so
-    this is not excluded), it keeps its packing into fewer bins, plus empty ones.
+
+def by_step(bins: Bins, m: int, world: int, unit: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """One row of ``world * m`` bins laid out as micro-steps: the heaviest ``world`` bins make
+    micro-step 0, the next ``world`` micro-step 1, ..., dealt to the ranks in snake order."""
+    heaviest = np.argsort(-bins.load[0], kind="stable")
+    pos = np.empty_like(heaviest)
+    pos[heaviest] = np.arange(heaviest.size)
+    step, lane = pos // world, pos % world
+    rank = np.where(step % 2 == 0, lane, world - 1 - lane)
+    workload = np.zeros((world, m))
+    workload[rank, step] = bins.load[0]
+    b = bins.bin_of[unit]
+    return rank[b], step[b], workload
+
+
+def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: _Plan,
+           agree: Callable[[int], int] | None, width: int = 1) -> tuple[int, Bins]:
+    """The micro-batch count and every row's bins (``width`` bins a micro-step per row).
+
+    The rows are packed at the lower bound ``m``; only if a row fails is the count
+    raised, for the failing rows together: ``m`` plus 1, 2, 4, ... steps until they all pack,
+    then halving back to the least count at which they all do. ``agree`` (a collective MAX,
+    or none) then makes the count common, and a row packed into fewer bins is packed again
+    into that many; if it fails there (the deal is not monotone in the count, so this is not
+    excluded), it keeps its packing into fewer bins, plus empty ones.
     """
     step, model, budget = plan.step, plan.model, plan.budget
     rows = order.shape[0]
-    m = _round_up(max(int(bound.max()) if bound.size else 0, plan.floor), step)
-    bins = pack(order, units, m, budget, model, alone) if m else Bins.empty(rows, 0, units.weight.size)
+    m = _round_up(max(bound, plan.floor), step)
+    bins = pack(order, units, m * width, budget, model, alone) if m else Bins.empty(rows, 0, units.weight.size)
     packed = {r: (m, _row(bins, r)) for r in range(rows) if m and not bins.failed[r]}
-    count, todo = m, np.flatnonzero(bins.failed)
-    spill = bins.spill[todo]
-    while todo.size:
-        count = _round_up(count + max(1, math.ceil(float(spill.max()) / budget)), step)
-        last = pack(order[todo], units, count, budget, model, alone[todo])
-        packed.update({r: (count, _row(last, i)) for i, r in enumerate(todo.tolist()) if not last.failed[i]})
-        todo, spill = todo[last.failed], last.spill[last.failed]
-    final = agree(count) if agree is not None else count
+
+    def attempt(count: int, todo: IntArray) -> IntArray:
+        got = pack(order[todo], units, count * width, budget, model, alone[todo])
+        packed.update({r: (count, _row(got, i)) for i, r in enumerate(todo.tolist()) if not got.failed[i]})
+        return todo[got.failed]
+
+    todo = np.flatnonzero(bins.failed)
+    low, high, gap = m, m, step
+    while todo.size:  # galloping: every row of todo fails at `low`
+        high = low + gap
+        left = attempt(high, todo)
+        if not left.size:
+            break
+        low, todo, gap = high, left, gap * 2
+    while high - low > step:  # halving: every row of todo fails at `low` and packs at `high`
+        mid = low + (high - low) // (2 * step) * step
+        left = attempt(mid, todo)
+        if left.size:
+            low, todo = mid, left
+        else:
+            high = mid
+    final = agree(high) if agree is not None else high
     if final == m:
         return m, bins
-    out = Bins.empty(rows, final, units.weight.size)
+    out = Bins.empty(rows, final * width, units.weight.size)
     redo = np.array([r for r in range(rows) if packed.get(r, (0,))[0] != final], dtype=np.int64)
     if redo.size:
-        again = pack(order[redo], units, final, budget, model, alone[redo])
-        packed.update({r: (final, _row(again, i)) for i, r in enumerate(redo.tolist()) if not again.failed[i]})
+        attempt(final, redo)
     for r, (_, src) in packed.items():
         _adopt(out, r, src, order[r], alone[r])
     return final, out
@@ -386,7 +428,7 @@ def settle(order: IntArray, alone: IntArray, units: Units, bound: NDArray[np.int
 
 def _row(bins: Bins, r: int) -> Bins:
     return Bins(bins.load[r : r + 1], bins.count[r : r + 1], bins.longest[r : r + 1], bins.total[r : r + 1],
-                bins.bin_of, bins.failed[r : r + 1], bins.spill[r : r + 1], bins.fill[r : r + 1])
+                bins.bin_of, bins.failed[r : r + 1])
 
 
 def _adopt(out: Bins, r: int, src: Bins, order: IntArray, alone: IntArray) -> None:
