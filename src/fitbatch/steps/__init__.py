@@ -17,6 +17,7 @@ sequences at a time and must split them over data-parallel ranks and micro-batch
 from __future__ import annotations
 
 from fitbatch.steps._collective import partition_local
+from fitbatch.steps._cp import cp_shard
 from fitbatch.steps._partition import OVERSIZED, Partition, partition
 
-__all__ = ["OVERSIZED", "Partition", "partition", "partition_local"]
+__all__ = ["OVERSIZED", "Partition", "cp_shard", "partition", "partition_local"]
