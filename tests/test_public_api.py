@@ -19,6 +19,7 @@ PUBLIC_MODULES = (
     "fitbatch.memory",
     "fitbatch.streaming",
     "fitbatch.schedule",
+    "fitbatch.steps",
 )
 
 

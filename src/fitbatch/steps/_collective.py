@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from fitbatch.costs import CostModel
-from fitbatch.steps._partition import FloatArray, Partition, WeightsLike, _Plan, by_rank, settle
+from fitbatch.steps._count import settle
+from fitbatch.steps._partition import FloatArray, Partition, WeightsLike, _Plan, by_rank
 
 
 def partition_local(

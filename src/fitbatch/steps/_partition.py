@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
+from fitbatch.steps._count import settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ class Partition:
         n_oversized: sequences (or groups) over the budget alone, each in a micro-batch of its own.
         skipped: indices skipped as over the budget (``oversized="skip"``).
         n_empty: empty micro-batches over all ranks.
+
+    >>> p = partition([900, 700, 400, 300, 200, 100], 1000, world=2, loss_sizes=[800, 600, 300, 250, 150, 50])
+    >>> [b.tolist() for b in p[1]], p.step_samples.tolist(), p.step_loss_tokens.tolist(), p.loss_tokens
+    ([[1], [2, 5]], [2, 4], [1400.0, 750.0], 2150.0)
     """
 
     world: int
@@ -256,7 +261,7 @@ class _Plan:
     def split_ranks(self, world: int) -> IntArray:
         """The rank of each group: groups dealt to ``world`` ranks balancing weight (no cap)."""
         k = int(self.group.max()) + 1 if self.group.size else 0
-        w = np.bincount(self.group[self.kept], self.weight[self.kept], minlength=k)
+        w = np.bincount(self.group[self.kept], self.weight[self.kept], minlength=k).astype(np.float64)
         present = np.bincount(self.group[self.kept], minlength=k) > 0
         ids = np.flatnonzero(present)
         order = rows_of(np.zeros(ids.size, dtype=np.int64), w[ids], 1)
@@ -351,7 +356,7 @@ class _Plan:
         return -(-m // self.step) * self.step
 
 
-# --------------------------------------------------------------------------- the micro-batch count
+# --------------------------------------------------------------------------- micro-steps from bins
 
 
 def by_rank(bins: Bins, m: int, row: IntArray, unit: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
@@ -375,77 +380,6 @@ def by_step(bins: Bins, m: int, world: int, unit: IntArray) -> tuple[IntArray, I
     workload[rank, step] = bins.load[0]
     b = bins.bin_of[unit]
     return rank[b], step[b], workload
-
-
-def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: _Plan,
-           agree: Callable[[int], int] | None, width: int = 1) -> tuple[int, Bins]:
-    """The micro-batch count and every row's bins (``width`` bins a micro-step per row).
-
-    The rows are packed at the lower bound ``m``; only if a row fails is the count
-    raised, for the failing rows together: ``m`` plus 1, 2, 4, ... steps until they all pack,
-    then halving back to the least count at which they all do. ``agree`` (a collective MAX,
-    or none) then makes the count common, and a row packed into fewer bins is packed again
-    into that many; if it fails there (the deal is not monotone in the count, so this is not
-    excluded), it keeps its packing into fewer bins, plus empty ones.
-    """
-    step, model, budget = plan.step, plan.model, plan.budget
-    rows = order.shape[0]
-    m = _round_up(max(bound, plan.floor), step)
-    bins = pack(order, units, m * width, budget, model, alone) if m else Bins.empty(rows, 0, units.weight.size)
-    packed = {r: (m, _row(bins, r)) for r in range(rows) if m and not bins.failed[r]}
-
-    def attempt(count: int, todo: IntArray) -> IntArray:
-        got = pack(order[todo], units, count * width, budget, model, alone[todo])
-        packed.update({r: (count, _row(got, i)) for i, r in enumerate(todo.tolist()) if not got.failed[i]})
-        return todo[got.failed]
-
-    todo = np.flatnonzero(bins.failed)
-    low, high, gap = m, m, step
-    while todo.size:  # galloping: every row of todo fails at `low`
-        high = low + gap
-        left = attempt(high, todo)
-        if not left.size:
-            break
-        low, todo, gap = high, left, gap * 2
-    while high - low > step:  # halving: every row of todo fails at `low` and packs at `high`
-        mid = low + (high - low) // (2 * step) * step
-        left = attempt(mid, todo)
-        if left.size:
-            low, todo = mid, left
-        else:
-            high = mid
-    final = agree(high) if agree is not None else high
-    if final == m:
-        return m, bins
-    out = Bins.empty(rows, final * width, units.weight.size)
-    redo = np.array([r for r in range(rows) if packed.get(r, (0,))[0] != final], dtype=np.int64)
-    if redo.size:
-        attempt(final, redo)
-    for r, (_, src) in packed.items():
-        _adopt(out, r, src, order[r], alone[r])
-    return final, out
-
-
-def _row(bins: Bins, r: int) -> Bins:
-    return Bins(bins.load[r : r + 1], bins.count[r : r + 1], bins.longest[r : r + 1], bins.total[r : r + 1],
-                bins.bin_of, bins.failed[r : r + 1])
-
-
-def _adopt(out: Bins, r: int, src: Bins, order: IntArray, alone: IntArray) -> None:
-    """Row ``r`` of ``out`` takes a packing of that row into fewer bins (the rest stay empty)."""
-    c = src.load.shape[1]
-    if c == 0:
-        return
-    for field in ("load", "count", "longest", "total"):
-        getattr(out, field)[r] = 0.0
-        getattr(out, field)[r, :c] = getattr(src, field)[0]
-    ids = np.concatenate([order[order >= 0], alone[alone >= 0]])
-    out.bin_of[ids] = src.bin_of[ids]
-    out.failed[r] = False
-
-
-def _round_up(m: int, step: int) -> int:
-    return -(-m // step) * step
 
 
 # --------------------------------------------------------------------------- option checks
