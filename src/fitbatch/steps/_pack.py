@@ -114,19 +114,24 @@ def _deal_round(order: IntArray, done: IntArray, live: NDArray[np.bool_], n: Int
     bins as are lighter than the lightest one will be after its unit (what a one-at-a-time
     greedy would fill next), so a bin holding a heavy unit waits instead of taking one a round."""
     rows, m = bins.load.shape
-    lightest = np.argsort(bins.load, axis=1, kind="stable")
     r = np.arange(rows)[:, None]
-    j = np.arange(m)[None, :]
-    at = np.minimum(done[:, None] + j, order.shape[1] - 1)
-    u = order[r, at]
+    first = units.weight[np.maximum(order[np.arange(rows), np.minimum(done, order.shape[1] - 1)], 0)]
+    low = bins.load.min(axis=1)
+    below = (bins.load < (low + first)[:, None]).sum(axis=1)
+    width = np.where(live, np.minimum(np.where(first > 0, np.maximum(below, 1), m), n - done), 0)
+    w = int(width.max())
+    if w < m:  # only the w lightest bins of a row take a unit: sort those alone
+        part = np.argpartition(bins.load, w - 1, axis=1)[:, :w]
+        lightest = np.take_along_axis(part, np.argsort(np.take_along_axis(bins.load, part, axis=1), axis=1,
+                                                       kind="stable"), axis=1)
+    else:
+        lightest = np.argsort(bins.load, axis=1, kind="stable")
+    j = np.arange(w)[None, :]
+    u = order[r, np.minimum(done[:, None] + j, order.shape[1] - 1)]
     u = np.where(u >= 0, u, 0)
-    first = units.weight[u[:, 0]]
-    low = bins.load[np.arange(rows), lightest[:, 0]]
-    below = (np.take_along_axis(bins.load, lightest, axis=1) < (low + first)[:, None]).sum(axis=1)
-    width = np.where(first > 0, np.maximum(below, 1), m)
-    valid = live[:, None] & (j < width[:, None]) & (done[:, None] + j < n[:, None])
-    done += valid.sum(axis=1)
-    r = np.broadcast_to(r, (rows, m))
+    valid = j < width[:, None]
+    done += width
+    r = np.broadcast_to(r, (rows, w))
     count = bins.count[r, lightest] + units.count[u]
     longest = np.maximum(bins.longest[r, lightest], units.longest[u])
     total = bins.total[r, lightest] + units.total[u]
@@ -139,44 +144,48 @@ def _deal_round(order: IntArray, done: IntArray, live: NDArray[np.bool_], n: Int
     bins.bin_of[uu] = bb
     bad = valid & ~ok
     if bad.any():
-        rows_bad, units_bad = _place_roomiest(r[bad], u[bad], units, bins, budget, model)
-        if rows_bad.size:
-            _place_rest(rows_bad, units_bad, units, bins, budget, model)
+        _place_rest(r[bad], u[bad], units, bins, budget, model)
 
 
 def _place_roomiest(rows: IntArray, unit: IntArray, units: Units, bins: Bins, budget: float,
-                    model: CostModel | None) -> tuple[IntArray, IntArray]:
-    """A second pairing: the i-th of a row's units left over by the round to the row's i-th
-    cheapest bin. Returns the units that did not fit there."""
+                    model: CostModel | None, passes: int = 8) -> tuple[IntArray, IntArray]:
+    """Further pairings of a round's leftover units (row-major, heaviest first): in each pass,
+    the i-th left over of a row to the row's i-th cheapest bin. Returns those still left over."""
     m = bins.load.shape[1]
-    cheapest = np.argsort(_cost(model, bins.count, bins.longest, bins.total), axis=1, kind="stable")
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])  # rows come sorted (row-major)
-    nth = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
-    can = nth < m
-    b = cheapest[rows, np.minimum(nth, m - 1)]
-    count = bins.count[rows, b] + units.count[unit]
-    longest = np.maximum(bins.longest[rows, b], units.longest[unit])
-    total = bins.total[rows, b] + units.total[unit]
-    ok = can & (_cost(model, count, longest, total) <= budget)
-    rr, bb, uu = rows[ok], b[ok], unit[ok]
-    bins.load[rr, bb] += units.weight[uu]
-    bins.count[rr, bb], bins.longest[rr, bb], bins.total[rr, bb] = count[ok], longest[ok], total[ok]
-    bins.bin_of[uu] = bb
-    return rows[~ok], unit[~ok]
+    for _ in range(passes):
+        if rows.size == 0:
+            break
+        cheapest = np.argsort(_cost(model, bins.count, bins.longest, bins.total), axis=1, kind="stable")
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        nth = np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+        b = cheapest[rows, np.minimum(nth, m - 1)]
+        count = bins.count[rows, b] + units.count[unit]
+        longest = np.maximum(bins.longest[rows, b], units.longest[unit])
+        total = bins.total[rows, b] + units.total[unit]
+        ok = (nth < m) & (_cost(model, count, longest, total) <= budget)
+        if not ok.any():
+            break
+        rr, bb, uu = rows[ok], b[ok], unit[ok]
+        bins.load[rr, bb] += units.weight[uu]
+        bins.count[rr, bb], bins.longest[rr, bb], bins.total[rr, bb] = count[ok], longest[ok], total[ok]
+        bins.bin_of[uu] = bb
+        rows, unit = rows[~ok], unit[~ok]
+    return rows, unit
 
 
 def _place_rest(rows: IntArray, unit: IntArray, units: Units, bins: Bins, budget: float, model: CostModel | None) -> None:
     """Units whose bin of the round could not take them: those that fit no bin of their row
     (their cost beside the row's least count, max and sum of any bin is over the cap: a model
-    is non-decreasing) are left out at once; the others go one by one to the lightest bin
-    they fit."""
+    is non-decreasing) are left out at once; the others are paired with the cheapest bins,
+    and what still did not fit goes one by one to the lightest bin it fits."""
     floor = _cost(model, bins.count.min(axis=1)[rows] + units.count[unit],
                   np.maximum(bins.longest.min(axis=1)[rows], units.longest[unit]),
                   bins.total.min(axis=1)[rows] + units.total[unit])
     out = floor > budget
     if out.any():
         bins.failed[rows[out]] = True
-    for row, u in zip(rows[~out].tolist(), unit[~out].tolist()):
+    rows, unit = _place_roomiest(rows[~out], unit[~out], units, bins, budget, model)
+    for row, u in zip(rows.tolist(), unit.tolist()):
         _place_alone(row, u, units, bins, budget, model)
 
 
