@@ -157,8 +157,8 @@ def main() -> None:
             lengths = step_lengths(base, n, seed=n)
             for world in args.world:
                 for mm in args.multiple:
-                    t_f, part = best_time(lambda: partition(lengths, args.cap, world=world, weights=workload,
-                                                            micro_multiple=mm), args.repeat)
+                    t_f, part = best_time(lambda lengths=lengths, world=world, mm=mm: partition(
+                        lengths, args.cap, world=world, weights=workload, micro_multiple=mm), args.repeat)
                     f = measure([part[r] for r in range(world)], lengths, args.cap)
                     repeat = 1 if n > 10_000 else max(1, args.repeat // 2)
                     v_batches, t_v = min((run_verl(sb, lengths, args.cap, world, mm) for _ in range(repeat)),
