@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-RUNNABLE = ("padding_free.md", "limits.md", "plan_quality.md", "getting_started.md")
+RUNNABLE = ("padding_free.md", "limits.md", "plan_quality.md", "getting_started.md", "rl.md")
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 

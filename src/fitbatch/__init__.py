@@ -37,6 +37,7 @@ from fitbatch.index import SizeIndex, build_size_index
 from fitbatch.memory import OOMGuard, calibrate
 from fitbatch.plan import BatchPlan, PlanStats, plan_batches
 from fitbatch.sizes import Sizes, as_sizes
+from fitbatch.steps import cp_shard, partition, partition_local
 from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted
 
 if TYPE_CHECKING:  # loaded on first use below: they subclass or import torch
@@ -170,10 +171,13 @@ __all__ = [
     "build_size_index",
     "calibrate",
     "check_budget",
+    "cp_shard",
     "make_hf_collate",
     "make_pad_collate",
     "make_varlen_collate",
     "pad_collate",
+    "partition",
+    "partition_local",
     "plan_batches",
     "varlen_collate",
 ]

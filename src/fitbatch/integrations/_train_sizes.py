@@ -168,7 +168,9 @@ class BudgetSampling:
 
     Args:
         budget: the sampler's budget.
-        cost, strategy, seed: as ``BudgetBatchSampler``'s.
+        cost: as ``BudgetBatchSampler``'s.
+        strategy: as ``BudgetBatchSampler``'s.
+        seed: as ``BudgetBatchSampler``'s (the trainer's ``args.seed`` when ``None``).
         loss_sizes: see above.
         **options: other ``BudgetBatchSampler`` keywords (``max_batch_size``, ``shuffle``, ...).
 
