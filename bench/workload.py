@@ -26,9 +26,9 @@ kernel time (issue #42; ``bash bench/gpu_suite.sh workload``, one call of about 
    device, in the packed layout; efficiency = mean rank time / slowest rank time (1.0: no rank
    waits), beside the efficiency the workload itself predicted.
 
-The partitioner: ``fitbatch.partition`` is being written in parallel; :func:`partition_hook`
-is where it plugs in (HOOK); until it imports, the built-in split :func:`greedy_split` is used
-and the JSON says which one ran.
+The partitioner: ``fitbatch.partition`` (:func:`partition_hook`), balancing by each workload;
+the built-in split :func:`greedy_split` runs only where it is missing, and the JSON says which
+one ran.
 
 ``--device cpu --tiny`` runs every stage in well under a minute on CPU (a dry run: CPU times
 say nothing about a GPU's kernels).
@@ -243,19 +243,17 @@ def greedy_split(
 def partition_hook(
     lengths: np.ndarray, ranks: int, cap: int, workload: Callable[[np.ndarray], np.ndarray]
 ) -> list[list[np.ndarray]] | None:
-    """HOOK (issue #42): the step partitioner ``fitbatch.partition``, once it exists.
+    """The step partitioner ``fitbatch.partition``, balancing by ``workload``.
 
-    Return, per rank, its micro-batches as arrays of sample lengths, or ``None`` to fall back
-    to :func:`greedy_split`. ``fitbatch.partition`` is written in parallel and its API was not
-    known when this script was written: wire its call in below when it lands (and drop the
-    ``None``), e.g. plan the step's samples with its workload set to ``workload`` and map each
-    rank's micro-batches of indices to ``lengths[indices]``.
+    Per rank, its micro-batches as arrays of sample lengths; ``None`` (the built-in
+    :func:`greedy_split` then runs) only when this fitbatch has no ``partition``.
     """
     try:
-        import fitbatch.partition  # noqa: F401
+        from fitbatch import partition
     except ImportError:
         return None
-    return None  # HOOK: call fitbatch.partition here
+    p = partition(lengths, cap, world=ranks, weights=workload, cost="sum")
+    return [[lengths[idx] for idx in p[r]] for r in range(ranks)]
 
 
 def split(

@@ -59,6 +59,10 @@ def test_padded_features_count_every_row_at_the_longest() -> None:
     assert workload.features([np.array([3, 5])], "packed").tolist() == [[8.0, 34.0]]
 
 
-def test_split_falls_back_to_the_builtin_until_the_partitioner_is_wired() -> None:
-    parts, used = workload.split(np.array([5, 3, 2]), 2, 8, lambda v: v)
-    assert used.startswith("builtin") and sum(len(mb) for r in parts for mb in r) == 3
+def test_split_uses_fitbatch_partition_under_the_cap() -> None:
+    lengths = np.array([5, 3, 2, 7, 1, 4])
+    parts, used = workload.split(lengths, 2, 8, lambda v: v)
+    assert used == "fitbatch.partition"
+    assert len(parts[0]) == len(parts[1])  # the same micro-batch count on every rank
+    assert sorted(int(x) for r in parts for mb in r for x in mb) == sorted(lengths.tolist())
+    assert all(mb.sum() <= 8 for r in parts for mb in r)
