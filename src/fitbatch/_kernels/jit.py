@@ -12,17 +12,24 @@ counting and radix sorts, and a stable sort has one result, so the order is nump
 Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.costs.SumCost`,
 :class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
 classes: a subclass may change ``evaluate``), and :class:`~fitbatch.costs.Limits` over rows
-whose every column has one of them. numba is imported once a process has planned
-``LOAD_AT`` samples (small plans do not pay for the import); the first use compiles (a few
-seconds) and numba caches the machine code next to the module, so later processes load it.
+whose every column has one of them. numba starts loading in a background thread once a process
+has planned ``LOAD_AT`` samples, after the plan that passed it (:func:`planning`): small plans
+never pay for the import, and a first plan of a million samples neither waits for it nor
+shares the processor with it (a plan is the same either way). A call of
+``WAIT_AT`` samples or more, and sum-cost first fit from ``FIRST_FIT_AT`` (a Python loop there),
+wait for it. The first use compiles (a few seconds) and numba caches the machine code next to
+the module, so later processes load it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -36,17 +43,24 @@ logger = logging.getLogger(__name__)
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 
-# Samples planned in this process before numba is imported: importing it and loading the cached
-# machine code takes about a second once (measured 1.14 s for a first 1M-sample sequential plan
-# against 0.24 s in numpy), so no plan below about a million samples pays for it.
+# Samples planned in this process before numba starts loading in the background: importing it
+# and loading the cached machine code takes about a second once (measured 1.14 s for a first
+# 1M-sample sequential plan against 0.24 s in numpy), so no plan below about a million samples
+# pays for it, and the plans after one do not wait for it.
 LOAD_AT = 1 << 20
-# ... but first-fit packing, about 2 us per sample in Python, loads it from this many samples (its
-# Python loop there takes about as long as loading numba's cached machine code, ~1 s once)
+# ... a plan of this many samples waits for it (its numpy loops take longer than the load)
+WAIT_AT = 1 << 22
+# ... and first-fit packing, about 2 us per sample in Python, waits for it from this many samples
+# (its Python loop there takes about as long as loading numba's cached machine code, ~1 s once)
 FIRST_FIT_AT = 1 << 18
 
 _module: ModuleType | None = None
-_tried = False
+_tried = False  # the load finished (with or without the module)
 _work = 0
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_planning = 0  # plans under way in this process (the background load starts after them)
+_wanted = False  # LOAD_AT passed while planning: load once the plan is done
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
 _NO_ORDER = np.zeros(0, dtype=np.int64)
 
@@ -67,20 +81,68 @@ def _mode() -> str:
 
 
 def _load() -> ModuleType | None:
+    """Load the compiled loops now (waiting for a background load under way)."""
     global _module, _tried
-    if not _tried:
-        _tried = True
-        if importlib.util.find_spec("numba") is None:
-            logger.debug("numba is not installed: the greedy loops run in numpy")
-            return None
-        try:
-            from fitbatch._kernels import compiled as _jit_kernels
+    with _lock:
+        if not _tried:
+            _module = _import()
+            _tried = True
+    return _module
 
-            _warm(_jit_kernels)
-        except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
-            logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
-            return None
-        _module = _jit_kernels
+
+def _import() -> ModuleType | None:
+    if importlib.util.find_spec("numba") is None:
+        logger.debug("numba is not installed: the greedy loops run in numpy")
+        return None
+    try:
+        from fitbatch._kernels import compiled as _jit_kernels
+
+        _warm(_jit_kernels)
+    except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
+        logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
+        return None
+    return _jit_kernels
+
+
+def _load_in_background() -> None:
+    """Start loading the compiled loops in a daemon thread (once)."""
+    global _thread
+    if _thread is not None:  # started: the lock is the loader's until it is done
+        return
+    with _lock:
+        if _thread is None and not _tried:
+            _thread = threading.Thread(target=_load, name="fitbatch-numba", daemon=True)
+            _thread.start()
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Around one plan: a background load the plan asks for starts when it is done, so that
+    the first large plan of a process runs alone (its result does not depend on it).
+
+    >>> with planning():
+    ...     pass
+    """
+    global _planning, _wanted
+    _planning += 1
+    try:
+        yield
+    finally:
+        _planning -= 1
+        if _wanted and not _planning:
+            _wanted = False
+            _load_in_background()
+
+
+def settle() -> ModuleType | None:
+    """Wait for a background load under way (if any); the compiled module, or ``None``.
+
+    >>> settle() is None or settle() is not None
+    True
+    """
+    thread = _thread
+    if thread is not None:
+        thread.join()
     return _module
 
 
@@ -102,21 +164,31 @@ def _warm(module: ModuleType) -> None:
     module.shuffle_in_pools(draws, draws, 1, draws[:0])
 
 
-def _kernels(work: int) -> ModuleType | None:
-    """The compiled module, once this process has planned ``LOAD_AT`` samples (``work`` more now).
+def _kernels(work: int, wait: bool = False) -> ModuleType | None:
+    """The compiled module if loaded (``work`` more samples planned now; ``None``: use numpy).
 
-    ``FITBATCH_JIT=1`` loads it at the first call, ``FITBATCH_JIT=0`` never; numba already
-    imported by the program also loads it at once.
+    Past ``LOAD_AT`` samples planned in this process it starts loading in the background; a
+    call of ``WAIT_AT`` samples or more (or ``wait``) waits for it. ``FITBATCH_JIT=1`` loads it
+    at the first call, ``FITBATCH_JIT=0`` never; numba already imported by the program (not by
+    the background load) also loads it at once.
     """
     global _work
     mode = _mode()
     if mode == "off":
         return None
-    if _module is not None or _tried:
+    if _tried:
         return _module
     _work += work
-    if mode == "always" or _work >= LOAD_AT or "numba" in sys.modules:
+    if mode == "always" or (_thread is None and "numba" in sys.modules):
         return _load()
+    if wait or work >= WAIT_AT:
+        return _load()
+    if _work >= LOAD_AT:
+        global _wanted
+        if _planning:
+            _wanted = True
+        else:
+            _load_in_background()
     return None
 
 
@@ -196,7 +268,7 @@ def first_fit_in_place(
     Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
     samples on, not only after ``LOAD_AT``.
     """
-    module = _kernels(LOAD_AT if sizes.shape[0] >= FIRST_FIT_AT else sizes.shape[0])
+    module = _kernels(sizes.shape[0], wait=sizes.shape[0] >= FIRST_FIT_AT)
     if module is None:
         return None
     n = sizes.shape[0]
