@@ -45,7 +45,16 @@ def test_counting_argsort_refuses_keys_past_the_top():
 )
 def test_histogram_first_fit_is_the_per_sample_first_fit(n, top, budget, half, cap, seed):
     """Same batches, in the same order, each with its positions in the same order, for any
-    descending whole sizes (zeros, samples over the budget, a count cap)."""
+    descending whole sizes (zeros, samples over the budget, a count cap), placed a few parts at
+    a time."""
+    H.PLACE_CHUNK, chunk = 1 + seed % 50, H.PLACE_CHUNK
+    try:
+        _check_histogram_first_fit(n, top, budget, half, cap, seed)
+    finally:
+        H.PLACE_CHUNK = chunk
+
+
+def _check_histogram_first_fit(n, top, budget, half, cap, seed):
     rng = np.random.default_rng(seed)
     laid = np.sort(rng.integers(0, top, n))[::-1].copy()
     b = budget + (0.5 if half else 0.0)

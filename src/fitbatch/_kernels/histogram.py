@@ -21,6 +21,7 @@ number of distinct sizes and groups (hundreds) rather than on the samples (milli
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +45,9 @@ def pays(n: int, distinct: int) -> bool:
     return n >= SAMPLES_PER_SIZE * max(distinct, 1)
 
 
+Parts = tuple[IntArray, IntArray, IntArray, IntArray]  # per run of samples: first batch, batches, each, before
+
+
 def histogram_first_fit(laid: NDArray[np.integer], budget: float, cap: int | None = None) -> tuple[IntArray, IntArray]:
     """First-fit decreasing over ``laid``, non-negative whole sizes in descending order.
 
@@ -54,8 +58,20 @@ def histogram_first_fit(laid: NDArray[np.integer], budget: float, cap: int | Non
     exact in float64 (whole sizes below ``2**16``, a budget below ``2**52``).
     """
     n = int(laid.shape[0])
+    parts, starts = histogram_plan(laid, budget, cap)
+    dest = np.empty(n, dtype=np.int64)
+    for a, b, d in placements(parts, starts, n):
+        dest[a:b] = d
+    return dest, starts
+
+
+def histogram_plan(laid: NDArray[np.integer], budget: float, cap: int | None = None) -> tuple[Parts, IntArray]:
+    """:func:`histogram_first_fit`'s batches as runs of samples (for :func:`placements`) and
+    the batch starts."""
+    n = int(laid.shape[0])
     if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        empty = np.zeros(0, np.int64)
+        return (empty, empty, empty, empty), empty
     limit = n if cap is None else max(1, min(int(cap), n))
     values, firsts = _runs(laid)
     counts = np.diff(np.append(firsts, n))
@@ -66,7 +82,7 @@ def histogram_first_fit(laid: NDArray[np.integer], budget: float, cap: int | Non
     g_count = np.zeros(0, np.int64)
     opened = 0
     # where each run of samples goes: first batch, batches, samples per batch, samples before
-    parts: list[tuple[IntArray, IntArray, IntArray, IntArray]] = []
+    parts: list[Parts] = []
     smallest = float(values[-1])
     budget = float(budget)
     # Invariant: the groups hold every batch opened so far, in opening order, each with its room
@@ -112,7 +128,7 @@ def histogram_first_fit(laid: NDArray[np.integer], budget: float, cap: int | Non
             _close(g_first, g_size, g_count, ~alive, parts)
             g_first, g_size, g_room, g_count = g_first[alive], g_size[alive], g_room[alive], g_count[alive]
     _close(g_first, g_size, g_count, np.ones(g_size.size, bool), parts)
-    return _destinations(parts, opened, n)
+    return _runs_and_starts(parts, opened)
 
 
 def _runs(laid: NDArray[np.integer]) -> tuple[IntArray, IntArray]:
@@ -134,7 +150,7 @@ def _fits(room: NDArray[np.float64], count: IntArray, v: float, limit: int) -> I
 
 def _split(
     g_first: IntArray, g_size: IntArray, g_room: NDArray[np.float64], g_count: IntArray,
-    j: int, full: int, rest: int, each: int, v: float, parts: list[tuple[IntArray, IntArray, IntArray, IntArray]],
+    j: int, full: int, rest: int, each: int, v: float, parts: list[Parts],
 ) -> tuple[IntArray, IntArray, NDArray[np.float64], IntArray]:
     """Group ``j`` after its first ``full`` batches took ``each`` and the next ``rest``: up to
     three groups in its place (the takers recorded in ``parts``)."""
@@ -157,40 +173,62 @@ def _split(
 
 def _close(
     g_first: IntArray, g_size: IntArray, g_count: IntArray, which: NDArray[np.bool_],
-    parts: list[tuple[IntArray, IntArray, IntArray, IntArray]],
+    parts: list[Parts],
 ) -> None:
     """Record the final counts of the groups ``which`` (a part of no samples that carries them)."""
     parts.append((g_first[which], g_size[which], np.zeros(int(which.sum()), np.int64), g_count[which]))
 
 
-def _destinations(parts: list[tuple[IntArray, IntArray, IntArray, IntArray]], batches: int, n: int) -> tuple[IntArray, IntArray]:
-    """Each sample's place in batch order from the parts (in sample order) and the batch starts."""
+def _runs_and_starts(parts: list[Parts], batches: int) -> tuple[Parts, IntArray]:
+    """The parts that place samples (in sample order) and the batch starts (from the closing
+    parts, which carry every batch's final count)."""
     first = np.concatenate([p[0] for p in parts])
     size = np.concatenate([p[1] for p in parts])
     each = np.concatenate([p[2] for p in parts])
     before = np.concatenate([p[3] for p in parts])
-    # the final count of every batch: the closing parts (each == 0) carry it, one per group
     closing = each == 0
     per_batch = np.zeros(batches, np.int64)
     per_batch[_expand(first[closing], size[closing])] = np.repeat(before[closing], size[closing])
     starts = np.zeros(batches, np.int64)
     np.cumsum(per_batch[:-1], out=starts[1:])
-    first, size, each, before = first[~closing], size[~closing], each[~closing], before[~closing]
-    # one run per batch of a part: ``each`` samples into batch b after the ``before`` placed there
+    return (first[~closing], size[~closing], each[~closing], before[~closing]), starts
+
+
+#: samples :func:`placements` places at a time (whole parts): its buffers stay this small
+PLACE_CHUNK = 1 << 20
+
+
+def placements(parts: Parts, starts: IntArray, n: int) -> Iterator[tuple[int, int, IntArray]]:
+    """``(a, b, dest)``: where the samples ``a .. b - 1`` (in the descending order planned) go
+    in batch order, whole parts of about :data:`PLACE_CHUNK` samples at a time."""
+    first, size, each, before = parts
+    load = size * each
+    ends = np.cumsum(load)
+    p, a = 0, 0
+    while p < load.size:
+        q = max(p + 1, int(np.searchsorted(ends, a + PLACE_CHUNK, side="right")))
+        b = int(ends[q - 1])
+        yield a, b, _place(first[p:q], size[p:q], each[p:q], before[p:q], starts, a, b)
+        p, a = q, b
+
+
+def _place(first: IntArray, size: IntArray, each: IntArray, before: IntArray, starts: IntArray, a: int, b: int) -> IntArray:
+    """Batch-order places of the samples ``a .. b - 1``, placed by the given parts."""
+    # one run per batch of a part: ``each`` samples into batch k after the ``before`` placed there
     batch = _expand(first, size)
     run_each = np.repeat(each, size)
     base = starts[batch]
     del batch
     base += np.repeat(before, size)
-    # sample s of a run that begins at sample s0 goes to base + (s - s0): s + (base - s0)
+    # sample s of a run that begins at sample s0 (both counted from a) goes to base + (s - s0)
     s0 = np.cumsum(run_each)
     s0 -= run_each
     base -= s0
     del s0
     dest = np.repeat(base, run_each)
     del base, run_each
-    dest += np.arange(n, dtype=np.int64)
-    return dest, starts
+    dest += np.arange(b - a, dtype=np.int64)
+    return dest
 
 
 def _expand(first: IntArray, size: IntArray) -> IntArray:

@@ -318,14 +318,14 @@ def _packed_on_histogram(ctx: Context) -> Result:
     n = len(ctx.sizes)
     laid_keys = np.empty(n, dtype=np.uint16)
     order, _ = _pooled_order(ctx, max(n, 1), laid_keys)
-    dest, starts = histogram.histogram_first_fit(laid_keys, ctx.budget)
+    parts, starts = histogram.histogram_plan(laid_keys, ctx.budget)
+    del laid_keys
     packed = np.empty_like(order)
-    packed[dest] = order
+    # a part at a time: no array of every sample's place beside the two orders
+    for a, b, dest in histogram.placements(parts, starts, n):
+        packed[dest] = order[a:b]
     del order
-    laid = np.empty(n, dtype=np.float64)
-    laid[dest] = laid_keys
-    del dest, laid_keys
-    return Result(packed, starts, _tails(starts, np.zeros(1, np.int64), n), laid=laid)
+    return Result(packed, starts, _tails(starts, np.zeros(1, np.int64), n))
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
