@@ -43,15 +43,18 @@ logger = logging.getLogger(__name__)
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 
-# Samples planned in this process before numba starts loading in the background: importing it
-# and loading the cached machine code takes about a second once (measured 1.14 s for a first
-# 1M-sample sequential plan against 0.24 s in numpy), so no plan below about a million samples
-# pays for it, and the plans after one do not wait for it.
-LOAD_AT = 1 << 20
+# Samples planned in this process before numba starts loading in the background, after the plan
+# that passed it: importing it and loading the cached machine code takes about a second of CPU
+# once (measured 1.14 s for a first 1M-sample sequential plan against 0.24 s in numpy), which
+# no plan waits for; a process that plans a small set every epoch (20k samples: 13 epochs) has
+# the compiled loops from then on (20k samples, CPU time on the shared sets: sequential 7-11 ms
+# in numpy, 2-3 ms compiled; packed with the sum cost 17-31 ms, 3-5 ms; pooled 14-18, 9-13 ms).
+LOAD_AT = 1 << 18
 # ... a plan of this many samples waits for it (its numpy loops take longer than the load)
 WAIT_AT = 1 << 22
 # ... and first-fit packing, about 2 us per sample in Python, waits for it from this many samples
-# (its Python loop there takes about as long as loading numba's cached machine code, ~1 s once)
+# in one call (its Python loop there takes about as long as loading numba's cached machine code,
+# ~1 s once)
 FIRST_FIT_AT = 1 << 18
 
 _module: ModuleType | None = None
