@@ -29,15 +29,17 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.int64]
 
 #: the histogram path pays off when a segment holds at least this many samples per distinct size
-#: (measured on the shared sets: 170-280 us per distinct size against 2.7-5.7 us per sample for
-#: the first fit in Python, about 0.3 us compiled)
-SAMPLES_PER_SIZE = 1024
+#: (measured on the shared sets, CPU time: 170-280 us per distinct size against 2.7-5.7 us per
+#: sample for the first fit in Python and about 0.1 us compiled: functions at 1M, 895 sizes,
+#: 161 ms on the histogram against 88 ms compiled). One rule whether numba is loaded or not: the
+#: path decides the batches of more than a pool of samples.
+SAMPLES_PER_SIZE = 2048
 
 
 def pays(n: int, distinct: int) -> bool:
     """Whether :func:`histogram_first_fit` beats a per-sample first fit on ``n`` samples of
     ``distinct`` sizes (measured: a few vectorised steps per distinct size against about a
-    third of a microsecond per sample compiled, a few in Python).
+    tenth of a microsecond per sample compiled, a few in Python).
 
     >>> pays(16_000_000, 512), pays(20_000, 2_000)
     (True, False)
