@@ -18,7 +18,10 @@ never pay for the import, and a first plan of a million samples neither waits fo
 shares the processor with it (a plan is the same either way). A call of
 ``WAIT_AT`` samples or more, and sum-cost first fit from ``FIRST_FIT_AT`` (a Python loop there),
 wait for it. The first use compiles (a few seconds) and numba caches the machine code next to
-the module, so later processes load it.
+the module, so later processes load it. A plan never depends on when the background load
+finishes: loops whose result could differ from numpy's in the last rounding (running sums of
+fractional sizes) use the compiled form only once it was asked for at a point fixed by the work
+(``WAIT_AT``, ``wait``, ``FITBATCH_JIT=1``, numba imported by the program).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ _tried = False  # the load finished (with or without the module)
 _work = 0
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+_eager = False  # asked for at a point fixed by the work (not by the background thread's timing)
 _planning = 0  # plans under way in this process (the background load starts after them)
 _wanted = False  # LOAD_AT passed while planning: load once the plan is done
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
@@ -175,17 +179,16 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
     at the first call, ``FITBATCH_JIT=0`` never; numba already imported by the program (not by
     the background load) also loads it at once.
     """
-    global _work
+    global _work, _eager
     mode = _mode()
     if mode == "off":
         return None
+    _work += work
+    if mode == "always" or wait or work >= WAIT_AT or (_thread is None and "numba" in sys.modules):
+        _eager = True
+        return _load()
     if _tried:
         return _module
-    _work += work
-    if mode == "always" or (_thread is None and "numba" in sys.modules):
-        return _load()
-    if wait or work >= WAIT_AT:
-        return _load()
     if _work >= LOAD_AT:
         global _wanted
         if _planning:
@@ -193,6 +196,15 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
         else:
             _load_in_background()
     return None
+
+
+def _exact(module: ModuleType | None, sizes: FloatArray, sums: bool) -> ModuleType | None:
+    """``module`` for a loop whose result may differ from numpy's in the last rounding (running
+    sums of fractional sizes: ``sums`` and sizes not all whole) only when it was asked for at a
+    point fixed by the work: a plan does not depend on when the background load finished."""
+    if module is None or _eager or not sums:
+        return module
+    return module if sizes.ndim == 1 and module.all_integral(np.ascontiguousarray(sizes, dtype=np.float64)) else None
 
 
 def _cost_params(cost: CostModel) -> tuple[int, FloatArray] | None:
@@ -222,6 +234,7 @@ def greedy(
         return _greedy_rows(sizes, budget, cost, cap, force, count, max_size, sum_size)
     params = _cost_params(cost)
     module = _kernels(sizes.shape[0]) if params is not None else None
+    module = _exact(module, sizes, type(cost) is not PaddedCost)
     if module is None or params is None:
         return None
     values = np.ascontiguousarray(sizes, dtype=np.float64)
@@ -239,6 +252,9 @@ def _greedy_rows(
     """:func:`greedy` over ``(n, D)`` rows for :class:`Limits` of built-in column costs."""
     columns = [_cost_params(c) for c in cost.costs] if type(cost) is Limits else [None]
     module = _kernels(sizes.shape[0]) if None not in columns else None
+    if module is not None and not _eager and not all(type(c) is PaddedCost for c in getattr(cost, "costs", ())):
+        whole = bool(np.all(sizes == np.floor(sizes)))
+        module = module if whole else None
     if module is None or type(cost) is not Limits:
         return None
     kinds = np.array([c[0] for c in columns if c is not None], dtype=np.int64)
@@ -254,7 +270,7 @@ def _greedy_rows(
 
 def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray | None:
     """:func:`fitbatch._kernels.batches.sum_starts` compiled, or ``None`` when not compiled."""
-    module = _kernels(sizes.shape[0])
+    module = _exact(_kernels(sizes.shape[0]), sizes, True)
     if module is None:
         return None
     result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
@@ -340,7 +356,7 @@ def run_totals(
     """Running (items, real units, padded units, batches over budget) after each batch
     ``sizes[cuts[b]:cuts[b + 1]]`` added to ``base`` (a stream's totals), or ``None``."""
     params = _cost_params(cost)
-    module = _kernels(0) if params is not None and sizes.ndim == 1 else None
+    module = _exact(_kernels(0), sizes, True) if params is not None and sizes.ndim == 1 else None
     if module is None or params is None:
         return None
     _, e0, r0, p0, o0 = base
