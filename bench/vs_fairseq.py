@@ -9,6 +9,7 @@ from a fairseq checkout:
     python bench/vs_fairseq.py --n 10000000 --repeat 3    # with fairseq installed
     python bench/vs_fairseq.py --fairseq-built DIR --n 20000 1000000 --repeat 5   # DIR: an earlier build
     python bench/vs_fairseq.py --fairseq-built DIR --first-call --n 1000000       # fresh process per cell
+    python bench/vs_fairseq.py --memory --n 10000000                               # peak bytes per sample
     FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30  # small sets, numpy
     FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30 --epochs 20
 
@@ -132,8 +133,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sets", nargs="+", default=list(SETS), help=f"of {', '.join(SETS)}")
     p.add_argument("--first-call", action="store_true",
                    help="instead: a fresh process per cell, import + first plan + batches (wall and CPU seconds)")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: tracemalloc peak of plan_batches per sample, a fresh process per cell (numba loaded first)")
     args = p.parse_args(argv)
     CLOCK[0] = args.clock
+    if args.memory:
+        for n in args.n:
+            peaks(n, args.budget, args.sets)
+        return
     logging.basicConfig(level=logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
         if args.first_call:
@@ -169,6 +176,42 @@ else:
     batches = list(fitbatch.plan_batches(sizes, {budget}, **options))
 print(time.perf_counter() - wall, time.process_time() - cpu, "numba" in sys.modules)
 """
+
+
+MEMORY = """
+import gc, sys, tracemalloc
+import numpy as np
+import fitbatch
+from fitbatch._kernels import jit
+jit.enabled()  # numba's import is once per process, not per sample
+sizes = np.load({path!r})
+cell = {cell!r}
+options = dict(cost="sum", strategy="packed") if cell == "packed, sum cost" else dict(strategy=cell)
+gc.collect()
+tracemalloc.start()
+base = tracemalloc.get_traced_memory()[0]
+plan = fitbatch.plan_batches(sizes, {budget}, **options)
+print((tracemalloc.get_traced_memory()[1] - base) / sizes.size, len(plan))
+"""
+
+
+def peaks(n: int, budget: int, sets: list[str]) -> None:
+    """Peak bytes per sample of ``plan_batches`` (an int64 input: its float64 conversion counts)."""
+    cells = [*STRATEGIES, "packed, sum cost"]
+    print(f"\nPeak memory of plan_batches, {n:,} samples, budget {budget}, bytes per sample (tracemalloc, "
+          "a fresh process per cell, numba loaded first, int64 input)\n")
+    print("| set | " + " | ".join(cells) + " |")
+    print("|---|" + "---:|" * len(cells))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sets:
+            path = str(Path(tmp) / f"{name}.npy")
+            np.save(path, sizes_of(name, n, budget))
+            row = []
+            for c in cells:
+                code = MEMORY.format(path=path, cell=c, budget=budget)
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                row.append(f"{float(out.stdout.split()[0]):.1f}")
+            print(f"| {name.removeprefix('cpython_stdlib_')} | " + " | ".join(row) + " |")
 
 
 def first_calls(built: str | None, n: int, budget: int, repeat: int, sets: list[str]) -> None:
