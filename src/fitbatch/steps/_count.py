@@ -9,17 +9,24 @@ never goes back to the collective.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from fitbatch.costs import CostModel
 from fitbatch.steps._pack import Bins, IntArray, Units, pack
 
-if TYPE_CHECKING:
-    from fitbatch.steps._partition import _Plan
+
+class Caps(Protocol):
+    """What the count needs of a step's plan: the cap, its cost model, the count's multiple and floor."""
+
+    budget: float
+    model: CostModel
+    step: int
+    floor: int
 
 
-def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: _Plan,
+def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: Caps,
            agree: Callable[[int], int] | None, width: int = 1) -> tuple[int, Bins]:
     """The micro-batch count and every row's bins (``width`` bins a micro-step per row).
 
