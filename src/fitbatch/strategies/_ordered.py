@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import sorting as SK
+from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels.packing import first_fit_laid
 from fitbatch._validate import fraction, positive_int
 from fitbatch.strategies import _lattice
@@ -261,6 +262,11 @@ class Packed(_Pools):
     def plan(self, ctx: Context) -> Result:
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        if _on_histogram(ctx):
+            budget = int(math.floor(ctx.budget))
+            rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+            order, starts = PD.histogram_pack(ctx.sizes.values.astype(np.int64), budget, ctx.cap, rng)
+            return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
@@ -290,6 +296,20 @@ class Packed(_Pools):
             return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid)
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
+
+
+HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight below this
+
+
+def _on_histogram(ctx: Context) -> bool:
+    """Whether ``packed`` plans on the length histogram (:mod:`fitbatch._kernels.packing_depth`):
+    whole-number sizes within a whole budget of at most 4096, and a cap on samples per batch
+    (first-fit fills a capped batch with the first samples that fit, not the ones that fill it)
+    or at least :data:`HISTOGRAM_MIN_SAMPLES` samples."""
+    values = ctx.sizes.values
+    if ctx.cap is None and values.shape[0] < HISTOGRAM_MIN_SAMPLES:
+        return False
+    return PD.applies(values, math.floor(ctx.budget), ctx.sizes.integral)
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:

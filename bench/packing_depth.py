@@ -1,0 +1,58 @@
+"""Depth-limited packing on Krell et al.'s Wikipedia-512 histogram, beside the authors' figures.
+
+Run from the repository root (about a minute; 16 M lengths are expanded once):
+
+    python bench/packing_depth.py
+    python bench/packing_depth.py --caps 3 12      # some caps only
+
+The histogram (``bench/_wiki512.py``: 16,279,552 sequences of at most 512 tokens, source and
+licence there) is expanded to one length per sequence, shuffled (seed 0), and planned with
+``plan_batches(lengths, 512, cost="sum", strategy="packed", max_batch_size=k)``. Printed per cap:
+the packs, the packs over the bound ceil(tokens / 512), the packs the authors report at that
+depth where they report one, the plan time, and the packs of the same plan on the histogram
+alone (``best_patterns``: no indices) with its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _wiki512 as wiki  # noqa: E402
+
+import fitbatch  # noqa: E402
+from fitbatch._kernels.packing_depth import best_patterns  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--caps", type=int, nargs="*", default=[0, 16, 12, 8, 3, 2], help="0 = no cap")
+    args = p.parse_args(argv)
+    bound = -(-wiki.tokens() // wiki.MAX_LENGTH)
+    lengths = wiki.lengths(seed=0)
+    counts = np.concatenate([[0], wiki.COUNTS])
+    print(f"Wikipedia-512: {lengths.size:,} sequences, bound ceil(tokens / 512) = {bound:,} packs\n")
+    print("| most per pack | packs | vs bound | authors' best at that depth | plan s (indices) | histogram only s |")
+    print("|---:|---:|---:|---|---:|---:|")
+    for cap in args.caps:
+        k = cap or None
+        t0 = time.perf_counter()
+        plan = fitbatch.plan_batches(lengths, 512, cost="sum", strategy="packed", max_batch_size=k)
+        seconds = time.perf_counter() - t0
+        assert plan.stats().max_fill <= 1.0
+        t0 = time.perf_counter()
+        packs = sum(t for t, _ in best_patterns(counts, 512, k))
+        hist_s = time.perf_counter() - t0
+        name, theirs = wiki.PUBLISHED.get(cap, ("", 0))
+        ref = f"{name} {theirs:,} ({theirs / bound:.5f}x)" if theirs else "–"
+        print(f"| {cap or 'no cap'} | {len(plan):,} | {len(plan) / bound:.6f} | {ref} | {seconds:.2f} | {hist_s:.2f} |", flush=True)
+        assert packs == len(plan)
+
+
+if __name__ == "__main__":
+    main()
