@@ -27,18 +27,33 @@ import _wiki512 as wiki  # noqa: E402
 
 import fitbatch  # noqa: E402
 from fitbatch._kernels.packing_depth import best_patterns  # noqa: E402
+from fitbatch.strategies import _ordered  # noqa: E402
+
+
+def first_fit(lengths: np.ndarray, cap: int | None) -> tuple[int, float]:
+    """Packs and seconds of the path before the histogram: first-fit decreasing over pools."""
+    keep = _ordered._on_histogram
+    _ordered._on_histogram = lambda ctx: False
+    try:
+        t0 = time.perf_counter()
+        plan = fitbatch.plan_batches(lengths, 512, cost="sum", strategy="packed", max_batch_size=cap)
+        return len(plan), time.perf_counter() - t0
+    finally:
+        _ordered._on_histogram = keep
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--caps", type=int, nargs="*", default=[0, 16, 12, 8, 3, 2], help="0 = no cap")
+    p.add_argument("--first-fit", type=int, nargs="*", default=[0, 3], help="caps also planned by first-fit (0 = no cap)")
     args = p.parse_args(argv)
     bound = -(-wiki.tokens() // wiki.MAX_LENGTH)
     lengths = wiki.lengths(seed=0)
     counts = np.concatenate([[0], wiki.COUNTS])
     print(f"Wikipedia-512: {lengths.size:,} sequences, bound ceil(tokens / 512) = {bound:,} packs\n")
-    print("| most per pack | packs | vs bound | authors' best at that depth | plan s (indices) | histogram only s |")
-    print("|---:|---:|---:|---|---:|---:|")
+    print("| most per pack | packs | vs bound | authors' best at that depth | plan s (indices) | histogram only s "
+          "| first-fit pools (before): packs / s |")
+    print("|---:|---:|---:|---|---:|---:|---|")
     for cap in args.caps:
         k = cap or None
         t0 = time.perf_counter()
@@ -50,8 +65,13 @@ def main(argv: list[str] | None = None) -> None:
         hist_s = time.perf_counter() - t0
         name, theirs = wiki.PUBLISHED.get(cap, ("", 0))
         ref = f"{name} {theirs:,} ({theirs / bound:.5f}x)" if theirs else "–"
-        print(f"| {cap or 'no cap'} | {len(plan):,} | {len(plan) / bound:.6f} | {ref} | {seconds:.2f} | {hist_s:.2f} |", flush=True)
         assert packs == len(plan)
+        del plan
+        before = "–"
+        if cap in args.first_fit:
+            ff, ff_s = first_fit(lengths, k)
+            before = f"{ff:,} ({ff / bound:.5f}x) / {ff_s:.2f}"
+        print(f"| {cap or 'no cap'} | {packs:,} | {packs / bound:.6f} | {ref} | {seconds:.2f} | {hist_s:.2f} | {before} |", flush=True)
 
 
 if __name__ == "__main__":

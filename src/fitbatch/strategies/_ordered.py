@@ -12,8 +12,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
-from fitbatch._kernels import sorting as SK
 from fitbatch._kernels import packing_depth as PD
+from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
 from fitbatch._validate import fraction, positive_int
 from fitbatch.strategies import _lattice
