@@ -80,3 +80,19 @@ def test_histogram_applies_only_to_whole_sizes_within_a_small_budget(sizes):
     integral = bool(np.all(sizes == np.round(sizes)))
     assert PD.applies(sizes, 512.0, integral) == (integral and sizes.max() <= 512)
     assert not PD.applies(sizes, 10_000.0, integral)
+
+
+def test_without_a_cap_the_histogram_is_kept_only_near_the_bound():
+    rng = np.random.default_rng(1)
+    # many lengths that pair up exactly (the histogram fills every batch): kept
+    tight = rng.permutation(np.repeat([100.0, 412.0, 256.0, 56.0, 200.0], [30_000, 30_000, 6_000, 2_000, 2_000]))
+    plan = fitbatch.plan_batches(tight, 512, cost="sum", strategy="packed")
+    counts = np.bincount(tight.astype(np.int64), minlength=513)
+    patterns = PD.best_patterns(counts, 512, None)
+    assert PD.near_bound(patterns, counts, 512) and len(plan) == sum(t for t, _ in patterns)
+    check_plan(plan, tight, 512, fitbatch.SumCost())
+    # a set the histogram rule leaves loose is planned by first-fit, as before
+    loose = rng.choice([300.0, 301.0, 302.0], 70_000)
+    counts = np.bincount(loose.astype(np.int64), minlength=513)
+    assert not PD.near_bound(PD.best_patterns(counts, 512, None), counts, 512)
+    check_plan(fitbatch.plan_batches(loose, 512, cost="sum", strategy="packed"), loose, 512, fitbatch.SumCost())

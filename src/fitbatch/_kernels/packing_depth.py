@@ -1,7 +1,7 @@
 """Packing on the length histogram: whole-number sizes, a small budget, and a cap on samples per
 batch (``max_batch_size``), the ``packed`` strategy's path for token counts.
 
-When sizes are whole numbers up to a budget of a few thousand, millions of samples share a few
+When sizes are whole numbers up to a budget of about a thousand, millions of samples share a few
 hundred lengths: the packing is decided on the counts per length (patterns of lengths, each
 taken as many times as the counts allow), and indices are handed out once at the end.
 
@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels.batches import IntArray
 
-MAX_BUDGET = 4096  # above this a histogram has too many lengths for per-length convolutions
+MAX_BUDGET = 1024  # above this a histogram has too many lengths for per-length convolutions
+NEAR_BOUND = 2e-4  # without a cap, the patterns are kept within this of ceil(tokens / budget)
 RULES = ("large", "small")
 
 Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, longest first)
@@ -165,6 +166,18 @@ def best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Patter
     return best or []
 
 
+def near_bound(patterns: list[Pattern], counts: IntArray, budget: int) -> bool:
+    """Whether ``patterns`` use at most :data:`NEAR_BOUND` more batches than ceil(tokens / budget)
+    (first-fit decreasing is kept otherwise: on wide length sets it packs tighter).
+
+    >>> near_bound([(2, (5, 5))], np.array([0, 0, 0, 0, 0, 4]), 10)
+    True
+    """
+    tokens = int(np.dot(np.asarray(counts, dtype=np.int64), np.arange(len(counts), dtype=np.int64)))
+    bound = -(-tokens // budget)
+    return sum(t for t, _ in patterns) <= bound + max(1.0, NEAR_BOUND * bound)
+
+
 def histogram_pack(
     lengths: IntArray, budget: int, cap: int | None, rng: np.random.Generator | None = None
 ) -> tuple[IntArray, IntArray]:
@@ -178,12 +191,20 @@ def histogram_pack(
     [[0, 3], [1, 4], [2, 5]]
     """
     lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.bincount(lengths, minlength=budget + 1)
+    return assign(lengths, budget, best_patterns(counts, budget, cap), rng)
+
+
+def assign(
+    lengths: IntArray, budget: int, patterns: list[Pattern], rng: np.random.Generator | None = None
+) -> tuple[IntArray, IntArray]:
+    """The positions of ``lengths`` laid out as ``patterns`` (which must take every sample once):
+    ``(order, starts)`` as :func:`histogram_pack` returns them."""
     n = lengths.size
     counts = np.bincount(lengths, minlength=budget + 1)
-    patterns = best_patterns(counts, budget, cap)
     # the positions of each length, in a drawn order (a stable sort of 16-bit keys is a radix sort)
     perm = rng.permutation(n) if rng is not None else np.arange(n, dtype=np.int64)
-    by_length = perm[np.argsort(lengths[perm].astype(np.uint16 if budget < 1 << 16 else np.int64), kind="stable")]
+    by_length = perm[np.argsort(lengths[perm].astype(np.uint16), kind="stable")]
     first = np.zeros(budget + 2, dtype=np.int64)
     np.cumsum(counts, out=first[1:])
     taken = first[:-1].copy()  # the next position of each length to hand out

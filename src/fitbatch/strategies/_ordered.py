@@ -264,9 +264,13 @@ class Packed(_Pools):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
         if _on_histogram(ctx):
             budget = int(math.floor(ctx.budget))
-            rng = ctx.rng("packed-histogram") if ctx.shuffle else None
-            order, starts = PD.histogram_pack(ctx.sizes.values.astype(np.int64), budget, ctx.cap, rng)
-            return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
+            lengths = ctx.sizes.values.astype(np.int64)
+            counts = np.bincount(lengths, minlength=budget + 1)
+            patterns = PD.best_patterns(counts, budget, ctx.cap)
+            if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
+                rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+                order, starts = PD.assign(lengths, budget, patterns, rng)
+                return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
@@ -302,10 +306,11 @@ HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight be
 
 
 def _on_histogram(ctx: Context) -> bool:
-    """Whether ``packed`` plans on the length histogram (:mod:`fitbatch._kernels.packing_depth`):
-    whole-number sizes within a whole budget of at most 4096, and a cap on samples per batch
+    """Whether ``packed`` tries the length histogram (:mod:`fitbatch._kernels.packing_depth`):
+    whole-number sizes within a whole budget of at most 1024, and a cap on samples per batch
     (first-fit fills a capped batch with the first samples that fit, not the ones that fill it)
-    or at least :data:`HISTOGRAM_MIN_SAMPLES` samples."""
+    or at least :data:`HISTOGRAM_MIN_SAMPLES` samples (then the histogram's batches are kept only
+    within 0.02 % of ceil(tokens / budget): first-fit packs wide length sets tighter)."""
     values = ctx.sizes.values
     if ctx.cap is None and values.shape[0] < HISTOGRAM_MIN_SAMPLES:
         return False
