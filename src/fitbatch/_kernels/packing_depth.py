@@ -19,10 +19,13 @@ stays reachable with one sample fewer. Two rules choose that length:
 
 The same pattern is then taken as many times as the counts allow (every repetition would make
 the same choice), so the loop runs once per change of the lengths available, not per batch.
-Both rules run, under the cap and under a cap of 3, and the plan with fewest batches is kept. On the Wikipedia
-histogram of Krell et al. (2021; 16,279,552 sequences, budget 512) this gives 8,135,974 batches
-without a cap (1.0002x ceil(tokens / 512)), 8,141,560 at 12 per batch and 8,173,352 at 3
-(``bench/packing_depth.py``).
+Both rules run, under the cap and under a cap of 3; the best is run again up to three times with
+priority (as fillers) to the lengths that ended in loose batches the time before, since a greedy
+that spends the short samples on the longest ones leaves middle lengths no three of which fill
+a batch. The plan with fewest batches is kept. On the Wikipedia histogram of Krell et al.
+(2021; 16,279,552 sequences, budget 512) this gives 8,135,757 batches without a cap (1.00017x
+ceil(tokens / 512)), 8,135,743 at 12 per batch and 8,150,461 at 3 (the authors' LPFHP at 12:
+8,149,619; NNLSHP at 3: 8,155,057; ``bench/packing_depth.py``).
 
 >>> import numpy as np
 >>> order, starts = histogram_pack(np.array([5, 3, 2, 5, 4, 1]), 10, None)
@@ -35,10 +38,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from fitbatch._kernels.batches import IntArray
+from fitbatch._kernels.batches import FloatArray, IntArray
 
 MAX_BUDGET = 1024  # above this a histogram has too many lengths for per-length convolutions
 NEAR_BOUND = 2e-4  # without a cap, the patterns are kept within this of ceil(tokens / budget)
+REWEIGHTS = 3  # passes that give the lengths left in loose batches priority as fillers
 RULES = ("large", "small")
 
 Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, longest first)
@@ -73,9 +77,10 @@ def _reach(counts: IntArray, room: int, depth: int) -> list[NDArray[np.bool_]]:
     return out
 
 
-def _fill(counts: IntArray, room: int, depth: int, rule: str) -> list[int]:
+def _fill(counts: IntArray, room: int, depth: int, rule: str, prio: FloatArray | None = None) -> list[int]:
     """Lengths of at most ``depth`` samples (from ``counts``) with the largest total at or under
-    ``room`` that ``rule`` can lay out, one length at a time."""
+    ``room`` that ``rule`` can lay out, one length at a time; lengths of higher ``prio`` first
+    (the last two of a batch by the sum of theirs), then by ``rule``."""
     if room <= 0 or depth <= 0:
         return []
     depth = min(depth, room)
@@ -87,8 +92,18 @@ def _fill(counts: IntArray, room: int, depth: int, rule: str) -> list[int]:
         # the lengths that leave a rest reachable with d - 1 samples, in the rule's order
         ahead = reach[min(d - 1, last)]
         xs = np.arange(1, rest + 1)
-        ok = (np.flatnonzero((left[1 : rest + 1] > 0) & ahead[rest - xs]) + 1).tolist()
-        return ok[::-1] if rule == "large" else ok
+        ok = np.flatnonzero((left[1 : rest + 1] > 0) & ahead[rest - xs]) + 1
+        if rule == "large":
+            ok = ok[::-1]
+        if prio is not None and ok.size > 1:
+            # by priority, but a length that fills the rest alone keeps the rule's place
+            # (first for "large", last for "small")
+            alone = ok == rest
+            more = ok[~alone]
+            score = prio[more] + (prio[rest - more] if d == 2 else 0.0)
+            more = more[np.argsort(-score, kind="stable")]
+            ok = np.concatenate([ok[alone], more] if rule == "large" else [more, ok[alone]])
+        return ok.tolist()
 
     def lay(total: int) -> list[int] | None:
         # depth-first, without recursion: reach ignores how many samples a length has, so a
@@ -124,8 +139,11 @@ def _fill(counts: IntArray, room: int, depth: int, rule: str) -> list[int]:
     return []
 
 
-def histogram_patterns(counts: IntArray, budget: int, cap: int | None, rule: str) -> list[Pattern]:
-    """The batches of ``counts`` (samples per length, index = length) as patterns, by ``rule``.
+def histogram_patterns(
+    counts: IntArray, budget: int, cap: int | None, rule: str, prio: FloatArray | None = None
+) -> list[Pattern]:
+    """The batches of ``counts`` (samples per length, index = length) as patterns, by ``rule``
+    (and ``prio``: see :func:`_fill`).
 
     >>> histogram_patterns(np.array([0, 2, 1, 0, 1]), 5, None, "large")
     [(1, (4, 1)), (1, (2, 1))]
@@ -140,7 +158,7 @@ def histogram_patterns(counts: IntArray, budget: int, cap: int | None, rule: str
         if top == 0:
             return out
         c[top] -= 1
-        items = [top, *_fill(c, budget - top, depth, rule)]
+        items = [top, *_fill(c, budget - top, depth, rule, prio)]
         c[top] += 1
         lengths, per = np.unique(np.asarray(items, dtype=np.int64), return_counts=True)
         times = int(np.min(c[lengths] // per))
@@ -148,26 +166,55 @@ def histogram_patterns(counts: IntArray, budget: int, cap: int | None, rule: str
         out.append((times, tuple(sorted(items, reverse=True))))
 
 
+def _batches(patterns: list[Pattern]) -> int:
+    return sum(t for t, _ in patterns)
+
+
+def _left_loose(patterns: list[Pattern], counts: IntArray, budget: int) -> FloatArray:
+    """Per length, the share of its samples that ended in batches more than 1/64 of the budget
+    short of full (the lengths the greedy could not place well)."""
+    loose = np.zeros(len(counts), dtype=np.float64)
+    for times, items in patterns:
+        if budget - sum(items) > budget / 64:
+            np.add.at(loose, list(items), float(times))
+    loose[0] = 0.0
+    return loose / np.maximum(np.asarray(counts, dtype=np.float64), 1.0)
+
+
 def best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Pattern]:
     """:func:`histogram_patterns` by every rule, under ``cap`` and under a cap of 3 (a plan of at
     most 3 per batch obeys any larger cap, and the ``"small"`` rule spends short samples fastest
-    when it may take many); the fewest batches (the first tried on ties).
+    when it may take many); then the best of these again, :data:`REWEIGHTS` times, with
+    priority to the lengths that ended in loose batches (they are used as fillers earlier). The
+    fewest batches of all (the first tried on ties).
 
-    >>> sum(t for t, _ in best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3))
+    >>> _batches(best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3))
     3
     """
-    best: list[Pattern] | None = None
+    best: tuple[list[Pattern], int | None, str] | None = None
     caps = [cap] if cap is not None and cap <= 3 else [cap, 3]
     for limit in caps:
         for rule in RULES:
             got = histogram_patterns(counts, budget, limit, rule)
-            if best is None or sum(t for t, _ in got) < sum(t for t, _ in best):
-                best = got
-    return best or []
+            if best is None or _batches(got) < _batches(best[0]):
+                best = (got, limit, rule)
+    if best is None:
+        return []
+    patterns, limit, rule = best
+    prio = np.zeros(len(counts), dtype=np.float64)
+    last = patterns
+    for _ in range(REWEIGHTS):
+        if _batches(patterns) == 0 or near_bound(patterns, counts, budget, 0.0):
+            break
+        prio += _left_loose(last, counts, budget)
+        last = histogram_patterns(counts, budget, limit, rule, prio)
+        if _batches(last) < _batches(patterns):
+            patterns = last
+    return patterns
 
 
-def near_bound(patterns: list[Pattern], counts: IntArray, budget: int) -> bool:
-    """Whether ``patterns`` use at most :data:`NEAR_BOUND` more batches than ceil(tokens / budget)
+def near_bound(patterns: list[Pattern], counts: IntArray, budget: int, slack: float = 2e-4) -> bool:
+    """Whether ``patterns`` use at most ``slack`` (:data:`NEAR_BOUND`) more batches than ceil(tokens / budget)
     (first-fit decreasing is kept otherwise: on wide length sets it packs tighter).
 
     >>> near_bound([(2, (5, 5))], np.array([0, 0, 0, 0, 0, 4]), 10)
@@ -175,7 +222,7 @@ def near_bound(patterns: list[Pattern], counts: IntArray, budget: int) -> bool:
     """
     tokens = int(np.dot(np.asarray(counts, dtype=np.int64), np.arange(len(counts), dtype=np.int64)))
     bound = -(-tokens // budget)
-    return sum(t for t, _ in patterns) <= bound + max(1.0, NEAR_BOUND * bound)
+    return _batches(patterns) <= bound + max(1.0 if slack else 0.0, slack * bound)
 
 
 def histogram_pack(
