@@ -84,14 +84,16 @@ def test_histogram_applies_only_to_whole_sizes_within_a_small_budget(sizes):
 
 def test_without_a_cap_the_histogram_is_kept_only_near_the_bound():
     rng = np.random.default_rng(1)
-    # many lengths that pair up exactly (the histogram fills every batch): kept
-    tight = rng.permutation(np.repeat([100.0, 412.0, 256.0, 56.0, 200.0], [30_000, 30_000, 6_000, 2_000, 2_000]))
+    # 70,000 samples over 80 lengths, in pairs that fill 512 exactly: too few per length for the
+    # histogram first fit, so the patterns are tried, and kept (at the bound)
+    short = rng.integers(1, 41, 35_000)
+    tight = rng.permutation(np.concatenate([short, 512 - short])).astype(np.float64)
     plan = fitbatch.plan_batches(tight, 512, cost="sum", strategy="packed")
     counts = np.bincount(tight.astype(np.int64), minlength=513)
     patterns = PD.best_patterns(counts, 512, None)
     assert PD.near_bound(patterns, counts, 512) and len(plan) == sum(t for t, _ in patterns)
     check_plan(plan, tight, 512, fitbatch.SumCost())
-    # a set the histogram rule leaves loose is planned by first-fit, as before
+    # lengths no pair of which fits: far from ceil(tokens / budget), not kept
     loose = rng.choice([300.0, 301.0, 302.0], 70_000)
     counts = np.bincount(loose.astype(np.int64), minlength=513)
     assert not PD.near_bound(PD.best_patterns(counts, 512, None), counts, 512)

@@ -89,7 +89,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             ranks with different memory budgets of their own (step counts stay equal).
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel``).
         strategy: grouping strategy (``"pooled"`` default; see :mod:`fitbatch.strategies`).
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank in it; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
         window: ``"auto"`` (default): above :data:`fitbatch.epoch._windows.AUTO_ABOVE` samples (2**25),
@@ -165,7 +166,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if window not in ("auto", None):
             raise TypeError(f"window={window!r} plans in windows, which {type(self).__name__} does not; use fitbatch.sampler.WindowedBatchSampler")
         self._sizes = as_sizes(sizes, n)
-        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes), self._sizes.values)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._budgets: tuple[float, ...] | None = None
         if isinstance(budget, Sequence) and not isinstance(budget, str):

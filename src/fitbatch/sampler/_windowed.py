@@ -47,7 +47,7 @@ from fitbatch._state import (
     integer,
     mapping,
 )
-from fitbatch._validate import choice, positive_int
+from fitbatch._validate import choice, positive_int, state_mapping
 from fitbatch.costs import CostModel
 from fitbatch.epoch import _windows as W
 from fitbatch.epoch._arrange import POLICIES
@@ -91,8 +91,13 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
     Args:
         sizes: a :class:`~fitbatch.SizeIndex` (read through its memory map, a window at a time)
             or anything :func:`fitbatch.as_sizes` takes (validated and held once).
-        budget, cost, strategy, num_replicas, rank, policy, n: as for
-            :class:`~fitbatch.BudgetBatchSampler` (one budget for every rank).
+        budget: as for :class:`~fitbatch.BudgetBatchSampler`, one budget for every rank.
+        cost: as for :class:`~fitbatch.BudgetBatchSampler`.
+        strategy: as for :class:`~fitbatch.BudgetBatchSampler`.
+        num_replicas: as for :class:`~fitbatch.BudgetBatchSampler`.
+        rank: as for :class:`~fitbatch.BudgetBatchSampler`.
+        policy: as for :class:`~fitbatch.BudgetBatchSampler`.
+        n: as for :class:`~fitbatch.BudgetBatchSampler`.
         window: samples per window (rounded down to whole blocks); each is planned alone.
             ``None`` (default): :func:`fitbatch.epoch._windows.auto_window`, 2**20 samples, or more
             when a window would hold fewer than two batches per rank (a resume adopts the
@@ -483,7 +488,7 @@ class WindowedBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc
             ValueError: a state of another kind or version, other samples or options, or a
                 window or step outside the epoch.
         """
-        _state.load(self, state)
+        _state.load(self, state_mapping("windowed sampler", state))
 
     def __repr__(self) -> str:
         where = f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch}"
