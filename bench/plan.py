@@ -9,6 +9,7 @@ Run from the repository root:
     python bench/plan.py --frontier --frontier-n 20000 100000 1000000 --plot docs/plan_quality.png
     python bench/plan.py --frontier --synthetic  # also three synthetic sets at N <= 100k
     python bench/plan.py --frontier --synthetic --pairs 5  # the default beside lhotse, 5 epoch pairs
+    python bench/plan.py --frontier --families --synthetic --pairs 3 --kinds integer  # held-out sets (issue #39)
     python bench/plan.py --few-batch     # plan time of few-batch epochs, cheapest vs greedy cuts
 
 It prints markdown tables:
@@ -50,6 +51,7 @@ from _common import (  # noqa: E402
     spearman_position_size,
     synthetic,
 )
+from _families import families, local_real  # noqa: E402
 
 import fitbatch  # noqa: E402
 from fitbatch.plan import (
@@ -216,24 +218,33 @@ def quality_table(n: int, with_lhotse: bool) -> str:
 KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
 
 
-def frontier_sets(ns: list[int], with_synthetic: bool) -> Iterator[tuple[int, str, str, np.ndarray, int]]:
+def frontier_sets(
+    ns: list[int], with_synthetic: bool, with_families: bool = False, kinds: tuple[str, ...] = ("integer", "continuous")
+) -> Iterator[tuple[int, str, str, np.ndarray, int]]:
     """(N, set, "integer" / "continuous", sizes within the budget, sorted batch count) for every
-    row of the frontier tables: the real sets at each N, and the synthetic shapes at N <= 100k."""
+    row of the frontier tables: the real sets at each N, the synthetic shapes at N <= 100k, and
+    with ``with_families`` the held-out families and local real sets of ``_families``."""
     for n in ns:
         bases = {name: resample(load(name), n) for name in SETS}
         if with_synthetic and n <= 100_000:  # only small sets have few-batch epochs
             bases.update(synthetic(n))
+        if with_families:
+            bases.update(families(n))
+            bases.update(local_real(n))
         for name, base in bases.items():
             for continuous in (False, True):
+                if ("continuous" if continuous else "integer") not in kinds:
+                    continue
                 sizes = base + np.random.default_rng(1).random(n) if continuous else base.astype(np.float64)
                 keep = sizes[sizes <= BUDGET]
                 yield n, name, "continuous" if continuous else "integer", keep, optimal_padded_batches(keep, BUDGET)
 
 
-def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False) -> tuple[str, list[tuple]]:
+def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = False, with_families: bool = False,
+                   kinds: tuple[str, ...] = ("integer", "continuous")) -> tuple[str, list[tuple]]:
     """Padding efficiency, repeat rate and batches vs sorted for each randomness= value."""
     rows, points = [], []
-    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic):
+    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic, with_families, kinds):
         for strategy in ("pooled", "buckets"):
             for knob in KNOBS:
                 s = fitbatch.Pooled(randomness=knob) if strategy == "pooled" else fitbatch.Buckets(randomness=knob)
@@ -259,12 +270,13 @@ def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = Fals
     return "\n".join([head, *rows]), points
 
 
-def pairs_table(ns: list[int], pairs: int, with_synthetic: bool) -> str:
+def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: bool = False,
+                kinds: tuple[str, ...] = ("integer", "continuous")) -> str:
     """The default (``pooled``, ``randomness="auto"``) beside lhotse over ``pairs`` consecutive
     epoch pairs (0 -> 1, 1 -> 2, ...): the repeat rate of one pair depends on how far the level
     boundaries moved between those two epochs, so a single pair can flatter either side."""
     rows = []
-    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic):
+    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic, with_families, kinds):
         ours = [fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)]
         theirs = lhotse_plans(keep, pairs + 1)
         if theirs is None:
@@ -277,17 +289,19 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool) -> str:
         (fe, fr, fb), (le, lr, lb) = cells
         wins = int(np.sum(fr <= lr))
         ok = fe >= le and fr.mean() <= lr.mean() and fb <= 1.05
+        ok39 = fe >= le and fr.mean() <= lr.mean() and fb <= lb  # issue #39: no more batches than lhotse's
         rows.append(
             f"| {n:,} | {name} | {kind} | {fe:.3f} / {le:.3f} | "
             f"{fr.min():.3f}-{fr.max():.3f} / {lr.min():.3f}-{lr.max():.3f} | **{fr.mean():.3f}** / {lr.mean():.3f} | "
-            f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} |"
+            f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} | {'yes' if ok39 else 'no'} |"
         )
         print(rows[-1], flush=True, file=sys.stderr)
     head = (
         f"\n### The default beside lhotse over {pairs} epoch pairs (budget {BUDGET:g}, padded cost)\n\n"
         "| N | set | sizes | padding eff (mean) | repeat per pair (min-max) | repeat (mean) | batches vs sorted (most) "
-        "| pairs with repeat <= lhotse's | dominates on the means |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        "| pairs with repeat <= lhotse's | dominates on the means (#18: batches <= 1.05x sorted) "
+        "| dominates on the means (#39: batches <= lhotse's) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     return "\n".join([head, *rows])
 
@@ -370,6 +384,9 @@ def main() -> None:
     parser.add_argument("--frontier-n", type=int, nargs="*", default=[20_000, 100_000])
     parser.add_argument("--plot", default=None, help="save the frontier plot (matplotlib) here")
     parser.add_argument("--synthetic", action="store_true", help="frontier: add three synthetic sets (few-batch epochs)")
+    parser.add_argument("--families", action="store_true",
+                        help="frontier: add the held-out families and local real sets (bench/_families.py)")
+    parser.add_argument("--kinds", nargs="+", default=["integer", "continuous"], choices=["integer", "continuous"])
     parser.add_argument("--few-batch", action="store_true", help="only the plan times of few-batch epochs (10k, 20k)")
     parser.add_argument("--pairs", type=int, default=0, help="frontier: only the default beside lhotse over this many epoch pairs")
     args = parser.parse_args()
@@ -378,10 +395,10 @@ def main() -> None:
         return
     logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
     if args.frontier and args.pairs:
-        print(pairs_table(args.frontier_n, args.pairs, args.synthetic), flush=True)
+        print(pairs_table(args.frontier_n, args.pairs, args.synthetic, args.families, tuple(args.kinds)), flush=True)
         return
     if args.frontier:
-        table, points = frontier_table(args.frontier_n, not args.no_lhotse, args.synthetic)
+        table, points = frontier_table(args.frontier_n, not args.no_lhotse, args.synthetic, args.families, tuple(args.kinds))
         print(table, flush=True)
         if args.plot:
             frontier_plot(points, args.plot)

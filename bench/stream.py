@@ -5,6 +5,7 @@ Run from the repository root:
     python bench/stream.py              # 1M items per real length set (a few minutes)
     python bench/stream.py --n 200000   # quicker
     python bench/stream.py --tails      # only bucket padding on long tails, seeded and not (seconds)
+    python bench/stream.py --tails --families --n 200000  # also the held-out sets (issue #39)
 
 Two kinds of stream, both pre-built lists (building the source is not timed), sizes from the real
 length sets (resampled to ``--n``, items over the budget left out):
@@ -213,27 +214,37 @@ def table(name: str, sizes: np.ndarray, kind: str, repeat: int, lhotse_n: int) -
     return "\n".join(lines)
 
 
-def tails_table(n: int) -> str:
+def tails_table(n: int, with_families: bool = False, seeds: tuple = (False, 1)) -> str:
     """Padding efficiency of ``buckets`` streams, unshuffled and with ``seed=1``, on the real sets
-    and, in addition, synthetic long tails (issue #18: >= 0.95 on long-tailed data)."""
+    and, in addition, synthetic long tails (issue #18: >= 0.95 on long-tailed data); with
+    ``with_families`` also the held-out sets of ``bench/_families.py`` (issue #39). Beside each:
+    the padding efficiency of exact sorting over the whole set (``sorted`` plan), which no stream
+    planner exceeds by more than the greedy cut's slack (an upper bound in practice)."""
     rng = np.random.default_rng(3)
     sets = {name: resample(load(name), n).astype(np.float64) for name in SETS}
     sets["synthetic lognormal(3.0, 1.0) (quotation-like)"] = np.clip(np.round(rng.lognormal(3.0, 1.0, n)), 2, None)
     sets["synthetic lognormal(5.0, 1.5)"] = np.clip(np.round(rng.lognormal(5.0, 1.5, n)), 1, None)
     sets["synthetic Pareto(1.2) x 20"] = np.round(20 * (1 + rng.pareto(1.2, n)))
+    if with_families:
+        from _families import families, local_real
+
+        sets.update(families(n))
+        sets.update(local_real(n))
     rows = []
     for name, sizes in sets.items():
         sizes = sizes[sizes <= BUDGET]
-        for seed in (False, 1):
+        exact = fitbatch.plan_batches(sizes, BUDGET, strategy="sorted").stats().padding_efficiency
+        for seed in seeds:
             stream = batch_stream(range(sizes.size), sizeof=sizes.__getitem__, budget=BUDGET, strategy="buckets", seed=seed)
             real = padded = batches = 0.0
             for batch in stream:
                 got = sizes[np.asarray(batch)]
                 real, padded, batches = real + got.sum(), padded + got.size * got.max(), batches + 1
-            rows.append(f"| {name} | {sizes.size:,} | {seed} | {int(batches):,} | {real / padded:.4f} |")
+            rows.append(f"| {name} | {sizes.size:,} | {seed} | {int(batches):,} | {real / padded:.4f} | {exact:.4f} |")
+            print(rows[-1], file=sys.stderr, flush=True)
     head = (
         f"\n### Bucket streams on long tails (budget {BUDGET:g}, buffer_size {BUFFER:,}, padded cost)\n\n"
-        "| set | items | seed | batches | padding eff |\n|---|---|---|---|---|"
+        "| set | items | seed | batches | padding eff | exact sorting, whole set |\n|---|---|---|---|---|---|"
     )
     return "\n".join([head, *rows])
 
@@ -241,6 +252,7 @@ def tails_table(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1_000_000, help="items per set (resampled)")
+    parser.add_argument("--families", action="store_true", help="--tails: add the held-out sets (bench/_families.py), unseeded only")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--lhotse-n", type=int, default=200_000, help="items given to lhotse (its cuts are slow to build; 0: none)")
     parser.add_argument("--kinds", default="ids,records", help="which streams: ids, records or both")
@@ -248,7 +260,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("fitbatch").setLevel(logging.ERROR)
     if args.tails:
-        print(tails_table(args.n), flush=True)
+        print(tails_table(args.n, args.families, (False,) if args.families else (False, 1)), flush=True)
         return
     numba = "numba " + version("numba") + " (fast extra)" if JIT else "numba not installed"
     print(f"fitbatch {fitbatch.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "

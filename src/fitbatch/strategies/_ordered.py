@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import histogram
+from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
 from fitbatch._validate import fraction, positive_int
@@ -265,8 +266,17 @@ class Packed(_Pools):
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
-        if _histogram_applies(ctx, edges):
+        if _histogram_applies(ctx, edges):  # no cap: first-fit on the histogram (fast)
             return _packed_on_histogram(ctx)
+        if _on_histogram(ctx):  # a cap, or no cap where the fast path does not pay
+            budget = int(math.floor(ctx.budget))
+            lengths = ctx.sizes.values.astype(np.int64)
+            counts = np.bincount(lengths, minlength=budget + 1)
+            patterns = PD.best_patterns(counts, budget, ctx.cap)
+            if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
+                rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+                order, starts = PD.assign(lengths, budget, patterns, rng)
+                return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
@@ -296,6 +306,22 @@ class Packed(_Pools):
             return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid)
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
+
+
+HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight below this
+
+
+def _on_histogram(ctx: Context) -> bool:
+    """Whether ``packed`` tries the length histogram (:mod:`fitbatch._kernels.packing_depth`):
+    whole-number sizes within a whole budget of at most 1024, and a cap on samples per batch
+    (first-fit fills a capped batch with the first samples that fit, not the ones that fill it)
+    or at least :data:`HISTOGRAM_MIN_SAMPLES` samples that :func:`_histogram_applies` leaves
+    (then the histogram's batches are kept only within 0.02 % of ceil(tokens / budget): first-fit
+    packs wide length sets tighter)."""
+    values = ctx.sizes.values
+    if ctx.cap is None and values.shape[0] < HISTOGRAM_MIN_SAMPLES:
+        return False
+    return PD.applies(values, math.floor(ctx.budget), ctx.sizes.integral)
 
 
 def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:

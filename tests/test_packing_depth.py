@@ -1,0 +1,100 @@
+"""The length-histogram packing (``fitbatch._kernels.packing_depth``) and the ``packed`` path
+that uses it: every sample once, every batch within the budget and the cap, deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from contracts import check_plan
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fitbatch
+from fitbatch._kernels import packing_depth as PD
+
+
+def _batches(order: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    return [order[a:b] for a, b in zip(starts, [*starts[1:], order.size])]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=300),
+    budget=st.integers(40, 64),
+    cap=st.one_of(st.none(), st.integers(1, 6)),
+    seed=st.one_of(st.none(), st.integers(0, 3)),
+)
+def test_histogram_pack_every_index_once_within_budget_and_cap(lengths, budget, cap, seed):
+    sizes = np.asarray(lengths, dtype=np.int64)
+    rng = None if seed is None else np.random.default_rng(seed)
+    order, starts = PD.histogram_pack(sizes, budget, cap, rng)
+    assert np.array_equal(np.sort(order), np.arange(sizes.size))
+    batches = _batches(order, starts)
+    assert all(b.size >= 1 for b in batches)
+    assert all(int(sizes[b].sum()) <= budget for b in batches)
+    if cap is not None:
+        assert max(b.size for b in batches) <= cap
+    # no worse than the tokens allow by more than first-fit decreasing's classic bound
+    assert len(batches) <= max(int(np.ceil(sizes.sum() / budget)) * 17 // 10 + 1, -(-sizes.size // (cap or sizes.size)))
+
+
+@given(
+    counts=st.lists(st.integers(0, 50), min_size=2, max_size=30),
+    cap=st.one_of(st.none(), st.integers(2, 5)),
+)
+def test_patterns_take_every_sample_once(counts, cap):
+    counts = np.asarray([0, *counts], dtype=np.int64)
+    budget = counts.size - 1 + 7
+    got = PD.best_patterns(np.append(counts, np.zeros(7, np.int64)), budget, cap)
+    used = np.zeros(budget + 1, np.int64)
+    for times, items in got:
+        assert times >= 1 and sum(items) <= budget and (cap is None or len(items) <= cap)
+        np.add.at(used, list(items), times)
+    assert np.array_equal(used[: counts.size], counts)
+
+
+def test_exact_fills_where_the_lengths_allow():
+    # 5+5, 4+3+2+1: two full batches where first-fit by length order needs the same
+    order, starts = PD.histogram_pack(np.array([5, 3, 2, 5, 4, 1]), 10, None)
+    assert sorted(map(sorted, (b.tolist() for b in _batches(order, starts)))) == [[0, 3], [1, 2, 4, 5]]
+    # under a cap of 2: each 7 takes a 3, the 1s pair up
+    order, starts = PD.histogram_pack(np.array([7, 7, 3, 3, 1, 1]), 10, 2)
+    assert len(starts) == 3
+
+
+def test_packed_with_a_cap_plans_on_the_histogram_and_keeps_the_contracts():
+    sizes = np.random.default_rng(0).integers(1, 300, 5000).astype(np.float64)
+    capped = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", max_batch_size=3)
+    check_plan(capped, sizes, 512, fitbatch.SumCost(), max_batch_size=3)
+    assert max(len(b) for b in capped) <= 3
+    again = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", max_batch_size=3)
+    assert capped.to_lists() == again.to_lists()
+    other = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", max_batch_size=3, epoch=1)
+    assert len(other) == len(capped) and other.to_lists() != capped.to_lists()
+    # the same patterns as the kernel's, which fills 3-sample batches far tighter than first-fit
+    counts = np.bincount(sizes.astype(np.int64), minlength=513)
+    assert len(capped) == sum(t for t, _ in PD.best_patterns(counts, 512, 3))
+
+
+@pytest.mark.parametrize("sizes", [np.array([0.5, 3.0]), np.array([600.0, 3.0]), np.array([1.0, 2.0])])
+def test_histogram_applies_only_to_whole_sizes_within_a_small_budget(sizes):
+    integral = bool(np.all(sizes == np.round(sizes)))
+    assert PD.applies(sizes, 512.0, integral) == (integral and sizes.max() <= 512)
+    assert not PD.applies(sizes, 10_000.0, integral)
+
+
+def test_without_a_cap_the_histogram_is_kept_only_near_the_bound():
+    rng = np.random.default_rng(1)
+    # 70,000 samples over 80 lengths, in pairs that fill 512 exactly: too few per length for the
+    # histogram first fit, so the patterns are tried, and kept (at the bound)
+    short = rng.integers(1, 41, 35_000)
+    tight = rng.permutation(np.concatenate([short, 512 - short])).astype(np.float64)
+    plan = fitbatch.plan_batches(tight, 512, cost="sum", strategy="packed")
+    counts = np.bincount(tight.astype(np.int64), minlength=513)
+    patterns = PD.best_patterns(counts, 512, None)
+    assert PD.near_bound(patterns, counts, 512) and len(plan) == sum(t for t, _ in patterns)
+    check_plan(plan, tight, 512, fitbatch.SumCost())
+    # lengths no pair of which fits: far from ceil(tokens / budget), not kept
+    loose = rng.choice([300.0, 301.0, 302.0], 70_000)
+    counts = np.bincount(loose.astype(np.int64), minlength=513)
+    assert not PD.near_bound(PD.best_patterns(counts, 512, None), counts, 512)
+    check_plan(fitbatch.plan_batches(loose, 512, cost="sum", strategy="packed"), loose, 512, fitbatch.SumCost())
