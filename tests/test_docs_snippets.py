@@ -27,11 +27,13 @@ def test_the_readme_quickstart_runs(one_torch_thread: None) -> None:
     text = (DOCS.parent / "README.md").read_text()
     section = text.split("<!-- --8<-- [start:quickstart] -->", 1)[1]
     blocks = BLOCK.findall(section.split("<!-- --8<-- [end:quickstart] -->", 1)[0])
-    assert len(blocks) == 3  # padded, padding-free, numpy only
+    assert len(blocks) == 4  # padded, padding-free, numpy only, one step partitioned
     namespace: dict[str, object] = {"__name__": "readme_quickstart"}
     for i, block in enumerate(blocks):
         exec(compile(block, f"README.md[quickstart {i}]", "exec"), namespace)
     assert namespace["plan"].stats().n_batches > 0  # type: ignore[attr-defined]
+    step = namespace["step"]
+    assert sorted(int(i) for r in range(8) for b in step[r] for i in b) == list(range(2000))  # type: ignore[index]
 
 
 def test_the_stream_shuffling_snippet_runs() -> None:
