@@ -89,8 +89,6 @@ class Windows:
     window: int
     block: int
     blocks: IntArray
-    #: windows after a last one that could not be split joined the one before it (``None``: by size only)
-    count: int | None = None
 
     @classmethod
     def whole(cls, n: int) -> Windows:
@@ -100,16 +98,12 @@ class Windows:
         (1, [0, 1, 2, 3, 4])
         """
         block = max(int(n), 1)
-        return cls(int(n), block, block, np.zeros(1 if n else 0, np.int64), 1)
+        return cls(int(n), block, block, np.zeros(1 if n else 0, np.int64))
 
     @property
     def one(self) -> bool:
         """Whether the epoch is one window (planned as an unwindowed epoch is)."""
         return self.n_windows == 1
-
-    def joined(self, count: int) -> Windows:
-        """These windows with the windows from ``count - 1`` on as one last window."""
-        return dataclasses.replace(self, count=max(1, min(count, self.n_windows)))
 
     @classmethod
     def keyed(cls, n: int, *, window: int, block: int, seed: int, epoch: int, shuffle: bool) -> Windows:
@@ -132,8 +126,6 @@ class Windows:
     @property
     def n_windows(self) -> int:
         """Windows in the epoch: a last part of less than half a window joins the window before it."""
-        if self.count is not None:
-            return self.count
         full, rest = divmod(self.blocks.size, self.per_window)
         return max(1, full + (1 if 2 * rest >= self.per_window else 0))
 
@@ -307,8 +299,28 @@ def carry_count(carried: int, own: int, world: int) -> int:
     return left if left <= own else 0
 
 
+def absorbs(carried: int, own: int, last: BatchPlan | int, world: int, policy: str) -> bool:
+    """Whether the window before the last takes the last window's batches and becomes the last.
+
+    The last window splits what does not divide among the ranks (``policy="split"``); it joins
+    the window before it when its own batches (``last``: its own plan, or the samples they hold
+    more than batches) could not absorb that split, whatever it is handed: the window before
+    then hands nothing on and arranges its batches and the last's together.
+
+    >>> absorbs(0, 3, 0, 2, "split"), absorbs(0, 3, 1, 2, "split"), absorbs(0, 4, 0, 2, "split")
+    (True, False, False)
+    """
+    if policy != "split" or world == 1:
+        return False
+    slack = last if isinstance(last, int) else last.n_samples - len(last)
+    n_last = 0 if isinstance(last, int) else len(last)
+    extra = -(carry_count(carried, own, world) + n_last) % world
+    return slack < extra
+
+
 def window_steps(
-    counts: Sequence[int], world: int, policy: str, carried: int = 0, refit: int | None = None
+    counts: Sequence[int], world: int, policy: str, carried: int = 0, refit: int | None = None,
+    last: tuple[int, int] | None = None,
 ) -> list[int]:
     """The steps of each window from the own batch counts of it and the windows after it (the last last).
 
@@ -316,22 +328,33 @@ def window_steps(
     ``(carried + own) // world`` steps and hands on the rest, unless it has fewer own batches
     than that rest (then it splits its leftover, like the last window under ``"split"``).
     ``refit``: the batches the ``carried`` ones handed to the first window are there (more
-    when a smaller budget since plans them again, :func:`carried_batches`).
+    when a smaller budget since plans them again, :func:`carried_batches`). ``last``: the last
+    window's (own batches, own samples less own batches), for :func:`absorbs` (the last window
+    joins the one before when it could not be split); ``None``: never.
 
     >>> window_steps([10, 10, 10], 4, "split"), window_steps([10, 10, 10], 4, "drop")
     ([2, 3, 3], [2, 3, 2])
     >>> window_steps([10, 10], 4, "split", carried=2, refit=3)  # 13 batches, 0 handed on: 4 steps
     [4, 3]
     """
-    out = []
+    out: list[int] = []
     batches_in = carried if refit is None else refit
     for i, own in enumerate(counts):
-        last = i == len(counts) - 1
-        handed = 0 if last else carry_count(carried, int(own), world)
+        if i == len(counts) - 2 and last is not None and _absorbs_counts(carried, int(own), last, world, policy):
+            rest = batches_in + int(own) + last[0]
+            return [*out, -(-rest // world), 0]
+        is_last = i == len(counts) - 1
+        handed = 0 if is_last else carry_count(carried, int(own), world)
         rest = batches_in + int(own) - handed  # the window's batches, arranged into steps
         out.append(-(-rest // world) if policy == "split" else rest // world)
         carried = batches_in = handed
     return out
+
+
+def _absorbs_counts(carried: int, own: int, last: tuple[int, int], world: int, policy: str) -> bool:
+    if policy != "split" or world == 1:
+        return False
+    return last[1] < -(carry_count(carried, own, world) + last[0]) % world
 
 
 def carried_batches(column: Column, carry_in: Sequence[IntArray], opts: PlanOptions, epoch: int, w: int) -> int:
@@ -356,19 +379,27 @@ def build_window(
     policy: str = "split",
     own: tuple[IntArray, Sizes, BatchPlan] | None = None,
     loss: NDArray[np.float64] | None = None,
+    absorb: tuple[IntArray, Sizes, BatchPlan] | None = None,
 ) -> WindowPlan:
     """Window ``w`` arranged for ``world`` ranks with the batches ``carry_in`` (dataset indices) it was handed.
 
     ``own`` is window ``w``'s :func:`own_plan` when the caller has it already; ``loss`` the
-    epoch's ``loss_sizes`` (the window's steps count those of its samples).
+    epoch's ``loss_sizes`` (the window's steps count those of its samples); ``absorb`` the last
+    window's own plan when this window takes its batches and becomes the last (:func:`absorbs`).
     """
     ids_w, sizes_w, mine = own if own is not None else own_plan(column, windows, w, opts, epoch)
+    last = w == windows.n_windows - 1
+    if absorb is not None:  # the last window's own batches join this window's
+        ids_n, sizes_n, theirs = absorb
+        mine = _concat(mine, theirs, ids_w.size)
+        ids_w = np.concatenate([ids_w, ids_n])
+        sizes_w = Sizes(np.concatenate([sizes_w.values, sizes_n.values]), column.integral, column.columns)
+        last = True
     handed = np.concatenate([np.zeros(0, np.int64), *carry_in])
     ids = np.concatenate([handed, ids_w])
     sizes = column.take(handed) if handed.size else None
     local = sizes_w if sizes is None else Sizes(np.concatenate([sizes.values, sizes_w.values]), column.integral, column.columns)
     nc = handed.size
-    last = w == windows.n_windows - 1
     count = 0 if last else carry_count(len(carry_in), len(mine), world)
     out = handed_on(mine, count, opts, epoch, w)
     keep = np.setdiff1d(np.arange(len(mine)), out, assume_unique=True)
@@ -385,6 +416,18 @@ def build_window(
     steps = arrange(plan, local, opts.cost, world, seed=opts.seed, epoch=epoch, policy=policy, purpose=f"window-steps-{w}")
     carry = tuple(ids_w[b] for b in mine.select(out))
     return WindowPlan(w, ids, local, steps, carry, len(carry_in), local_loss)
+
+
+def _concat(a: BatchPlan, b: BatchPlan, shift: int) -> BatchPlan:
+    """The batches of ``a`` then those of ``b`` (whose local indices follow ``a``'s ``shift`` samples)."""
+    order = np.concatenate([a.order, b.order + shift])
+    offsets = np.concatenate([a.offsets, a.offsets[-1] + b.offsets[1:]]).astype(np.int64)
+    per = tuple(np.concatenate([getattr(a, f), getattr(b, f)]) for f in ("costs", "real_units", "padded_units"))
+    return a._derived(
+        order, offsets, per,  # type: ignore[arg-type]
+        skipped=np.concatenate([a.skipped, b.skipped + shift]), dropped=np.concatenate([a.dropped, b.dropped + shift]),
+        lower_bound=a.lower_bound + b.lower_bound, dropped_batches=a.dropped_batches + b.dropped_batches,
+    )
 
 
 def _refit(
@@ -508,9 +551,10 @@ def window_of(marks: Mapping[int, tuple[int, int]], cursor: int, live: Live) -> 
 
     A window's end is the next one's first step; ``live`` is the window running now.
     """
-    for w in sorted(marks):
+    known = sorted(marks)
+    for i, w in enumerate(known):
         first = marks[w][0]
-        end = marks[w + 1][0] if w + 1 in marks else live.end if w == live.plan.index else None
+        end = marks[known[i + 1]][0] if i + 1 < len(known) else live.end if w == live.plan.index else None
         if end is not None and first <= cursor <= end:
             return w
     return live.plan.index
@@ -559,6 +603,7 @@ __all__ = [
     "auto_window",
     "build_window",
     "census",
+    "absorbs",
     "carry_count",
     "carry_rest",
     "handed_on",

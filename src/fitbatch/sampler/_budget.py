@@ -241,7 +241,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         self._from_row = 0  # the first step of the epoch this world runs
         self._marks: dict[int, tuple[int, int]] = {}  # window -> (first step, batches handed in), this epoch
         self._counts: dict[tuple[int, str], dict[int, int]] = {}  # census: (epoch, options) -> window -> own batches
-        self._joins: dict[tuple[int, str, int], int] = {}  # (epoch, options, world) -> windows after joins
+        self._lasts: dict[tuple[int, str], tuple[int, int]] = {}  # (epoch, options) -> the last window's own batches, slack
         self._cache: tuple[int, Steps] | None = None  # another epoch's arrangement (one window)
         self._rank_layout: tuple[int, int, RankLayout] | None = None  # (epoch, revision, layout)
 
@@ -400,28 +400,16 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if self.window is None:
             return W.Windows.whole(n)
         opts = self._begun[0] if epoch == self.epoch else self._opts
-        world = self._world0 if epoch == self.epoch else self.num_replicas
-        windows = W.Windows.keyed(n, window=self.window, block=self.block, seed=opts.seed, epoch=epoch, shuffle=opts.effective_shuffle)
-        key = (epoch, _key(opts), world)
-        if key not in self._joins:
-            self._joins[key] = self._joined(windows, opts, epoch, world)
-        return windows.joined(self._joins[key])
+        return W.Windows.keyed(n, window=self.window, block=self.block, seed=opts.seed, epoch=epoch, shuffle=opts.effective_shuffle)
 
-    def _joined(self, windows: W.Windows, opts: PlanOptions, epoch: int, world: int) -> int:
-        """How many windows the epoch has once a last window that cannot be split joins the one before.
-
-        The last window splits its leftover batches (``policy="split"``): its own batches can
-        always be split into one more per rank but one when they hold ``world - 1`` samples more
-        than batches (what it was handed only adds to that).
-        """
-        count = windows.n_windows
-        while count > 1 and self.policy == "split" and world > 1:
-            _, _, own = W.own_plan(self._column, windows.joined(count), count - 1, opts, epoch)
-            if own.n_samples - len(own) >= world - 1:
-                break
-            logger.info("epoch %d: window %d cannot be split for %d ranks; it joins window %d", epoch, count - 1, world, count - 2)
-            count -= 1
-        return count
+    def _last(self, epoch: int) -> tuple[int, int]:
+        """The last window's own batches and its samples less them, under the options in force (for :func:`W.absorbs`)."""
+        key = (epoch, _key(self._opts))
+        if key not in self._lasts:
+            windows = self.windows(epoch)
+            _, _, own = W.own_plan(self._column, windows, windows.n_windows - 1, self._opts, epoch)
+            self._lasts[key] = (len(own), own.n_samples - len(own))
+        return self._lasts[key]
 
     def _options_at(self, w: int) -> tuple[PlanOptions, Budgets, int]:
         """The options, per-rank budgets and world in force when window ``w`` of the current epoch began."""
@@ -439,18 +427,26 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         """
         windows = self.windows()
         self._opts, self._budgets, world = self._options_at(w)
+        absorb = None
         if windows.one:
             sizes = self._column.whole()
             timeline = Planner(sizes, self.policy, self.epoch, self._loss).start(self._opts, self._budgets, world)
             plan = W.WindowPlan(0, None, sizes, timeline.steps, (), 0, self._loss)
         else:
+            own = W.own_plan(self._column, windows, w, self._opts, self.epoch)
+            if w == windows.n_windows - 2:  # the last window joins this one if it could not be split
+                theirs = W.own_plan(self._column, windows, w + 1, self._opts, self.epoch)
+                if W.absorbs(len(carry_in), len(own[2]), theirs[2], world, self.policy):
+                    absorb = theirs
+                    logger.info("epoch %d: the last window cannot be split for %d ranks; it joins window %d", self.epoch, world, w)
             plan = W.build_window(
                 self._column, windows, w, self._opts, world=world, epoch=self.epoch, carry_in=carry_in,
-                policy=self.policy, loss=self._loss,
+                policy=self.policy, own=own, loss=self._loss, absorb=absorb,
             )
             timeline = Timeline.start(plan.steps, self._opts.cost, self._opts.budget)
         self._marks[w] = (first, len(carry_in))
-        live = Live(plan, first, timeline, w == windows.n_windows - 1)
+        span = 1 if absorb is None else 2
+        live = Live(plan, first, timeline, w + span - 1 == windows.n_windows - 1, span)
         mine = [event for event in self._events if int(event.get(WINDOW_KEY, 0)) == w]
         for generation, event in enumerate(mine, 1):
             self._apply(live, event, generation)
@@ -668,7 +664,9 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         todo = list(range(live.plan.index + live.span, self.windows().n_windows))
         counts = self._census(todo, self.epoch)
         refit = W.carried_batches(self._column, live.plan.carry, self._opts, self.epoch, todo[0])
-        steps = W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry), refit)
+        steps = W.window_steps(
+            [counts[w] for w in todo], self.num_replicas, self.policy, len(live.plan.carry), refit, self._last(self.epoch)
+        )
         return live.end + sum(steps)
 
     def n_steps(self, epoch: int | None = None) -> int:
@@ -690,7 +688,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             return len(self.plan(epoch))
         todo = list(range(windows.n_windows))
         counts = self._census(todo, epoch)
-        return sum(W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy))
+        return sum(W.window_steps([counts[w] for w in todo], self.num_replicas, self.policy, last=self._last(epoch)))
 
     def _census(self, todo: list[int], epoch: int) -> dict[int, int]:
         """Own batch counts of an epoch's windows ``todo`` under the options in force (once per epoch and options)."""
