@@ -7,9 +7,6 @@ the plan-hash tests and ``bench/_sampler_hashes.py`` pin (unchanged batch for ba
 
 from __future__ import annotations
 
-import copy
-import warnings
-
 import numpy as np
 import pytest
 

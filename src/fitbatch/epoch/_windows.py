@@ -180,8 +180,8 @@ class Column:
             if not sizes._trust:  # SizeIndex.open(trust=False): its sizes checked once, in chunks
                 sizes._verify()
             stats = sizes.stats
-            largest, mean = float(stats["max"]), float(stats["sum"]) / max(len(sizes), 1)
-            return cls(sizes.sizes, sizes.integral, None, sizes.digest, largest, mean, sizes)
+            top, average = float(stats["max"]), float(stats["sum"]) / max(len(sizes), 1)
+            return cls(sizes.sizes, sizes.integral, None, sizes.digest, top, average, sizes)
         checked = as_sizes(sizes, n)
         one = checked.values.ndim == 1 and len(checked) > 0
         largest = float(checked.values.max()) if one else None

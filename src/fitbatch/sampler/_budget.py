@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import numbers
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +75,6 @@ from fitbatch.epoch._world import shared_seed, shared_world, world_info
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._planner import BatchPlan
 from fitbatch.sampler._protocol import PlanSampler, RankLayout, torch_class
-from fitbatch.sampler._sharding import outer_world
 from fitbatch.sizes import SizesLike
 from fitbatch.strategies import Strategy
 
@@ -623,16 +621,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 return
             live = self._next(live)
 
-    def __len__(self) -> int:
-        """The batches the next iteration yields: the epoch's steps from the resume cursor on.
-
-        After a change part-way through the epoch (a new budget), the count follows the
-        re-planned rest; after a resume, it counts the steps from the saved cursor (on another
-        world size: from the step the new ranks took over). Planning in windows, the steps of
-        windows not planned yet come from a *census* of their batch counts (once per epoch;
-        ``census="collective"``: every rank must call ``len()`` together).
-        """
-        return max(0, self._end() - max(self._start, self._first_row())) * outer_world(self, sys._getframe(1))
+    def _span(self) -> tuple[int, int]:
+        """The steps of the epoch this rank runs (``len()``'s hook): planning in windows, the
+        steps of windows not planned yet come from a *census* of their batch counts (once per
+        epoch; ``census="collective"``: every rank must call ``len()`` together)."""
+        return self._first_row(), self._end()
 
     def _first_row(self) -> int:
         """The first step this world runs (after a resume on another world size: where it took over)."""
