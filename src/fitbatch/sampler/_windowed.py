@@ -22,7 +22,14 @@ from fitbatch.sampler._budget import BudgetBatchSampler
 
 class WindowedBatchSampler(BudgetBatchSampler):
     """Deprecated: ``BudgetBatchSampler(..., window=N)`` (``window=None`` here means ``"auto"``'s
-    window size, as it did: :func:`fitbatch.epoch._windows.auto_window`); removed in 0.3.0."""
+    window size, as it did: :func:`fitbatch.epoch._windows.auto_window`); removed in 0.3.0.
+
+    >>> import pytest
+    >>> with pytest.warns(DeprecationWarning, match="0.3.0"):
+    ...     sampler = WindowedBatchSampler([5] * 8, 5, window=4, block=1, cost="sum", num_replicas=2, rank=0)
+    >>> type(sampler).__mro__[1].__name__, sampler.window
+    ('BudgetBatchSampler', 4)
+    """
 
     def __init__(self, sizes: Any, budget: Any, *, window: int | None = None, **kwargs: Any) -> None:
         warnings.warn(
