@@ -241,7 +241,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         self._counts: dict[tuple[int, str], dict[int, int]] = {}  # census: (epoch, options) -> window -> own batches
         self._lasts: dict[tuple[int, str], tuple[int, int]] = {}  # (epoch, options) -> the last window's own batches, slack
         self._cache: tuple[int, Steps] | None = None  # another epoch's arrangement (one window)
-        self._rank_layout: tuple[int, int, RankLayout] | None = None  # (epoch, revision, layout)
+        self._rank_layout: tuple[int, int, int, RankLayout] | None = None  # (epoch, revision, rank, layout)
 
     def _window(self, window: Any) -> int | None:
         """Samples per window from the ``window`` argument, or ``None`` for one window (see the class)."""
@@ -487,10 +487,12 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     def _rank_batches(self, live: Live) -> tuple[BatchPlan, int]:
         """This rank's batches of a window (dataset indices) and the step of the epoch its first runs at."""
-        tl = live.timeline
+        tl, ids = live.timeline, live.plan.ids
+        if ids is None and live is self._live:
+            lay = self._layout(self.epoch)
+            return lay.plan, lay.first
         local = tl.rank_plan(self.rank, live.plan.sizes)
-        ids = live.plan.ids
-        if ids is None:  # one window: its indices are the dataset's
+        if ids is None:  # one window: its indices are the dataset's (the layout's, when it is the live one)
             return local, live.first + tl.base
         per = (local.costs, local.real_units, local.padded_units)
         plan = local.rebatched(ids[local.order], local.offsets, per, index_map=ids)
@@ -532,8 +534,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
                 steps = self.steps(epoch)
                 return RankLayout(steps.rank_plan(self.rank), steps.step_samples, steps.step_units, 0, steps.step_loss_units)
             return self._other(epoch)._layout(epoch)
-        if self._rank_layout is not None and self._rank_layout[:2] == (epoch, self._revision):
-            return self._rank_layout[2]
+        if self._rank_layout is not None and self._rank_layout[:3] == (epoch, self._revision, self.rank):
+            return self._rank_layout[3]
         live = self._current()
         if live.plan.ids is None:  # one window
             samples, units, loss = live.timeline.step_totals()
@@ -541,7 +543,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         else:
             layout = self._walked()
         if live.plan.ids is None:  # (a walked epoch is not kept: it is O(n))
-            self._rank_layout = (epoch, self._revision, layout)
+            self._rank_layout = (epoch, self._revision, self.rank, layout)
         return layout
 
     def _walked(self) -> RankLayout:
