@@ -176,7 +176,7 @@ def stage_collect(tr: Trainer, sizes: np.ndarray, args: argparse.Namespace) -> d
 
 
 def stage_calibrate(tr: Trainer, capacity: float, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    lengths = [
+    lengths = getattr(args, "lengths", None) or [  # bench/longctx_gpu.py: up to 32k
         v for v in (32, 64, 128, 256, 512, 1024, 2048, 4096, args.max_len) if v <= args.max_len
     ]
     log = os.path.splitext(args.out)[0] + ".probes.jsonl"
@@ -288,7 +288,8 @@ def stage_train(
     tr: Trainer, sizes: np.ndarray, cal, capacity: float, args: argparse.Namespace
 ) -> dict:  # type: ignore[no-untyped-def]
     lengths = np.minimum(sizes, args.max_len)
-    plan = fitbatch.plan_batches(lengths, cal.budget, cost=cal.model, strategy="pooled", seed=0)
+    strategy = getattr(args, "strategy", "pooled")  # bench/longctx_gpu.py packs with "packed"
+    plan = fitbatch.plan_batches(lengths, cal.budget, cost=cal.model, strategy=strategy, seed=0)
     sampler = BudgetSampler(cal.budget)
     guard = OOMGuard(tr.model, tr.opt, sampler=sampler, size_fn=len, cost=cal.model)
     peaks, fills, tokens = [], [], 0

@@ -201,3 +201,145 @@ def fixed_batches(order: Sequence[int], batch_size: int) -> list[list[int]]:
     """Consecutive batches of ``batch_size`` samples of ``order`` (the last one takes the rest)."""
     order = list(order)
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# ---------------------------------------------------------------------------- collates (issue 37)
+
+
+def _plain(value: Any) -> Any:
+    """A sample's field as plain Python (lists, ints, floats, bools): what a reference reads."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _number_kind(x: Any) -> str | None:
+    """'b', 'i' or 'f' for a plain number, ``None`` for anything else."""
+    if isinstance(x, bool):
+        return "b"
+    if isinstance(x, int):
+        return "i"
+    if isinstance(x, float):
+        return "f"
+    return None
+
+
+def _numbers(x: Any) -> bool:
+    """A scalar number, or a (nested, rectangular) list of them."""
+    if isinstance(x, list):
+        if x and isinstance(x[0], list):
+            return all(isinstance(r, list) and len(r) == len(x[0]) and _numbers(r) for r in x)
+        return all(_number_kind(v) is not None for v in x)
+    return _number_kind(x) is not None
+
+
+def _ints(x: Any) -> bool:
+    """A flat list of ints (not bools), or an empty list."""
+    return isinstance(x, list) and all(_number_kind(v) == "i" for v in x)
+
+
+def check_fields(batch: Sequence[Any], checked: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The field rules of ``fitbatch.collate._fields``, one sample at a time, in plain Python.
+
+    ``checked``: the fields whose values are checked (``None``: all).
+    """
+    samples = list(batch)
+    if not samples:
+        raise ValueError("empty batch")
+    for s in samples:
+        if not isinstance(s, dict) or "input_ids" not in s:
+            raise ValueError("a sample without input_ids")
+    keys: list[str] = []
+    for s in samples:
+        keys += [k for k in s if k not in keys]
+    for s in samples:
+        for k in keys:
+            if k not in s:
+                raise ValueError(f"a sample without {k}")
+    plain = [{k: _plain(v) for k, v in s.items()} for s in samples]
+    for k in keys if checked is None else [k for k in keys if k in checked]:
+        kinds = set()
+        for s in plain:
+            v = s[k]
+            if v is None or not _numbers(v):
+                raise ValueError(f"{k}: not numbers")
+            kinds.add(isinstance(v, list))
+        if len(kinds) > 1:
+            raise ValueError(f"{k}: scalars and sequences")
+    for s in plain:
+        if not _ints(s["input_ids"]):
+            raise ValueError("input_ids: not 1-D ints")
+    return plain
+
+
+def hf_collate(batch: Sequence[Any], pad_token_id: int, label_pad: int = -100,
+               pad_values: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """``make_hf_collate(pad_token_id, ...)(batch)`` as lists (return_tensors='np', .tolist())."""
+    plain = check_fields(batch)
+    fills = {**(pad_values or {}), "input_ids": pad_token_id, "attention_mask": 0}
+    fills.setdefault("labels", label_pad)
+    keys = list(plain[0])
+    n_ids = [len(s["input_ids"]) for s in plain]
+    if "labels" in keys and isinstance(plain[0]["labels"], list):
+        for s, n in zip(plain, n_ids):
+            if not _ints(s["labels"]) or len(s["labels"]) != n:
+                raise ValueError("labels: not per-token ints")
+    if "attention_mask" in keys:
+        for s, n in zip(plain, n_ids):
+            m = s["attention_mask"]
+            if not isinstance(m, list) or len(m) != n or any(_number_kind(v) not in ("i", "b") or v not in (0, 1) for v in m):
+                raise ValueError("attention_mask: not 0/1 per token")
+    sequences = [k for k in keys if isinstance(plain[0][k], list)]
+    longest = max(len(s[k]) for s in plain for k in sequences)
+    out: dict[str, list[Any]] = {}
+    for k in keys:
+        if k not in sequences:
+            out[k] = [s[k] for s in plain]
+            continue
+        tails = {_shape(s[k])[1:] for s in plain}
+        if len(tails) > 1:
+            raise ValueError(f"{k}: tails differ")
+        tail = tails.pop()
+        pad = _filled(tail, fills.get(k, 0))
+        out[k] = [list(s[k]) + [pad] * (longest - len(s[k])) for s in plain]
+    if "attention_mask" not in out:
+        out["attention_mask"] = [[1] * n + [0] * (longest - n) for n in n_ids]
+    else:
+        out["attention_mask"] = [[int(v) for v in row] for row in out["attention_mask"]]
+    return out
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return (len(x), *_shape(x[0])) if isinstance(x, list) and x else ((0,) if isinstance(x, list) else ())
+
+
+def _filled(tail: tuple[int, ...], value: Any) -> Any:
+    return [_filled(tail[1:], value) for _ in range(tail[0])] if tail else value
+
+
+def varlen_collate(batch: Sequence[Any], pad_token_id: int = 0, label_pad: int = -100,
+                   separator: bool = True) -> dict[str, Any]:
+    """``make_varlen_collate(return_tensors='np', ...)(batch)`` as lists."""
+    plain = check_fields(batch, checked=("input_ids", "labels"))
+    for s in plain:
+        if not s["input_ids"]:
+            raise ValueError("a sample with no tokens")
+        if "labels" in s and (not _ints(s["labels"]) or len(s["labels"]) != len(s["input_ids"])):
+            raise ValueError("labels: not per-token ints")
+    ids: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    seq_idx: list[int] = []
+    cu = [0]
+    for i, s in enumerate(plain):
+        tokens = s["input_ids"]
+        own = list(s.get("labels", tokens))
+        if separator:
+            own[0] = label_pad
+        ids += tokens
+        labels += own
+        positions += list(range(len(tokens)))
+        seq_idx += [i] * len(tokens)
+        cu.append(cu[-1] + len(tokens))
+    return {"input_ids": [ids], "labels": [labels], "position_ids": [positions], "seq_idx": [seq_idx],
+            "cu_seq_lens_q": cu, "max_length_q": max(len(s["input_ids"]) for s in plain)}

@@ -144,6 +144,7 @@ def test_no_flat_prefixed_modules() -> None:
         ("schedule", "fitbatch.schedule"),
         ("pipeline", "fitbatch.pipeline"),
         ("memory", "fitbatch.memory"),
+        ("steps", "fitbatch.steps"),
     ],
 )
 def test_each_concept_has_one_place_named_after_it(concept: str, module: str) -> None:

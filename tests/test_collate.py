@@ -200,7 +200,7 @@ def test_hf_collate_pads_to_an_allowed_shape_with_padding_rows():
         ),
         ({"pad_token_id": 0}, [], ValueError, "empty batch"),
         ({"pad_token_id": 0}, [{"ids": [1]}], ValueError, "sample 0 has no 'input_ids'"),
-        ({"pad_token_id": 0}, [{"input_ids": 3}], ValueError, "1-D sequence of token ids"),
+        ({"pad_token_id": 0}, [{"input_ids": 3}], ValueError, "1-D sequence of ints"),
         (
             {"pad_token_id": 0},
             [{"input_ids": [1], "labels": [1]}, {"input_ids": [2]}],

@@ -219,6 +219,7 @@ class StubTrainer:
         from types import SimpleNamespace
 
         self.args, self.state = args, SimpleNamespace(global_step=0, num_train_epochs=2)
+        self.train_dataset = self.data_collator = None
 
     def set_initial_training_values(self, args, dataloader):
         return (1, 99, 240, 240, 8, 99, 99)
@@ -243,7 +244,8 @@ def test_trainer_epochs_of_their_own_length_and_the_checked_resume(tmp_path):
 
     def args(**kw):
         return SimpleNamespace(**{"gradient_accumulation_steps": 2, "max_steps": -1, "num_train_epochs": 2,
-                                  "train_sampling_strategy": "random", "ignore_data_skip": False, **kw})
+                                  "train_sampling_strategy": "random", "ignore_data_skip": False,
+                                  "world_size": 2, "process_index": 0, "per_device_train_batch_size": 8, **kw})
 
     sampler = trainer_sampler()
     assert [len(sampler.plan(e)) for e in range(2)] == [19, 20]
@@ -282,6 +284,7 @@ def test_trainer_epochs_of_their_own_length_and_the_checked_resume(tmp_path):
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2) -> None:
+    """Run ``script`` on ``nproc`` gloo processes (1: plain python), failing after TIMEOUT s."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join(sys.path), "TOKENIZERS_PARALLELISM": "false"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
@@ -325,6 +328,8 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, wi
     torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--stop-step", str(stop), "--window", str(window))
     torchrun(worker, "--out", str(tmp_path), "--phase", "resume", "--window", str(window))
     full, resumed = results(tmp_path, "full-w2", 2), results(tmp_path, "resume-w2", 2)
+    for f in full:
+        assert "over the budget" in f["mismatch"] and "sizes are not the lengths" in f["mismatch"], f["mismatch"]
     for f, r in zip(full, resumed):
         assert f["end"] == [2, 0] and r["resumed_at"] == [1, stop]
         assert r["log"] == [x for x in f["log"] if (x[0], x[1]) >= (1, stop)], "resume continues at the batch"
@@ -338,6 +343,41 @@ def test_accelerate_two_processes_naive_prepare_and_save_load_state(tmp_path, wi
     before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < stop]
     after = [x[2] for x in alone["log"] if x[0] == 1]
     assert flat(before + after) == list(range(n)), "each sample of the resumed epoch exactly once"
+
+
+def test_accelerate_resume_inside_a_gradient_accumulation_on_1_2_and_3_processes(tmp_path):
+    """Issue 37: save_state at loader step 5 with gradient_accumulation_steps=2 (inside an
+    accumulation) on 2 processes; load_state on 3 deadlocked (accelerate restores its step
+    counter from a file per rank, which the third rank lacks, so the ranks synchronised
+    gradients on different steps). The checkpoint resumes at the accumulation's first batch
+    (4), accelerate's counter is set from the loader's cursor on every rank: on 2 processes the
+    run ends with the very parameters of the uninterrupted one; on 1 and 3 every sample of the
+    epoch runs once and every rank synchronises on the same steps, within the timeout."""
+    worker = WORKERS / "accelerate_worker.py"
+    n, stop, accum = 3000, 5, 2
+    common = ["--out", str(tmp_path), "--accum", str(accum)]
+    torchrun(worker, *common, "--phase", "full", "--stop-step", str(stop))
+    full = results(tmp_path, "full-w2", 2)
+    boundary = stop - stop % accum  # the first batch of the accumulation the checkpoint is inside
+    for f in full:
+        syncs = [x[4] for x in f["log"] if x[0] == 1]
+        assert syncs[:6] == [False, True, False, True, False, True], "accumulation over 2 batches"
+    torchrun(worker, *common, "--phase", "resume")
+    same = results(tmp_path, "resume-w2", 2)
+    for f, r in zip(full, same):
+        assert r["resumed_at"] == [1, boundary] and r["acc_step"] == boundary
+        assert r["log"] == [x for x in f["log"] if (x[0], x[1]) >= (1, boundary)], "the same batches, synced alike"
+        np.testing.assert_allclose(r["params"], f["params"], rtol=0, atol=1e-12)
+    before = [x[2] for f in full for x in f["log"] if x[0] == 1 and x[1] < boundary]
+    for world in (1, 3):
+        torchrun(worker, *common, "--phase", "resume", nproc=world)
+        runs = results(tmp_path, f"resume-w{world}", world)
+        assert {r["acc_step"] for r in runs} == {0} and all(r["resumed_at"] == [1, 0] for r in runs)
+        steps = [[(x[0], x[1], x[3], x[4]) for x in r["log"]] for r in runs]
+        assert all(s == steps[0] for s in steps), "every rank counts and synchronises on the same steps"
+        after = [x[2] for r in runs for x in r["log"] if x[0] == 1]
+        assert flat(before + after) == list(range(n)), f"each sample of the resumed epoch once ({world} processes)"
+        assert all(r["end"] == [2, 0] for r in runs)
 
 
 def test_accelerate_two_processes_compat_sampler_over_a_distributed_sampler(tmp_path):
@@ -369,6 +409,8 @@ def test_hf_trainer_two_processes_each_sample_once_and_resume_mid_epoch(tmp_path
     torchrun(worker, "--out", str(tmp_path), "--phase", "full", "--save-steps", "13")
     full = results(tmp_path, "full", 2)
     lengths = full[0]["lengths"]
+    for f in full:
+        assert "240 train_dataset rows are longer than their sizes" in f["mismatch"], f["mismatch"]
     counts = [[sum(1 for x in f["log"] if x[1] == e) for e in range(2)] for f in full]
     assert counts[0] == counts[1] == [19, 20], "each epoch runs its own batch count, equal on both ranks"
     for epoch in range(2):
@@ -399,6 +441,8 @@ def test_hf_trainer_packed_batches(tmp_path, window):
     torchrun(WORKERS / "trainer_worker.py", "--out", str(tmp_path), "--phase", "packed", "--window", str(window))
     packed = results(tmp_path, "packed", 2)
     lengths = packed[0]["lengths"]
+    for p in packed:
+        assert "a padded collator under a sum plan" in p["mismatch"], p["mismatch"]
     assert len(packed[0]["log"]) == len(packed[1]["log"])
     assert flat(x[2] for p in packed for x in p["log"]) == list(range(len(lengths)))
     for parts in trainer_steps(packed).values():
@@ -444,16 +488,101 @@ def test_lightning_resumes_mid_epoch_with_a_stateful_dataloader(tmp_path, one_to
     assert fit(str(tmp_path / "step=21.ckpt")) == full[21:], "the resumed run continues at the batch"
 
 
-def test_trainer_refuses_a_dataset_of_another_length_than_the_sizes(tmp_path):
-    """150 rows over 120 sizes trained 120 and logged 150; 90 rows failed in loading (IndexError)."""
+def test_trainer_refuses_a_sampler_over_other_rows_at_construction(tmp_path):
+    """150 rows over 120 sizes trained 120 and logged 150; 90 rows failed in loading (IndexError); rows
+    longer than their sizes overran the budget. Each is refused when the trainer is built, naming the fix."""
     from transformers import TrainingArguments
 
     from fitbatch.integrations.transformers import FitbatchTrainer
 
     sampler = BudgetBatchSampler(np.full(120, 10), 100, num_replicas=1, rank=0)
     args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False, save_strategy="no")
+
+    def build(data, batch_sampler=sampler, **kw):
+        return FitbatchTrainer(model=torch.nn.Linear(1, 1), args=kw.pop("args", args), train_dataset=data,
+                               batch_sampler=batch_sampler, **kw)
+
     for rows in (150, 90):
         data = [{"input_ids": [1] * 10} for _ in range(rows)]
-        trainer = FitbatchTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=data, batch_sampler=sampler)
-        with pytest.raises(ValueError, match=rf"train_dataset has {rows} rows but the batch sampler was built over 120 sizes"):
-            trainer.get_train_dataloader()
+        with pytest.raises(ValueError, match=rf"train_dataset has {rows} rows but the batch sampler was built over 120 sizes.*BudgetSampling"):
+            build(data)
+    longer = [{"input_ids": [1] * (11 if i in (3, 7) else 10)} for i in range(120)]  # an EOS appended, say
+    with pytest.raises(ValueError, match=r"2 train_dataset rows are longer than their sizes.*row 3 \(11 tokens, size 10\), row 7"):
+        build(longer)
+
+    class Collator:  # pads to a multiple of 8: a row of 10 tokens costs 16
+        pad_to_multiple_of = 8
+
+        def __call__(self, rows):
+            return rows
+
+    with pytest.raises(ValueError, match=r"120 train_dataset rows.*pad_to_multiple_of=8\): row 0 \(16 tokens, size 10\)"):
+        build([{"input_ids": [1] * 10}] * 120, data_collator=Collator())
+    build([{"input_ids": [1] * 10}] * 120)  # the rows of the sizes: accepted
+    with pytest.raises(ValueError, match=r"rank 0 of 2.*args.process_index=0 of args.world_size=1.*num_replicas=args.world_size"):
+        build([{"input_ids": [1] * 10}] * 120, BudgetBatchSampler(np.full(120, 10), 100, num_replicas=2, rank=0))
+    skip = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", save_strategy="no", ignore_data_skip=True)
+    with pytest.raises(ValueError, match="ignore_data_skip=True would rerun"):
+        build([{"input_ids": [1] * 10}] * 120, args=skip)
+
+
+def test_trainer_builds_the_sampler_from_the_rows_it_trains(tmp_path):
+    """BudgetSampling: the sampler is built after the trainer's __init__, from its train_dataset, with the
+    collator's pad multiple and the Trainer's loss-token count; the collated batches are checked."""
+    datasets = pytest.importorskip("datasets")
+    from transformers import TrainingArguments
+
+    from fitbatch.integrations.transformers import BudgetSampling, FitbatchTrainer
+
+    lengths = np.random.default_rng(1).integers(3, 40, 60)
+    rows = {"input_ids": [[1] * int(n) for n in lengths], "labels": [[-100] * 2 + [1] * (int(n) - 2) for n in lengths]}
+    data = datasets.Dataset.from_dict(rows).shuffle(seed=3)  # an indices mapping: the order read is the shuffled one
+    order = np.array([len(r["input_ids"]) for r in data])
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", save_strategy="no", seed=5,
+                             remove_unused_columns=False)
+
+    class Collator:
+        pad_to_multiple_of = 8
+
+        def __call__(self, features):
+            width = -(-max(len(f["input_ids"]) for f in features) // 8) * 8
+            return {"input_ids": torch.zeros(len(features), width, dtype=torch.long)}
+
+    trainer = FitbatchTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=data, data_collator=Collator(),
+                              batch_sampler=BudgetSampling(200, strategy="sorted", max_batch_size=9))
+    sampler = trainer.batch_sampler
+    assert (sampler.num_replicas, sampler.rank, sampler.options.seed, sampler.options.max_batch_size) == (1, 0, 5, 9)
+    np.testing.assert_array_equal(sampler._sizes.values, -(-order // 8) * 8)
+    np.testing.assert_array_equal(sampler._loss, order - 2)  # labels[1:] != -100, as the Trainer counts
+    loader = trainer.get_train_dataloader()
+    assert sum(1 for _ in loader) == len(sampler.plan())
+    with pytest.raises(TypeError, match="returned list, not a fitbatch sampler"):
+        FitbatchTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=data, batch_sampler=lambda trainer: [[0]])
+
+
+def test_the_collated_batches_are_checked_in_the_trainer_and_under_accelerate(tmp_path, accelerator_factory):
+    """A sampler whose sizes are one short per row (EOS appended after measuring): the first collated batch
+    over the budget raises, in FitbatchTrainer's loader and in fb_accelerate.prepare's; check_budget=False opts out."""
+    from transformers import TrainingArguments
+
+    from fitbatch.integrations.transformers import FitbatchTrainer
+
+    rows = [{"input_ids": [1] * 10} for _ in range(40)]
+    short = BudgetBatchSampler(np.full(40, 10), 100, strategy="sequential", num_replicas=1, rank=0)
+
+    def pad(features):
+        return {"input_ids": torch.ones(len(features), len(features[0]["input_ids"]) + 1, dtype=torch.long)}
+
+    args = TrainingArguments(str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False, save_strategy="no")
+    trainer = FitbatchTrainer(model=torch.nn.Linear(1, 1), args=args, train_dataset=rows, data_collator=pad, batch_sampler=short)
+    with pytest.raises(ValueError, match=r"collated batch 1 costs 110 \(10 rows x 11 tokens, cost 'padded'\), over the budget 100"):
+        next(iter(trainer.get_train_dataloader()))
+    trainer.check_budget = False
+    assert next(iter(trainer.get_train_dataloader()))["input_ids"].shape == (10, 11)
+    acc = accelerator_factory()
+    loader = fb_accelerate.prepare(acc, DataLoader(rows, batch_sampler=short, collate_fn=pad))
+    with pytest.raises(ValueError, match="sizes are not the lengths of these rows"):
+        next(iter(loader))
+    assert loader.collate_fn.collate_fn is pad
+    unchecked = fb_accelerate.prepare(acc, DataLoader(rows, batch_sampler=short, collate_fn=pad), check_budget=False, register=False)
+    assert len(list(unchecked)) == 4

@@ -390,6 +390,7 @@ from fitbatch import plan_batches
 from fitbatch._kernels import jit as _jit
 sizes = np.random.default_rng(0).integers(1, 50, {n}).astype(float)
 plan_batches(sizes, 200, strategy="sequential")
+_jit.settle()  # a background load under way finishes
 print(json.dumps({{"numba": "numba" in sys.modules, "loaded": _jit._module is not None}}))
 """
 

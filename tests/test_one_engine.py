@@ -112,7 +112,7 @@ def test_loss_sizes_as_an_array_with_windows():
     """It failed with numpy's "truth value of an array is ambiguous"."""
     rng = np.random.default_rng(3)
     sizes = rng.integers(1, 60, 500)
-    loss = rng.integers(0, 30, 500)
+    loss = np.minimum(rng.integers(0, 30, 500), sizes)  # never above a sample's size
     samplers = ranks(sizes, 200, 2, window=64, block=8, loss_sizes=loss)
     lens, runs = run(samplers)
     totals = samplers[0].step_totals()
@@ -124,7 +124,7 @@ def test_loss_sizes_as_an_array_with_windows():
     # and it is part of the state's digest
     state = samplers[0].state_dict(step=3)
     with pytest.raises(ValueError, match="sizes_digest"):
-        ranks(sizes, 200, 2, window=64, block=8, loss_sizes=loss + 1)[0].load_state_dict(state)
+        ranks(sizes, 200, 2, window=64, block=8, loss_sizes=np.maximum(loss - 1, 0))[0].load_state_dict(state)
 
 
 # ---------------------------------------------------------------- one class, every option at every window size

@@ -28,6 +28,7 @@ PUBLIC_MODULES = (
     "fitbatch.streaming",
     "fitbatch.schedule",
     "fitbatch.cli",
+    "fitbatch.steps",
 )
 
 

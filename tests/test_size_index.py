@@ -581,3 +581,20 @@ def test_another_sizeof_at_the_same_path_is_refused(tmp_path: Path) -> None:
     again = build_size_index(str(tmp_path / "t.parquet"), tmp_path / "idx", column="text",
                              sizeof=lambda texts: [len(t) for t in texts], workers=1)
     assert again.sizes.tolist() == [8, 4]  # the same code: the finished index, opened
+
+
+def test_ray_engine_error_is_the_tasks_own_one_line(
+    tmp_path: Path, ray_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard with a null printed Ray's multi-line, colour-coded traceback as the CLI's one line."""
+    from fitbatch import cli
+
+    pq.write_table(pa.table({"n": pa.array([3, None, 5], pa.int64())}), tmp_path / "null.parquet")
+    with pytest.raises(ValueError) as exc:
+        build_size_index(str(tmp_path / "null.parquet"), tmp_path / "idx", engine="ray")
+    assert "\n" not in str(exc.value) and "\x1b" not in str(exc.value)
+    assert "row 1: missing value" in str(exc.value)
+    assert cli.main(["index", str(tmp_path / "null.parquet"), "-o", str(tmp_path / "cli"), "--engine", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fitbatch: error: ") and "missing value" in err
+    assert "\x1b" not in err and "Traceback" not in err and "ray::" not in err

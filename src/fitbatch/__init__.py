@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fitbatch.collate import (
     PaddedBatch,
+    check_budget,
     make_hf_collate,
     make_pad_collate,
     make_varlen_collate,
@@ -36,13 +37,14 @@ from fitbatch.index import SizeIndex, build_size_index
 from fitbatch.memory import OOMGuard, calibrate
 from fitbatch.plan import BatchPlan, PlanStats, plan_batches
 from fitbatch.sizes import Sizes, as_sizes
+from fitbatch.steps import cp_shard, partition, partition_local
 from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted
 
 if TYPE_CHECKING:  # loaded on first use below: they subclass or import torch
     from fitbatch.sampler import BudgetBatchSampler
     from fitbatch.streaming import batch_stream
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "BudgetBatchSampler": "fitbatch.sampler",
@@ -168,10 +170,14 @@ __all__ = [
     "batch_stream",
     "build_size_index",
     "calibrate",
+    "check_budget",
+    "cp_shard",
     "make_hf_collate",
     "make_pad_collate",
     "make_varlen_collate",
     "pad_collate",
+    "partition",
+    "partition_local",
     "plan_batches",
     "varlen_collate",
 ]

@@ -92,6 +92,21 @@ def parse_budget(value: Any, name: str = "budget") -> float:
     return number
 
 
+def state_mapping(name: str, state: Any) -> Any:
+    """``state`` if it is a mapping (what a ``state_dict()`` returned), else a ``TypeError``.
+
+    >>> state_mapping("sampler", None)
+    Traceback (most recent call last):
+    ...
+    TypeError: sampler state must be a mapping (what state_dict() returned), got NoneType
+    """
+    from collections.abc import Mapping
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{name} state must be a mapping (what state_dict() returned), got {type(state).__name__}")
+    return state
+
+
 def format_offenders(indices: Any, values: Any, limit: int = 5) -> str:
     """'index 3 (size 70000), index 9 (size 52000), ...' for the first ``limit`` offenders."""
     shown = ", ".join(f"index {int(i)} (size {v})" for i, v in zip(indices[:limit], values[:limit]))
@@ -99,10 +114,12 @@ def format_offenders(indices: Any, values: Any, limit: int = 5) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def loss_sizes(values: Any, n: int) -> NDArray[np.float64] | None:
+def loss_sizes(values: Any, n: int, sizes: Any = None) -> NDArray[np.float64] | None:
     """``loss_sizes`` checked and coerced: ``None``, or one finite number >= 0 per sample (float64).
 
-    The tokens of each sample that carry loss (labels != -100), beside the ``n`` sizes.
+    The tokens of each sample that carry loss (labels != -100), beside the ``n`` sizes; with
+    ``sizes`` (one column, the samples' tokens) none may exceed its sample's size: the tokens
+    that carry loss are among the sample's tokens.
 
     >>> loss_sizes([3, 0, 2], 3).tolist()
     [3.0, 0.0, 2.0]
@@ -110,6 +127,10 @@ def loss_sizes(values: Any, n: int) -> NDArray[np.float64] | None:
     Traceback (most recent call last):
     ...
     ValueError: loss_sizes must be finite and >= 0; 1 bad row: index 1 (size -1.0). Pass the tokens of each sample that carry loss (labels != -100)
+    >>> loss_sizes([3, 5, 2], 3, np.array([4.0, 4.0, 4.0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: loss_sizes must not exceed the sizes (a sample's tokens that carry loss are among its tokens); 1 bad row: index 1 (size 5.0) over sizes [4.0]. Pass the tokens of each sample that carry loss (labels != -100), counted in the same units as sizes
     """
     if values is None:
         return None
@@ -129,4 +150,14 @@ def loss_sizes(values: Any, n: int) -> NDArray[np.float64] | None:
             f"loss_sizes must be finite and >= 0; {bad.size} bad row{'s' if bad.size > 1 else ''}: "
             f"{format_offenders(bad, out[bad])}. Pass the tokens of each sample that carry loss (labels != -100)"
         )
+    column = None if sizes is None else np.asarray(sizes)
+    if column is not None and column.ndim == 1 and column.shape[0] == n:
+        over = np.flatnonzero(out > column)
+        if over.size:
+            raise ValueError(
+                "loss_sizes must not exceed the sizes (a sample's tokens that carry loss are among its "
+                f"tokens); {over.size} bad row{'s' if over.size > 1 else ''}: {format_offenders(over, out[over])} "
+                f"over sizes {column[over[:5]].tolist()}. Pass the tokens of each sample that carry loss "
+                "(labels != -100), counted in the same units as sizes"
+            )
     return out

@@ -9,7 +9,8 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
 * ``naive``: the issue's code, ``accelerator.prepare(DataLoader(ds, batch_sampler=sampler,
   collate_fn=fitbatch.pad_collate))``: two epochs, the sampler's own plan beside them, and
   ``accelerator.skip_first_batches(loader, 5)`` of the second.
-* ``full``: ``fitbatch.integrations.accelerate.prepare`` (2 DataLoader workers) and a small
+* ``full``: first, a sampler over halved sizes, whose first collated batch ``prepare``'s budget
+  check refuses; then ``fitbatch.integrations.accelerate.prepare`` (2 DataLoader workers) and a small
   DDP model, two epochs, normalised by ``step_totals``; ``save_state`` after step
   ``--stop-step`` of epoch 1, then on to the end.
 * ``resume``: the same objects, ``load_state`` of that checkpoint, on to the end (any world).
@@ -19,6 +20,9 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
   same sampler yields without accelerate.
 
 ``--window N`` plans the epochs in windows of N samples (``BudgetBatchSampler(window=N)``).
+``--accum K`` accumulates gradients over K batches (``Accelerator(gradient_accumulation_steps=K)``,
+``with acc.accumulate(model)``); each process also logs accelerate's step counter and whether it
+synchronised gradients at each batch.
 
 Each process writes ``{phase}-w{world}-rank{r}.json``: its batches (``[epoch, step, ids]``), what it
 checked, and its final parameters.
@@ -42,6 +46,7 @@ def main() -> None:
     p.add_argument("--phase", choices=("naive", "full", "resume", "compat"), required=True)
     p.add_argument("--stop-step", type=int, default=7)
     p.add_argument("--window", type=int, default=0, help="plan in windows of this many samples (0: one plan)")
+    p.add_argument("--accum", type=int, default=1, help="gradient_accumulation_steps")
     args = p.parse_args()
 
     import torch
@@ -52,7 +57,7 @@ def main() -> None:
     from fitbatch.integrations import accelerate as fb_accelerate
 
     torch.set_num_threads(1)
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.accum)
     lengths = np.load(LENGTHS)[:N]
 
     class Samples(Dataset):
@@ -82,6 +87,14 @@ def main() -> None:
             out[f"step_samples{epoch}"] = sampler.step_totals()[0].tolist()
         out["skip5"] = [ids(b) for b in acc.skip_first_batches(loader, 5)]
     else:
+        if args.phase == "full":  # sizes that are not these rows' (halved): caught at the first collated batch
+            wrong = fitbatch.BudgetBatchSampler(lengths // 2 + 1, BUDGET, cost="padded", seed=0, window=args.window or "auto")
+            unchecked = DataLoader(Samples(), batch_sampler=wrong, collate_fn=fitbatch.pad_collate)
+            try:
+                next(iter(fb_accelerate.prepare(acc, unchecked, register=False)))
+                out["mismatch"] = None
+            except ValueError as exc:
+                out["mismatch"] = str(exc)
         loader = fb_accelerate.prepare(
             acc, DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate, num_workers=2)
         )
@@ -91,6 +104,7 @@ def main() -> None:
         if args.phase == "resume":
             acc.load_state(str(args.out / "ckpt"))
             out["resumed_at"] = [loader.epoch, loader.step]
+            out["acc_step"] = acc.step
         log = []
         for epoch in range(loader.epoch, EPOCHS):
             loader.set_epoch(epoch)
@@ -98,13 +112,14 @@ def main() -> None:
             targets = units - samples  # next-token targets of each step, all ranks
             for batch in loader:
                 k = loader.step - 1
-                x = batch.values % (VOCAB + 1)
-                token_loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:], reduction="none")
-                loss_sum = (token_loss * batch.mask[:, 1:]).sum()
-                acc.backward(loss_sum * acc.num_processes / float(targets[k]))  # DDP averages over ranks
-                optimizer.step()
-                optimizer.zero_grad()
-                log.append([epoch, k, ids(batch)])
+                with acc.accumulate(model):
+                    x = batch.values % (VOCAB + 1)
+                    token_loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:], reduction="none")
+                    loss_sum = (token_loss * batch.mask[:, 1:]).sum()
+                    acc.backward(loss_sum * acc.num_processes / float(targets[k]))  # DDP averages over ranks
+                    optimizer.step()
+                    optimizer.zero_grad()
+                log.append([epoch, k, ids(batch), acc.step, acc.sync_gradients])
                 if args.phase == "full" and epoch == 1 and loader.step == args.stop_step:
                     acc.save_state(str(args.out / "ckpt"))
         out["log"] = log

@@ -11,6 +11,10 @@ tokens, two epochs, ``gradient_accumulation_steps=2``. Phases:
 * ``packed``: packed batches (``cost="sum"``, ``strategy="packed"``) with transformers'
   ``DataCollatorWithFlattening``, one epoch.
 
+A mismatched sampler is tried first (``mismatch`` in the output): in ``full``, sizes one short
+per row (refused when the trainer is built); in ``packed``, the padded collator under the sum
+plan (refused at the first collated batch).
+
 Each process writes ``{phase}-rank{r}.json``: every micro-batch it trained (``[global_step,
 epoch, sample ids, num_items_in_batch]``), each epoch's ``step_totals``, and its final
 parameters.
@@ -104,6 +108,24 @@ def main() -> None:
             log.append([self.state.global_step, self.batch_sampler.epoch, ids, items])
             return super().training_step(model, inputs, num_items_in_batch)
 
+    mismatch = ""
+    if args.phase == "full":  # sizes one short per row: refused when the trainer is built
+        short = fitbatch.BudgetBatchSampler([n - 1 for n in lengths], BUDGET, seed=0, num_replicas=targs.world_size,
+                                            rank=targs.process_index, **options)
+        try:
+            FitbatchTrainer(model=torch.nn.Linear(1, 1), args=targs, train_dataset=dataset, data_collator=collate,
+                            batch_sampler=short)
+        except ValueError as exc:
+            mismatch = str(exc)
+    elif packed:  # the padded collator under the packed sum plan: refused at the first collated batch
+        again = fitbatch.BudgetBatchSampler(lengths, BUDGET, seed=0, num_replicas=targs.world_size,
+                                            rank=targs.process_index, window=args.window or "auto", **options)
+        wrong = FitbatchTrainer(model=torch.nn.Linear(1, 1), args=targs, train_dataset=dataset, data_collator=pad,
+                                batch_sampler=again)
+        try:
+            next(iter(wrong.get_train_dataloader()))
+        except ValueError as exc:
+            mismatch = str(exc)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024)
@@ -112,7 +134,7 @@ def main() -> None:
     resume = str(args.out / "run" / f"checkpoint-{args.resume_step}") if args.phase == "resume" else None
     trainer.train(resume_from_checkpoint=resume)
     out = {"rank": targs.process_index, "world": targs.world_size, "log": log, "totals": totals,
-           "lengths": lengths, "global_step": trainer.state.global_step,
+           "lengths": lengths, "mismatch": mismatch, "global_step": trainer.state.global_step,
            "params": torch.cat([q.detach().flatten() for q in model.parameters()]).tolist()}
     (args.out / f"{args.phase}-rank{targs.process_index}.json").write_text(json.dumps(out))
 

@@ -12,17 +12,27 @@ counting and radix sorts, and a stable sort has one result, so the order is nump
 Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.costs.SumCost`,
 :class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
 classes: a subclass may change ``evaluate``), and :class:`~fitbatch.costs.Limits` over rows
-whose every column has one of them. numba is imported once a process has planned
-``LOAD_AT`` samples (small plans do not pay for the import); the first use compiles (a few
-seconds) and numba caches the machine code next to the module, so later processes load it.
+whose every column has one of them. numba starts loading in a background thread once a process
+has planned ``LOAD_AT`` samples, after the plan that passed it (:func:`planning`): small plans
+never pay for the import, and a first plan of a million samples neither waits for it nor
+shares the processor with it (a plan is the same either way). A call of
+``WAIT_AT`` samples or more, and sum-cost first fit from ``FIRST_FIT_AT`` (a Python loop there),
+wait for it. The first use compiles (a few seconds) and numba caches the machine code next to
+the module, so later processes load it. A plan never depends on when the background load
+finishes: loops whose result could differ from numpy's in the last rounding (running sums of
+fractional sizes) use the compiled form only once it was asked for at a point fixed by the work
+(``WAIT_AT``, ``wait``, ``FITBATCH_JIT=1``, numba imported by the program).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -36,17 +46,28 @@ logger = logging.getLogger(__name__)
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 
-# Samples planned in this process before numba is imported: importing it and loading the cached
-# machine code takes about a second once (measured 1.14 s for a first 1M-sample sequential plan
-# against 0.24 s in numpy), so no plan below about a million samples pays for it.
-LOAD_AT = 1 << 20
-# ... but first-fit packing, about 2 us per sample in Python, loads it from this many samples (its
-# Python loop there takes about as long as loading numba's cached machine code, ~1 s once)
+# Samples planned in this process before numba starts loading in the background, after the plan
+# that passed it: importing it and loading the cached machine code takes about a second of CPU
+# once (measured 1.14 s for a first 1M-sample sequential plan against 0.24 s in numpy), which
+# no plan waits for; a process that plans a small set every epoch (20k samples: 13 epochs) has
+# the compiled loops from then on (20k samples, CPU time on the shared sets: sequential 7-11 ms
+# in numpy, 2-3 ms compiled; packed with the sum cost 17-31 ms, 3-5 ms; pooled 14-18, 9-13 ms).
+LOAD_AT = 1 << 18
+# ... a plan of this many samples waits for it (its numpy loops take longer than the load)
+WAIT_AT = 1 << 22
+# ... and first-fit packing, about 2 us per sample in Python, waits for it from this many samples
+# in one call (its Python loop there takes about as long as loading numba's cached machine code,
+# ~1 s once)
 FIRST_FIT_AT = 1 << 18
 
 _module: ModuleType | None = None
-_tried = False
+_tried = False  # the load finished (with or without the module)
 _work = 0
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_eager = False  # asked for at a point fixed by the work (not by the background thread's timing)
+_planning = 0  # plans under way in this process (the background load starts after them)
+_wanted = False  # LOAD_AT passed while planning: load once the plan is done
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
 _NO_ORDER = np.zeros(0, dtype=np.int64)
 
@@ -67,20 +88,68 @@ def _mode() -> str:
 
 
 def _load() -> ModuleType | None:
+    """Load the compiled loops now (waiting for a background load under way)."""
     global _module, _tried
-    if not _tried:
-        _tried = True
-        if importlib.util.find_spec("numba") is None:
-            logger.debug("numba is not installed: the greedy loops run in numpy")
-            return None
-        try:
-            from fitbatch._kernels import compiled as _jit_kernels
+    with _lock:
+        if not _tried:
+            _module = _import()
+            _tried = True
+    return _module
 
-            _warm(_jit_kernels)
-        except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
-            logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
-            return None
-        _module = _jit_kernels
+
+def _import() -> ModuleType | None:
+    if importlib.util.find_spec("numba") is None:
+        logger.debug("numba is not installed: the greedy loops run in numpy")
+        return None
+    try:
+        from fitbatch._kernels import compiled as _jit_kernels
+
+        _warm(_jit_kernels)
+    except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
+        logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
+        return None
+    return _jit_kernels
+
+
+def _load_in_background() -> None:
+    """Start loading the compiled loops in a daemon thread (once)."""
+    global _thread
+    if _thread is not None:  # started: the lock is the loader's until it is done
+        return
+    with _lock:
+        if _thread is None and not _tried:
+            _thread = threading.Thread(target=_load, name="fitbatch-numba", daemon=True)
+            _thread.start()
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Around one plan: a background load the plan asks for starts when it is done, so that
+    the first large plan of a process runs alone (its result does not depend on it).
+
+    >>> with planning():
+    ...     pass
+    """
+    global _planning, _wanted
+    _planning += 1
+    try:
+        yield
+    finally:
+        _planning -= 1
+        if _wanted and not _planning:
+            _wanted = False
+            _load_in_background()
+
+
+def settle() -> ModuleType | None:
+    """Wait for a background load under way (if any); the compiled module, or ``None``.
+
+    >>> settle() is None or settle() is not None
+    True
+    """
+    thread = _thread
+    if thread is not None:
+        thread.join()
     return _module
 
 
@@ -102,22 +171,40 @@ def _warm(module: ModuleType) -> None:
     module.shuffle_in_pools(draws, draws, 1, draws[:0])
 
 
-def _kernels(work: int) -> ModuleType | None:
-    """The compiled module, once this process has planned ``LOAD_AT`` samples (``work`` more now).
+def _kernels(work: int, wait: bool = False) -> ModuleType | None:
+    """The compiled module if loaded (``work`` more samples planned now; ``None``: use numpy).
 
-    ``FITBATCH_JIT=1`` loads it at the first call, ``FITBATCH_JIT=0`` never; numba already
-    imported by the program also loads it at once.
+    Past ``LOAD_AT`` samples planned in this process it starts loading in the background; a
+    call of ``WAIT_AT`` samples or more (or ``wait``) waits for it. ``FITBATCH_JIT=1`` loads it
+    at the first call, ``FITBATCH_JIT=0`` never; numba already imported by the program (not by
+    the background load) also loads it at once.
     """
-    global _work
+    global _work, _eager
     mode = _mode()
     if mode == "off":
         return None
-    if _module is not None or _tried:
-        return _module
     _work += work
-    if mode == "always" or _work >= LOAD_AT or "numba" in sys.modules:
+    if mode == "always" or wait or work >= WAIT_AT or (_thread is None and "numba" in sys.modules):
+        _eager = True
         return _load()
+    if _tried:
+        return _module
+    if _work >= LOAD_AT:
+        global _wanted
+        if _planning:
+            _wanted = True
+        else:
+            _load_in_background()
     return None
+
+
+def _exact(module: ModuleType | None, sizes: FloatArray, sums: bool) -> ModuleType | None:
+    """``module`` for a loop whose result may differ from numpy's in the last rounding (running
+    sums of fractional sizes: ``sums`` and sizes not all whole) only when it was asked for at a
+    point fixed by the work: a plan does not depend on when the background load finished."""
+    if module is None or _eager or not sums:
+        return module
+    return module if sizes.ndim == 1 and module.all_integral(np.ascontiguousarray(sizes, dtype=np.float64)) else None
 
 
 def _cost_params(cost: CostModel) -> tuple[int, FloatArray] | None:
@@ -147,6 +234,7 @@ def greedy(
         return _greedy_rows(sizes, budget, cost, cap, force, count, max_size, sum_size)
     params = _cost_params(cost)
     module = _kernels(sizes.shape[0]) if params is not None else None
+    module = _exact(module, sizes, type(cost) is not PaddedCost)
     if module is None or params is None:
         return None
     values = np.ascontiguousarray(sizes, dtype=np.float64)
@@ -164,6 +252,9 @@ def _greedy_rows(
     """:func:`greedy` over ``(n, D)`` rows for :class:`Limits` of built-in column costs."""
     columns = [_cost_params(c) for c in cost.costs] if type(cost) is Limits else [None]
     module = _kernels(sizes.shape[0]) if None not in columns else None
+    if module is not None and not _eager and not all(type(c) is PaddedCost for c in getattr(cost, "costs", ())):
+        whole = bool(np.all(sizes == np.floor(sizes)))
+        module = module if whole else None
     if module is None or type(cost) is not Limits:
         return None
     kinds = np.array([c[0] for c in columns if c is not None], dtype=np.int64)
@@ -179,7 +270,7 @@ def _greedy_rows(
 
 def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray | None:
     """:func:`fitbatch._kernels.batches.sum_starts` compiled, or ``None`` when not compiled."""
-    module = _kernels(sizes.shape[0])
+    module = _exact(_kernels(sizes.shape[0]), sizes, True)
     if module is None:
         return None
     result: IntArray = module.prefix_sum_starts(np.ascontiguousarray(sizes, dtype=np.float64), float(budget), int(room))
@@ -196,7 +287,7 @@ def first_fit_in_place(
     Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
     samples on, not only after ``LOAD_AT``.
     """
-    module = _kernels(LOAD_AT if sizes.shape[0] >= FIRST_FIT_AT else sizes.shape[0])
+    module = _kernels(sizes.shape[0], wait=sizes.shape[0] >= FIRST_FIT_AT)
     if module is None:
         return None
     n = sizes.shape[0]
@@ -265,7 +356,7 @@ def run_totals(
     """Running (items, real units, padded units, batches over budget) after each batch
     ``sizes[cuts[b]:cuts[b + 1]]`` added to ``base`` (a stream's totals), or ``None``."""
     params = _cost_params(cost)
-    module = _kernels(0) if params is not None and sizes.ndim == 1 else None
+    module = _exact(_kernels(0), sizes, True) if params is not None and sizes.ndim == 1 else None
     if module is None or params is None:
         return None
     _, e0, r0, p0, o0 = base

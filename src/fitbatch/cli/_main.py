@@ -35,6 +35,7 @@ import fitbatch.index
 import fitbatch.sizes
 from fitbatch.cli._demo import stdlib_function_lengths
 from fitbatch.epoch._arrange import arrange
+from fitbatch.index._format import is_index_dir
 from fitbatch.plan._baseline import fixed_size_plan, largest_safe_batch_size
 from fitbatch.plan._planner import OVERSIZED
 from fitbatch.strategies import strategy_names
@@ -281,7 +282,9 @@ def plan_rows(sizes: fitbatch.Sizes, args: argparse.Namespace) -> list[PlanRow]:
 
 
 def _load(source: str, column: str | None) -> Any:
-    if column is None and os.path.isfile(os.path.join(source, "manifest.json")):  # a SizeIndex
+    if is_index_dir(source):  # a SizeIndex, finished or interrupted: never a directory of files
+        if column is not None:
+            raise CliError(f"{source} is a size index (one column of sizes): drop --column")
         try:
             return fitbatch.SizeIndex.open(source)
         except (OSError, ValueError) as exc:
@@ -378,7 +381,8 @@ def _plan(args: argparse.Namespace) -> int:
 def _sizes(args: argparse.Namespace) -> int:
     raw = _load(args.source, args.column)
     try:
-        np.save(args.output, getattr(raw, "sizes", raw))
+        with open(args.output, "wb") as fh:  # this very path (np.save would append .npy to another name)
+            np.save(fh, getattr(raw, "sizes", raw))
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {_reason(exc)}") from None
     if args.paths:
@@ -453,8 +457,15 @@ def _add_plan(sub: Any) -> None:
     index.set_defaults(func=_index)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, like every other error (status 2)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fitbatch", description="Batches that fit a memory budget.")
+    parser = _Parser(prog="fitbatch", description="Batches that fit a memory budget.")
     parser.add_argument("--version", action="version", version=f"fitbatch {fitbatch.__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)

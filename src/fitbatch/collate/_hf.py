@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fitbatch.collate import _fields as F
 from fitbatch.collate._pad import padded_dtype
 from fitbatch.collate._shapes import _pick, as_shapes
 
@@ -29,6 +30,30 @@ def _int(name: str, value: Any, low: int | None = None) -> int:
         bound = f" >= {low}" if low is not None else ""
         raise TypeError(f"{name} must be an int{bound}, got {value!r}")
     return int(value)
+
+
+def _pad_values(given: Mapping[str, float] | None, pad_token_id: int, label_pad: int) -> dict[str, float]:
+    """The padding value of every field: ``pad_values``, where ``input_ids`` and ``labels`` may be
+    named too (they must agree with ``pad_token_id``; a ``labels`` entry replaces the default
+    ``label_pad``) and ``attention_mask`` pads with 0 only."""
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"pad_values must be a mapping of field name to padding value, got {type(given).__name__}")
+    values = dict(given or {})
+    if values.setdefault("input_ids", pad_token_id) != pad_token_id:
+        raise ValueError(
+            f"pad_values['input_ids']={values['input_ids']!r} disagrees with pad_token_id={pad_token_id}: give one"
+        )
+    if "labels" in values and label_pad not in (-100, values["labels"]):
+        raise ValueError(f"pad_values['labels']={values['labels']!r} disagrees with label_pad={label_pad}: give one")
+    values.setdefault("labels", label_pad)
+    for key in INT_PADDED:
+        _int(f"pad_values[{key!r}]", values[key])
+    if values.setdefault("attention_mask", 0) != 0:
+        raise ValueError(f"pad_values['attention_mask'] must be 0 (padding is masked out), got {values['attention_mask']!r}")
+    return values
+
+
+INT_PADDED = ("input_ids", "labels")
 
 
 def make_hf_collate(
@@ -49,8 +74,9 @@ def make_hf_collate(
     Args:
         pad_token_id: the value of padded ``input_ids`` (``tokenizer.pad_token_id``).
         label_pad: the value of padded ``labels`` (``-100``: no loss there).
-        pad_values: the padding value of other fields by name (default 0 for any field not
-            named; ``attention_mask`` is always padded with 0).
+        pad_values: the padding value of fields by name (default 0 for any field not
+            named; ``attention_mask`` is always padded with 0). ``labels`` here replaces
+            ``label_pad``; ``input_ids`` here must equal ``pad_token_id``.
         pad_to_multiple_of: round the padded length up to a multiple of this (8 for tensor cores).
         position_ids: also return ``position_ids`` ``(B, L)``: 0, 1, ... in every row.
         shapes: allowed ``(rows, length)`` shapes (a ``(k, 2)`` array-like, e.g. a plan's
@@ -65,9 +91,12 @@ def make_hf_collate(
     Raises:
         TypeError: if ``pad_token_id``, ``label_pad`` or ``pad_to_multiple_of`` is not an int
             (``pad_to_multiple_of`` >= 1).
-        ValueError: for an unknown ``return_tensors`` or bad ``shapes``; the collate function
-            raises ``ValueError`` for an empty batch, a sample without ``input_ids``, fields
-            whose shapes differ beyond the length axis, or a batch no shape fits.
+        ValueError: for an unknown ``return_tensors``, bad ``shapes`` or ``pad_values`` that
+            disagree with ``pad_token_id``/``label_pad``; the collate function raises
+            ``ValueError`` for a batch that breaks the field rules (:mod:`fitbatch.collate._fields`:
+            a field in some samples only, ``None`` or non-numeric values, float ``input_ids``,
+            ``labels`` or ``attention_mask`` not as long as ``input_ids``), fields whose shapes
+            differ beyond the length axis, or a batch no shape fits.
 
     >>> collate = make_hf_collate(pad_token_id=0, return_tensors="np")
     >>> out = collate([{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8], "labels": [8]}])
@@ -78,12 +107,7 @@ def make_hf_collate(
         raise TypeError(
             "pad_token_id must be an int: pass tokenizer.pad_token_id (or eos_token_id if it has none)"
         )
-    values = {k: v for k, v in (pad_values or {}).items()}
-    values.update(
-        input_ids=_int("pad_token_id", pad_token_id),
-        labels=_int("label_pad", label_pad),
-        attention_mask=0,
-    )
+    values = _pad_values(pad_values, _int("pad_token_id", pad_token_id), _int("label_pad", label_pad))
     multiple = _int("pad_to_multiple_of", pad_to_multiple_of, low=1)
     if return_tensors not in RETURN_TENSORS:
         raise ValueError(f"return_tensors must be one of {RETURN_TENSORS}, got {return_tensors!r}")
@@ -105,23 +129,16 @@ def make_hf_collate(
     return collate
 
 
-def _columns(batch: Sequence[Mapping[str, Any]]) -> dict[str, list[np.ndarray]]:
-    if len(batch) == 0:
-        raise ValueError("cannot collate an empty batch")
-    for i, sample in enumerate(batch):
-        if not isinstance(sample, Mapping) or "input_ids" not in sample:
-            found = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
-            raise ValueError(
-                f"sample {i} has no 'input_ids' (got {found}): make_hf_collate takes dict samples"
-            )
-    bad = [i for i, s in enumerate(batch) if np.ndim(s["input_ids"]) != 1]
-    if bad:
-        raise ValueError(f"sample {bad[0]}: 'input_ids' must be a 1-D sequence of token ids")
-    keys = list(batch[0])
-    missing = [(i, k) for i, s in enumerate(batch) for k in keys if k not in s]
-    if missing:
-        raise ValueError(f"sample {missing[0][0]} has no {missing[0][1]!r}, which sample 0 has")
-    return {k: [np.asarray(s[k]) for s in batch] for k in keys}
+def _columns(batch: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], dict[str, list[np.ndarray]]]:
+    """The samples and every field's values, checked by the field rules (:mod:`._fields`)."""
+    items = F.check_batch(batch, "make_hf_collate takes dict samples")
+    columns = {k: F.values(items, k) for k in items[0]}
+    lengths = F.check_tokens(columns["input_ids"])
+    if "labels" in columns:
+        F.check_labels(columns["labels"], lengths, per_sample=True)
+    if "attention_mask" in columns:
+        F.check_mask(columns["attention_mask"], lengths)
+    return items, columns
 
 
 def _collate(
@@ -130,7 +147,7 @@ def _collate(
     multiple: int,
     table: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
-    columns = _columns(batch)
+    batch, columns = _columns(batch)
     sequences = {k: v for k, v in columns.items() if v[0].ndim >= 1}
     lens = {
         k: np.fromiter((x.shape[0] for x in v), dtype=np.int64, count=len(v))

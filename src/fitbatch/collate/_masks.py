@@ -13,9 +13,14 @@ Both take ``seq_idx``: the sample index of each token (what :func:`make_varlen_c
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
+
+#: the longest row :func:`block_causal_mask` builds by default: a (T, T) float32 mask of
+#: 16,384 tokens is 1 GiB (40,000 tokens: 6.4 GB); pass ``max_tokens`` to allow more
+MAX_DENSE_TOKENS = 16_384
 
 
 def _seq_idx_tensor(seq_idx: Any) -> Any:
@@ -31,20 +36,24 @@ def _seq_idx_tensor(seq_idx: Any) -> Any:
     return ids.long()
 
 
-def block_causal_mask(seq_idx: Any, *, dtype: Any = None) -> Any:
+def block_causal_mask(seq_idx: Any, *, dtype: Any = None, max_tokens: int | None = MAX_DENSE_TOKENS) -> Any:
     """The additive ``(1, 1, T, T)`` block-diagonal causal mask of a padding-free row.
 
     Args:
         seq_idx: the sample index of each token, shape ``(T,)`` or ``(1, T)`` (tensor or array).
         dtype: a floating torch dtype (default ``torch.float32``); allowed positions hold 0,
             the others ``torch.finfo(dtype).min``. Match the model's dtype.
+        max_tokens: the longest row to build a dense mask for (default :data:`MAX_DENSE_TOKENS`,
+            16,384: 1 GiB in float32); ``None``: no limit.
 
     Returns:
         A torch tensor ``(1, 1, T, T)``, to pass as a transformers model's ``attention_mask``.
 
     Raises:
-        ValueError: if ``seq_idx`` is not a 1-D (or ``(1, T)``) integer array, or ``dtype`` is not
-            a floating dtype.
+        ValueError: if ``seq_idx`` is not a 1-D (or ``(1, T)``) integer array, ``dtype`` is not
+            a floating dtype, or ``T`` exceeds ``max_tokens`` (the message names the ways out:
+            FlashAttention's varlen arguments, :func:`document_block_mask`, a smaller budget,
+            or a larger ``max_tokens``).
 
     >>> import torch
     >>> mask = block_causal_mask([0, 0, 1], dtype=torch.float32)
@@ -59,10 +68,24 @@ def block_causal_mask(seq_idx: Any, *, dtype: Any = None) -> Any:
             f"dtype must be a floating torch dtype such as torch.float32, got {dtype!r}"
         )
     ids = _seq_idx_tensor(seq_idx)
+    _check_dense(int(ids.shape[0]), max_tokens, dtype.itemsize)
     pos = torch.arange(ids.shape[0], device=ids.device)
     allowed = (ids[:, None] == ids[None, :]) & (pos[None, :] <= pos[:, None])
     mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype, device=ids.device)
     return mask.masked_fill_(allowed, 0.0)[None, None]
+
+
+def _check_dense(n: int, max_tokens: int | None, itemsize: int) -> None:
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1 or None, got {max_tokens!r}")
+    if n > max_tokens:
+        raise ValueError(
+            f"a dense ({n}, {n}) attention mask needs {n * n * itemsize / 2**30:.1f} GiB (max_tokens={max_tokens}): "
+            "use FlashAttention's varlen path (the collate's cu_seq_lens, no mask), document_block_mask "
+            "(flex attention), a smaller budget, or pass max_tokens (make_varlen_collate(max_mask_tokens=...))"
+        )
 
 
 def document_block_mask(
@@ -82,7 +105,8 @@ def document_block_mask(
         ``(1, heads, T, head_dim)``.
 
     Raises:
-        ValueError: for a ``seq_idx`` that is not 1-D integer indices.
+        ValueError: for a ``seq_idx`` that is not 1-D integer indices, or a ``block_size``
+            that is not an int >= 1.
         ImportError: if this torch has no ``flex_attention`` (torch < 2.5).
 
     >>> import torch
@@ -92,6 +116,8 @@ def document_block_mask(
     >>> mask.to_dense().shape  # one entry per (query block, key block)
     torch.Size([1, 1, 3, 3])
     """
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1 (the BlockMask tile, default 128), got {block_size!r}")
     from torch.nn.attention.flex_attention import create_block_mask
 
     ids = _seq_idx_tensor(seq_idx)

@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fitbatch.collate._fields import as_batch
+
 
 class PaddedBatch(NamedTuple):
     """Padded sequences: ``values`` (B, L, ...), ``lengths`` (B,), ``mask`` (B, L) True = real.
@@ -152,8 +154,7 @@ def make_pad_collate(
 
     def collate(batch: Sequence[Any]) -> Any:
         """Collate ``batch``, padding sequences (see :func:`make_pad_collate`)."""
-        if len(batch) == 0:
-            raise ValueError("cannot collate an empty batch")
+        batch = as_batch(batch, "samples")  # a generator is read once; empty: ValueError
         first = batch[0]
         if isinstance(first, Mapping):
             return {k: collate([b[k] for b in batch]) for k in first}

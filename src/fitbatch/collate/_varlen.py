@@ -23,20 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from fitbatch.collate._masks import block_causal_mask
+from fitbatch.collate import _fields as F
+from fitbatch.collate._masks import MAX_DENSE_TOKENS, _check_dense, block_causal_mask
 from fitbatch.collate._shapes import _pick, as_shapes
 
 RETURN_TENSORS = ("pt", "np")
 _RESERVED = ("input_ids", "labels", "position_ids", "seq_idx", "attention_mask")
-
-
-def _tokens(sample: Any, key: str, index: int) -> np.ndarray:
-    arr = np.asarray(sample[key])
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(
-            f"sample {index}: {key!r} must be a 1-D sequence of ints, got shape {arr.shape} {arr.dtype}"
-        )
-    return arr
 
 
 def _check_options(
@@ -67,6 +59,7 @@ def make_varlen_collate(
     causal_mask: bool = False,
     dtype: Any = None,
     shapes: Any = None,
+    max_mask_tokens: int | None = MAX_DENSE_TOKENS,
 ) -> Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]:
     """A collate function concatenating dict samples into one padding-free ``(1, T)`` row.
 
@@ -93,10 +86,12 @@ def make_varlen_collate(
         ``collate(samples) -> dict``, to pass as a ``DataLoader``'s ``collate_fn``.
 
     Raises:
-        ValueError: for an unknown ``return_tensors``, bad ``keep_fields`` or ``shapes``; the
-            collate function raises ``ValueError`` for an empty batch, a sample without
-            ``input_ids`` or with no tokens, per-token fields whose length differs from
-            ``input_ids``, or a batch no shape fits.
+        ValueError: for an unknown ``return_tensors``, bad ``keep_fields``, ``shapes`` or
+            ``max_mask_tokens``; the collate function raises ``ValueError`` for a batch that
+            breaks the field rules (:mod:`fitbatch.collate._fields`: ``labels`` in some samples
+            only, ``None`` or non-numeric values, float ``input_ids``), a sample with no tokens,
+            per-token fields whose length differs from ``input_ids``, a batch no shape fits, or
+            (``causal_mask``) a row longer than ``max_mask_tokens``.
         TypeError: if ``pad_token_id`` or ``label_pad`` is not an int.
 
     >>> collate = make_varlen_collate(return_tensors="np")
@@ -116,11 +111,12 @@ def make_varlen_collate(
     table = None if shapes is None else as_shapes(shapes)
     if dtype is not None and not causal_mask:
         raise ValueError("dtype is the attention mask's dtype: pass it with causal_mask=True")
+    _check_dense(0, max_mask_tokens, 4)  # a bad max_mask_tokens fails here, not at the first batch
 
     def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Concatenate ``batch`` into one row (see :func:`make_varlen_collate`)."""
         arrays = _concatenate(batch, keep, int(pad_token_id), int(label_pad), separator, table)
-        return _convert(arrays, return_tensors, causal_mask, dtype)
+        return _convert(arrays, return_tensors, causal_mask, dtype, max_mask_tokens)
 
     return collate
 
@@ -128,38 +124,30 @@ def make_varlen_collate(
 def _fields(
     batch: Sequence[Mapping[str, Any]], keep: tuple[str, ...]
 ) -> tuple[list[np.ndarray], dict[str, list]]:
-    """Each sample's ``input_ids`` and its other per-token fields, validated."""
-    if len(batch) == 0:
-        raise ValueError("cannot collate an empty batch")
-    ids: list[np.ndarray] = []
-    others: dict[str, list[np.ndarray]] = {k: [] for k in ("labels", *keep)}
-    has_labels = isinstance(batch[0], Mapping) and "labels" in batch[0]
-    for i, sample in enumerate(batch):
-        if not isinstance(sample, Mapping) or "input_ids" not in sample:
-            found = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
-            raise ValueError(
-                f"sample {i} has no 'input_ids' (got {found}): varlen samples are dicts of token ids"
-            )
-        tokens = _tokens(sample, "input_ids", i)
-        if tokens.size == 0:
-            raise ValueError(f"sample {i} has no tokens: drop empty samples before collating")
-        ids.append(tokens)
-        for key in others:
-            if key == "labels" and not has_labels:
-                continue
-            if key not in sample:
+    """Each sample's ``input_ids`` and its other per-token fields, checked by the field rules
+    (:mod:`._fields`: ``labels`` in every sample or in none, ...); ``labels`` default to
+    ``input_ids``."""
+    items = F.check_batch(batch, "varlen samples are dicts of token ids")
+    for key in keep:
+        if key not in items[0]:
+            raise ValueError(f"sample 0 has no {key!r}, which keep_fields names")
+    ids = F.values(items, "input_ids")
+    lengths = F.check_tokens(ids)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise ValueError(f"sample {int(empty[0])} has no tokens: drop empty samples before collating")
+    others: dict[str, list[np.ndarray]] = {"labels": ids}
+    if "labels" in items[0]:
+        others["labels"] = F.values(items, "labels")
+        F.check_labels(others["labels"], lengths, per_sample=False)
+    for key in keep:
+        others[key] = F.values(items, key)
+        for i, arr in enumerate(others[key]):
+            if arr.shape[:1] != (lengths[i],):
                 raise ValueError(
-                    f"sample {i} has no {key!r}, which sample 0 has (or keep_fields names)"
+                    f"sample {i}: {key!r} has {arr.shape[:1]} positions but 'input_ids' has {lengths[i]}"
                 )
-            values = np.asarray(sample[key])
-            if values.shape[:1] != tokens.shape:
-                raise ValueError(
-                    f"sample {i}: {key!r} has {values.shape[:1]} positions but 'input_ids' has {tokens.size}"
-                )
-            others[key].append(values)
-    if not has_labels:
-        others["labels"] = ids
-    return ids, others
+    return [a.astype(np.int64, copy=False) for a in ids], others
 
 
 def _concatenate(
@@ -200,7 +188,7 @@ def _concatenate(
 
 
 def _convert(
-    arrays: dict[str, Any], return_tensors: str, causal_mask: bool, dtype: Any
+    arrays: dict[str, Any], return_tensors: str, causal_mask: bool, dtype: Any, max_tokens: int | None = MAX_DENSE_TOKENS
 ) -> dict[str, Any]:
     cu, longest = arrays.pop("cu_seq_lens"), arrays.pop("max_length")
     if return_tensors == "pt":
@@ -214,7 +202,7 @@ def _convert(
         out = {k: v[None] for k, v in arrays.items()}
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
     if causal_mask:
-        out["attention_mask"] = block_causal_mask(out["seq_idx"], dtype=dtype)
+        out["attention_mask"] = block_causal_mask(out["seq_idx"], dtype=dtype, max_tokens=max_tokens)
     return out
 
 

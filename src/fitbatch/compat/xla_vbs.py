@@ -90,7 +90,8 @@ class CustomSampler(ScheduledBatchSampler):
             or a :class:`fitbatch.schedule.BatchSizeSchedule`; every batch size a multiple of
             ``minibatch_size``.
         seed: the shuffle's seed.
-        num_replicas, rank: the data-parallel world (from ``torch.distributed`` when omitted).
+        num_replicas: the data-parallel world size (from ``torch.distributed`` when omitted).
+        rank: this process's rank (from ``torch.distributed`` when omitted).
         minibatch_size: samples per micro-batch on one rank.
         verbose: log the trace and the epoch arithmetic at INFO level.
 

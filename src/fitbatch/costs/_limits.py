@@ -269,6 +269,14 @@ def one_budget(where: str, budget: Any, cost: Any) -> Any:
     return budget
 
 
+def _named_columns(columns: tuple[str, ...]) -> str:
+    example = ", ".join(f"{c!r}: ..." for c in columns)
+    return (
+        f"sizes are named columns {list(columns)}: pass budget as a mapping of the same "
+        f"names (one limit per column), e.g. budget={{{example}}}"
+    )
+
+
 def check_limits(columns: tuple[str, ...] | None, cost: CostModel) -> CostModel:
     """``cost``, or a clear ``ValueError`` when it and the sizes' ``columns`` disagree.
 
@@ -282,12 +290,41 @@ def check_limits(columns: tuple[str, ...] | None, cost: CostModel) -> CostModel:
     if isinstance(cost, Limits):
         return cost.check_columns(columns)
     if columns is not None:
-        example = ", ".join(f"{c!r}: ..." for c in columns)
-        raise ValueError(
-            f"sizes are named columns {list(columns)}: pass budget as a mapping of the same "
-            f"names (one limit per column), e.g. budget={{{example}}}"
-        )
+        raise ValueError(_named_columns(columns))
     return cost
+
+
+def check_budget_shape(columns: tuple[str, ...] | None, *, budget: Any = None, cost: CostModel | None = None) -> None:
+    """The one rule that ``plan_batches``, ``set_budget`` and ``set_cost`` share: sizes of named
+    ``columns`` take a budget mapping of those names (and a :class:`Limits` cost), 1-D sizes
+    (``columns`` ``None``) one number and a cost of one column.
+
+    A sampler over several limits plans against fills (a budget of 1): a plain number given to
+    its ``set_budget`` would become the allowed *fill*, so it is refused as ``plan_batches``
+    refuses it.
+
+    >>> check_budget_shape(None, budget=8192)
+    >>> check_budget_shape(("images", "tokens"), budget=8192)
+    Traceback (most recent call last):
+    ...
+    ValueError: sizes are named columns ['images', 'tokens']: pass budget as a mapping of the same names (one limit per column), e.g. budget={'images': ..., 'tokens': ...}
+    """
+    if budget is not None:
+        if columns is not None and not isinstance(budget, Mapping):
+            raise ValueError(_named_columns(columns))
+        if columns is None and isinstance(budget, Mapping):
+            raise ValueError(
+                f"budget is a mapping of columns {sorted(map(str, budget))} but the sizes have no column "
+                "names; pass one budget (a number or a string such as '2GiB'), or sizes as a mapping of "
+                "the same names"
+            )
+    if cost is not None:
+        check_limits(columns, cost)
+
+
+def limit_columns(cost: CostModel) -> tuple[str, ...] | None:
+    """The size columns a cost in force plans (a :class:`Limits`' names), ``None`` for one column."""
+    return cost.names if isinstance(cost, Limits) else None
 
 
 def describer(model: CostModel, values: FloatArray) -> Callable[[int], str] | None:

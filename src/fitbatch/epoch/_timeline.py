@@ -34,7 +34,7 @@ from fitbatch.costs import (
     resolve_cost,
     resolve_limits,
 )
-from fitbatch.costs._limits import check_limits, describer
+from fitbatch.costs._limits import check_budget_shape, check_limits, describer, limit_columns
 from fitbatch.epoch._arrange import (
     Steps,
     StepTotals,
@@ -346,6 +346,7 @@ def budget_change(opts: PlanOptions, budget: Any) -> Change | None:
     >>> budget_change(PlanOptions.build(100), 80), budget_change(PlanOptions.build(100), "100")
     (({'budget': 80.0}, None), None)
     """
+    check_budget_shape(limit_columns(opts.cost), budget=budget)  # the shape plan_batches takes
     if isinstance(budget, Mapping) and isinstance(opts.cost, Limits):  # several limits: new fills
         limits = opts.cost
         if tuple(sorted(budget)) != limits.names:
@@ -362,6 +363,7 @@ def cost_change(opts: PlanOptions, cost: Any) -> Change | None:
     {'cost': {'kind': 'sum', 'weights': None}}
     """
     model = resolve_cost(cost)
+    check_budget_shape(limit_columns(opts.cost), cost=model)  # the shape plan_batches takes
     return ({COST_KEY: model.to_dict()}, model) if model != opts.cost else None
 
 

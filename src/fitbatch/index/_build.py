@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, positive_int
 from fitbatch.index import _format
 from fitbatch.index._index import SizeIndex
-from fitbatch.index._sources import FORMATS, Shard, plan_shards, read_shard
+from fitbatch.index._sources import FORMATS, Shard, plan_shards, read_shard, shard_stamps
 from fitbatch.sizes._columns import _require
 
 logger = logging.getLogger("fitbatch.index")
@@ -100,8 +100,8 @@ def _ray(
                 i = pending.pop(ref)
                 try:
                     values = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:  # re-raise the task's own exception
-                    raise exc.as_instanceof_cause() from None
+                except ray.exceptions.RayTaskError as exc:  # the task's own exception, its message alone
+                    raise _task_error(exc) from None
                 yield i, values
                 nxt = next(queue, None)
                 if nxt is not None:
@@ -118,6 +118,16 @@ def _ray(
             ray.shutdown()
 
 
+def _task_error(exc: Any) -> BaseException:
+    """The exception a Ray task raised, with its own message (Ray's wrapper carries the
+    worker's whole traceback, colour codes included, in its text)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not type(cause).__module__.startswith("ray"):
+        return cause.with_traceback(None)
+    first = next((line for line in reversed(str(exc).splitlines()) if line.strip()), type(exc).__name__)
+    return RuntimeError(f"a Ray task failed: {first}")
+
+
 def _bar(enabled: bool | None, total: int, done: int) -> Any:
     if enabled is False or (enabled is None and not sys.stderr.isatty()):
         return None
@@ -128,6 +138,18 @@ def _bar(enabled: bool | None, total: int, done: int) -> Any:
             _require("tqdm", "progress", "a progress bar")
         return None
     return tqdm.tqdm(total=total, initial=done, desc="sizing shards", unit=" shards", leave=False)
+
+
+def _check_unchanged(where: str, shards: list[dict[str, Any]], stamps: list[str]) -> None:
+    """Refuse a finished index whose source changed since (a shard's size or modification time);
+    an index written before stamps has none to compare."""
+    changed = [s["name"] for s, now in zip(shards, stamps) if "stamp" in s and s["stamp"] != now]
+    if changed:
+        raise ValueError(
+            f"{where} was built from {len(changed)} shard(s) that changed since (size or modification "
+            f"time): {', '.join(changed[:3])}: its sizes are stale; rebuild it (delete {where}, or "
+            "choose another path)"
+        )
 
 
 def build_size_index(
@@ -146,7 +168,9 @@ def build_size_index(
 
     Shards are sized in parallel but stored in source order. A re-run after a crash or an
     interrupt sizes only the shards not yet written (a shard is written whole or not at all);
-    a finished index of the same source is opened as it is.
+    a finished index of the same, unchanged source is opened as it is. A shard is known by its
+    name and its file's size and modification time: a part of a shard rewritten since it was
+    written is sized again, and a finished index of a rewritten source is refused.
 
     Args:
         source: parquet files, ``.tar`` (WebDataset) shards, Megatron ``.idx`` files, an MDS
@@ -172,7 +196,11 @@ def build_size_index(
 
     Raises:
         ValueError: an unknown engine or format, an option that does not apply to the format,
-            a bad size (its shard and row are named), or ``path`` holding another build.
+            a bad size (its shard and row are named), a ``sizeof`` that does not return one
+            size per row, parquet files without ``column=`` whose only columns differ,
+            ``path`` holding another build, or a finished index at ``path`` whose source
+            changed since (a shard's size or modification time; a resumed build sizes such
+            shards again instead).
         ImportError: ``pyarrow``, ``datasets`` or ``ray`` is needed and missing.
 
     >>> import os, tempfile, numpy as np, pyarrow as pa, pyarrow.parquet as pq
@@ -194,9 +222,11 @@ def build_size_index(
         source, column=column, sizeof=sizeof, format=format, rows_per_shard=rows
     )
     names = [s.name for s in shards]
+    stamps = shard_stamps(shards)  # each shard's file size and modification time
     if _format.is_index(where):
         found = _format.read_manifest(where)
         if found["source"] == desc and [s["name"] for s in found["shards"]] == names:
+            _check_unchanged(where, found["shards"], stamps)
             logger.info("size index %s is already built from %s", where, desc)
             return SizeIndex.open(where)
         raise ValueError(
@@ -206,7 +236,7 @@ def build_size_index(
         raise ValueError(
             f"{where} exists and holds no size index: choose another path, or an empty one"
         )
-    _format.start_build(where, desc, names)
+    _format.start_build(where, desc, names, stamps)
     done = set(_format.done_parts(where, len(shards)))
     todo = [(i, s) for i, s in enumerate(shards) if i not in done]
     if done:
@@ -226,7 +256,7 @@ def build_size_index(
     finally:
         if bar is not None:
             bar.close()
-    _format.finish_build(where, desc, names)
+    _format.finish_build(where, desc, names, stamps)
     logger.info(
         "built %s from %d shards (%s engine) in %.2f s",
         where,

@@ -134,8 +134,12 @@ def done_parts(path: str, n_shards: int) -> list[int]:
     return [i for i in range(n_shards) if os.path.isfile(part_path(path, i))]
 
 
-def start_build(path: str, source: str, shards: list[str]) -> None:
+def start_build(path: str, source: str, shards: list[str], stamps: list[str] | None = None) -> None:
     """Create ``path/parts`` and record what is built, or check that a resumed build is the same one.
+
+    ``stamps`` (one per shard, see :func:`fitbatch.index._sources.shard_stamps`): a part
+    written while its shard had another stamp (the source file was rewritten since) is removed,
+    so that the shard is sized again; a record without stamps (an older fitbatch) keeps none.
 
     Raises:
         ValueError: ``path`` holds parts of another source or another list of shards.
@@ -143,20 +147,48 @@ def start_build(path: str, source: str, shards: list[str]) -> None:
     parts = os.path.join(path, PARTS)
     os.makedirs(parts, exist_ok=True)
     record = os.path.join(parts, BUILD)
-    wanted = {"source": source, "shards": shards}
+    wanted: dict[str, Any] = {"source": source, "shards": shards}
+    if stamps is not None:
+        wanted["stamps"] = stamps
     if os.path.isfile(record):
-        with open(record, encoding="utf-8") as fh:
-            found = json.load(fh)
-        if found != wanted:
+        found = _read_json(record, f"{path} (an interrupted build)", "delete it to start again")
+        if (found.get("source"), found.get("shards")) != (source, shards):
             raise ValueError(
                 f"{path} holds a partial build of another source ({found.get('source')!r}, "
                 f"{len(found.get('shards', []))} shards) than {source!r} ({len(shards)} shards): "
                 "choose another path, or delete it to start again"
             )
+        before = found.get("stamps")
+        if stamps is None or before == stamps:
+            return
+        changed = [
+            i for i in range(len(shards)) if before is None or i >= len(before) or before[i] != stamps[i]
+        ]
+        stale = [i for i in changed if os.path.isfile(part_path(path, i))]
+        for i in stale:
+            os.remove(part_path(path, i))
+        if stale:
+            logger.warning(
+                "%s: %d shard(s) changed since their part was written (size or modification time), "
+                "sized again: %s", path, len(stale), ", ".join(shards[i] for i in stale[:3])
+            )
+        _write_json(record, wanted)
         return
-    for stale in os.listdir(parts):  # temporaries of an interrupted create()
-        os.remove(os.path.join(parts, stale))
+    for stale_file in os.listdir(parts):  # temporaries of an interrupted create()
+        os.remove(os.path.join(parts, stale_file))
     _write_json(record, wanted)
+
+
+def _read_json(target: str, what: str, way_out: str) -> dict[str, Any]:
+    """A JSON object from ``target``, or a ``ValueError`` naming it, ``what`` it belongs to and the way out."""
+    try:
+        with open(target, encoding="utf-8") as fh:
+            found = json.load(fh)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{target} is not valid JSON ({exc}): {what} is damaged; {way_out}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"{target} holds a {type(found).__name__}, not an object: {what} is damaged; {way_out}")
+    return found
 
 
 def _write_json(target: str, obj: Any) -> None:
@@ -183,22 +215,31 @@ def column_dtype(integral: bool, maximum: float | int) -> np.dtype[Any]:
     return np.dtype(np.int32) if maximum <= np.iinfo(np.int32).max else np.dtype(np.int64)
 
 
-def finish_build(path: str, source: str, names: list[str]) -> dict[str, Any]:
+def finish_build(
+    path: str, source: str, names: list[str], stamps: list[str] | None = None
+) -> dict[str, Any]:
     """Turn complete parts into ``sizes.npy`` and ``manifest.json``; returns the manifest.
 
+    ``stamps``: each shard's stamp, kept in the manifest so that a rewritten source is not
+    taken for the one indexed.
+
     Raises:
-        ValueError: no sizes at all (an empty source).
+        ValueError: no sizes at all (an empty source); the parts are removed, so the path is
+            free for the next build.
     """
     shards: list[dict[str, Any]] = []
     offset = 0
     integral = True
-    for name, values in zip(names, _loaded_parts(path, len(names))):
+    for k, (name, values) in enumerate(zip(names, _loaded_parts(path, len(names)))):
         stats = shard_stats(name, values)
+        if stamps is not None:
+            stats["stamp"] = stamps[k]
         stats["offset"] = offset
         offset += stats["count"]
         integral &= values.dtype.kind in "iu" or values.size == 0  # an empty shard has no type
         shards.append(stats)
     if offset == 0:
+        shutil.rmtree(os.path.join(path, PARTS), ignore_errors=True)  # nothing to resume: free the path
         raise ValueError(
             f"{source}: no sizes (every shard is empty); an index needs at least one sample"
         )
@@ -265,12 +306,19 @@ def column_digest(column: NDArray[Any]) -> str:
     return str(h.hexdigest())
 
 
+#: what a manifest must hold, and what each shard entry must hold
+MANIFEST_KEYS = ("format", "version", "file", "dtype", "integral", "count", "sum", "min", "max", "source", "shards")
+SHARD_KEYS = ("name", "offset", "count")
+
+
 def read_manifest(path: str) -> dict[str, Any]:
-    """The manifest of a finished index, checked for its format and version.
+    """The manifest of a finished index, checked for its format, version and keys.
 
     Raises:
         FileNotFoundError: no finished index at ``path``.
-        ValueError: not a fitbatch size index, or a version this fitbatch cannot read.
+        ValueError: not a fitbatch size index, a version this fitbatch cannot read, or a
+            damaged manifest (not JSON, a key missing): the message names the index and says
+            "rebuild it".
     """
     target = os.path.join(path, MANIFEST)
     if not os.path.isfile(target):
@@ -280,8 +328,7 @@ def read_manifest(path: str) -> dict[str, Any]:
             else ""
         )
         raise FileNotFoundError(f"no size index at {path!r}: {MANIFEST} is missing{hint}")
-    with open(target, encoding="utf-8") as fh:
-        manifest: dict[str, Any] = json.load(fh)
+    manifest = _read_json(target, f"the size index {path}", "rebuild it")
     if manifest.get("format") != FORMAT:
         raise ValueError(
             f"{target} is not a fitbatch size index (format {manifest.get('format')!r}, expected {FORMAT!r})"
@@ -289,6 +336,17 @@ def read_manifest(path: str) -> dict[str, Any]:
     if manifest.get("version") != VERSION:
         raise ValueError(
             f"{target} has version {manifest.get('version')!r}; this fitbatch reads version {VERSION}: rebuild it"
+        )
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    shards = manifest.get("shards")
+    if not missing and not (
+        isinstance(shards, list)
+        and all(isinstance(s, dict) and all(k in s for k in SHARD_KEYS) for s in shards)
+    ):
+        missing = [f"shards[].{k}" for k in SHARD_KEYS]
+    if missing:
+        raise ValueError(
+            f"{target} lacks {', '.join(repr(k) for k in missing)}: the size index {path} is damaged, rebuild it"
         )
     return manifest
 
@@ -301,3 +359,16 @@ def is_index(path: str) -> bool:
 def is_partial(path: str) -> bool:
     """Whether ``path`` holds an interrupted build (its record of what is built)."""
     return os.path.isfile(os.path.join(path, PARTS, BUILD))
+
+
+def is_index_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a size index directory, finished or interrupted: the one test of
+    "this is an index" (the CLI opens such a path with :meth:`SizeIndex.open`, which names an
+    interrupted build, never reads it as a directory of files).
+
+    >>> import tempfile
+    >>> is_index_dir(tempfile.mkdtemp())
+    False
+    """
+    where = os.fspath(path)
+    return is_index(where) or is_partial(where)

@@ -12,6 +12,7 @@ manifest's) without copying the column.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import shutil
 from collections.abc import Iterable
@@ -67,9 +68,10 @@ class SizeIndex:
                 the index was built); ``False`` re-checks them in chunks when first planned.
 
         Raises:
-            FileNotFoundError: no finished index at ``path``.
-            ValueError: not a size index, another format version, or a column that does not
-                match its manifest (length or dtype).
+            FileNotFoundError: no finished index at ``path`` (or its column is missing).
+            ValueError: not a size index, another format version, a damaged manifest (not
+                JSON, a key missing), or a column that is not a readable ``.npy`` or does not
+                match its manifest (length or dtype); each names the index and says "rebuild it".
 
         >>> import tempfile, numpy as np
         >>> path = tempfile.mkdtemp() + "/idx"
@@ -79,8 +81,19 @@ class SizeIndex:
         """
         where = os.fspath(path)
         manifest = _format.read_manifest(where)
-        column = np.load(os.path.join(where, manifest["file"]), mmap_mode="r", allow_pickle=False)
-        if (
+        target = os.path.join(where, str(manifest["file"]))
+        try:
+            column = np.load(target, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{target} is missing: the size index {where} is damaged, rebuild it"
+            ) from None
+        except (ValueError, OSError, EOFError) as exc:  # truncated, garbage, not an .npy
+            raise ValueError(
+                f"{target} is not a readable .npy column ({' '.join(str(exc).split())}): "
+                f"the size index {where} is damaged, rebuild it"
+            ) from None
+        if not isinstance(column, np.ndarray) or (
             column.ndim != 1
             or column.shape[0] != manifest["count"]
             or column.dtype.name != manifest["dtype"]
@@ -112,6 +125,7 @@ class SizeIndex:
             overwrite: replace an index already at ``path`` (else ``FileExistsError``).
 
         Raises:
+            TypeError: ``chunks`` is not an iterable of arrays (a bare array or number).
             FileExistsError: ``path`` exists and is not empty, without ``overwrite``.
             ValueError: a bad size (the shard and row are named), or no sizes at all.
 
@@ -125,6 +139,11 @@ class SizeIndex:
         ValueError: shard 0: sizes must be non-negative and finite; 1 bad value: index 1 (size -2.0)
         """
         where = os.fspath(path)
+        if isinstance(chunks, (str, bytes)) or not isinstance(chunks, Iterable) or len(getattr(chunks, "shape", (0, 0))) < 2:
+            raise TypeError(
+                f"chunks must be an iterable of 1-D arrays, one shard each (e.g. [sizes] for one shard), "
+                f"got {type(chunks).__name__}"
+            )
         if os.path.exists(where) and os.listdir(where):
             if not overwrite:
                 raise FileExistsError(
@@ -191,8 +210,12 @@ class SizeIndex:
         """The sizes of shard ``i`` (a view of the memmap; negative ``i`` counts from the end).
 
         Raises:
+            TypeError: ``i`` is not an int.
             IndexError: no shard ``i``.
         """
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise TypeError(f"shard index must be an int, got {i!r} ({type(i).__name__})")
+        i = int(i)
         n = self.num_shards
         if not -n <= i < n:
             raise IndexError(f"shard {i} out of range: the index has {n} shards (0..{n - 1})")

@@ -90,20 +90,33 @@ def _arrow_sizes(column: Any, name: str, sizeof: Callable[[list[Any]], Any] | No
     return from_array(column, name=name)
 
 
-def _parquet(path: str, column: str | None, sizeof: Any) -> NDArray[Any]:
+def _parquet_columns(path: str) -> list[str]:
+    pq = _require("pyarrow.parquet", "parquet", "sizes from parquet files")
+    with _open(path) as fh:
+        return list(pq.ParquetFile(fh).schema_arrow.names)
+
+
+def _parquet(path: str, column: str | None, sizeof: Any, first: str | None = None) -> NDArray[Any]:
+    """One parquet file's sizes; ``first``: the file whose only column ``column`` is (no
+    ``column=`` given), so that a file with another column is refused, not sized."""
     pq = _require("pyarrow.parquet", "parquet", "sizes from parquet files")
     with _open(path) as fh:
         names = pq.ParquetFile(fh).schema_arrow.names
+        if first is not None and column not in names:
+            raise ValueError(
+                f"{path} has no column {column!r}, the only column of {first}, and no column= was "
+                f"given (columns here: {list(names)}): pass column= to size the same column in every shard"
+            )
         name = _pick_column(names, column, path)
         fh.seek(0)
         table = pq.read_table(fh, columns=[name], use_threads=False)
-    return _arrow_sizes(table.column(name), name, sizeof)
+    return rows_checked(_arrow_sizes(table.column(name), name, sizeof), table.num_rows, path, sizeof)
 
 
 def _dataset(dataset: Any, start: int, stop: int, sizeof: Any) -> NDArray[Any]:
     name = dataset.column_names[0]  # the driver kept only the sized column
     table = dataset.with_format("arrow")[start:stop]
-    return _arrow_sizes(table.column(name), name, sizeof)
+    return rows_checked(_arrow_sizes(table.column(name), name, sizeof), stop - start, f"rows[{start}:{stop}]", sizeof)
 
 
 def megatron_header(data: bytes, path: str) -> tuple[int, int]:
@@ -158,22 +171,46 @@ def _webdataset(path: str, extension: str | None) -> NDArray[Any]:
 
     keys: list[str] = []
     sizes: list[int] = []
-    with _open(path) as fh, tarfile.open(fileobj=fh, mode="r:*" if fh.seekable() else "r|*") as tar:
-        for member in tar:
-            match = (
-                re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
-            )
-            if match is None:  # webdataset skips members without an extension
-                continue
-            if extension is None or match.group(2) == extension:
-                keys.append(match.group(1))
-                sizes.append(member.size)
+    try:
+        with _open(path) as fh, tarfile.open(fileobj=fh, mode="r:*" if fh.seekable() else "r|*") as tar:
+            for member in tar:
+                match = (
+                    re.match(r"^((?:.*/|)[^./]+)\.([^/]*)$", member.name) if member.isfile() else None
+                )
+                if match is None:  # webdataset skips members without an extension
+                    continue
+                if extension is None or match.group(2) == extension:
+                    keys.append(match.group(1))
+                    sizes.append(member.size)
+    except tarfile.TarError as exc:  # not a tar, or one cut short
+        reason = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+        raise ValueError(f"{path} is not a readable tar file ({reason}): a WebDataset shard is a .tar") from None
     if not keys:
         what = f"members with extension {extension!r}" if extension else "samples"
         raise ValueError(f"{path} holds no {what}")
     uniq, first, inverse = np.unique(np.asarray(keys), return_index=True, return_inverse=True)
     per_key = np.bincount(inverse, weights=np.asarray(sizes, dtype=np.float64), minlength=uniq.size)
     return per_key[np.argsort(first)].astype(np.int64)
+
+
+def rows_checked(values: NDArray[Any], rows: int, where: str, sizeof: Any) -> NDArray[Any]:
+    """``values`` when they are one size per row of the shard, else a ``ValueError``.
+
+    Every reader's sizes pass here: a ``sizeof`` that returns fewer or more sizes than it was
+    given rows would shift every later size onto another sample.
+
+    >>> rows_checked(np.array([1, 2]), 3, "part-0.parquet", len)
+    Traceback (most recent call last):
+    ...
+    ValueError: part-0.parquet: sizeof builtins.len returned 2 sizes for 3 rows; a sizeof must return one size per row (a list or 1-D array as long as its argument)
+    """
+    if values.ndim == 1 and values.shape[0] == rows:
+        return values
+    what = f"sizeof {_function_name(sizeof)} returned" if sizeof is not None else "the reader gave"
+    raise ValueError(
+        f"{where}: {what} {values.shape[0] if values.ndim == 1 else values.shape} sizes for {rows} rows; "
+        "a sizeof must return one size per row (a list or 1-D array as long as its argument)"
+    )
 
 
 def read_shard(
@@ -183,8 +220,9 @@ def read_shard(
     kind, args = shard.kind, shard.args
     if kind == "array":
         return from_array(args[0], name=shard.name)
-    if kind == "parquet":
-        return _parquet(args[0], column, sizeof)
+    if kind == "parquet":  # args: path, and the column found in the first file (no column= given)
+        inferred = args[1] if len(args) > 1 and column is None else None
+        return _parquet(args[0], inferred or column, sizeof, args[2] if inferred else None)
     if kind == "dataset":
         return _dataset(args[0], args[1], args[2], sizeof)
     if kind == "megatron":
@@ -330,6 +368,10 @@ def plan_shards(
             kind = format
         desc = f"{kind}: " + ", ".join(os.fspath(p) for p in items)
         shards = _path_shards(kind, paths, listed, column, rows_per_shard)
+        if kind == "parquet" and column is None and shards:  # one column for every shard
+            first = shards[0].name
+            only = _pick_column(_parquet_columns(first), None, first)
+            shards = [Shard("parquet", s.name, (s.args[0], only, first)) for s in shards]
     if column is not None:  # part of what is built: a resumed or finished build must match it
         desc += f"; column {column!r}"
     if sizeof is not None:
@@ -399,3 +441,44 @@ def _path_shards(
         for a, b in _ranges(len(paths), rows)
         if b > a
     ]
+
+
+# ---------------------------------------------------------------------------- change detection
+
+_REMOTE_STAMP_KEYS = ("mtime", "LastModified", "last_modified", "updated", "ETag", "etag", "md5Hash")
+
+
+def _file_stamp(path: str) -> str:
+    """``size:mtime`` of a file from its listing (remote: the size and what the store dates it by)."""
+    if "://" in path and not path.startswith("file://"):
+        fs, stripped = _url_to_fs(path, None)
+        info = fs.info(stripped)
+        dated = next((str(info[k]) for k in _REMOTE_STAMP_KEYS if info.get(k) is not None), "")
+        return f"{info.get('size')}:{dated}"
+    st = os.stat(path[7:] if path.startswith("file://") else path)
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def shard_stamps(shards: list[Shard]) -> list[str]:
+    """What each shard's sizes depend on, beyond its name: its file's size and modification
+    time (a listing's shard: a digest of the byte sizes it holds; a dataset's rows: nothing,
+    its fingerprint is in the source's description). A shard whose stamp changed since its part
+    was written is sized again; a finished index whose stamps changed is not reused.
+
+    >>> shard_stamps([Shard("array", "a..b", (np.array([3, 4]),)), Shard("dataset", "rows[0:2]", ())])
+    ['sizes:0aa375eeda9b0b37ecd97fc104c41612', '']
+    """
+    seen: dict[str, str] = {}
+    out = []
+    for shard in shards:
+        if shard.kind == "array":
+            data = np.ascontiguousarray(shard.args[0], dtype=np.int64).tobytes()
+            out.append("sizes:" + hashlib.blake2b(data, digest_size=16).hexdigest())
+        elif shard.kind in ("parquet", "webdataset", "megatron", "mds"):
+            path = shard.args[0]
+            if path not in seen:
+                seen[path] = _file_stamp(path)
+            out.append(seen[path])
+        else:
+            out.append("")
+    return out

@@ -19,7 +19,10 @@ loader had *fetched* (one ahead, more with workers), not those the loop trained 
 
 After ``load_state`` the loader continues at the saved step of the saved epoch, re-planning in
 O(1) (no batch is replayed), and on another number of processes the rest of the epoch is
-re-arranged for the new world (each sample still exactly once).
+re-arranged for the new world (each sample still exactly once). With gradient accumulation, a
+checkpoint taken inside an accumulation resumes at that accumulation's first batch, and
+accelerate's step counter is set from the loader's cursor on every rank (see
+:class:`ResumableLoader`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from fitbatch._state import StateSchema
+from fitbatch.collate import check_budget as checked_collate
+from fitbatch.collate._budget import measurable
 from fitbatch.sampler._protocol import PlanSampler
 
 SAMPLER_KEY = "sampler"
@@ -38,7 +43,7 @@ def state_at(sampler: Any, done: int) -> dict[str, Any]:
     return sampler.state_dict(**{sampler.CURSOR_KEY: done})  # type: ignore[no-any-return]
 
 
-def prepare_loader(accelerator: Any, loader: Any) -> Any:
+def prepare_loader(accelerator: Any, loader: Any, *, check_budget: bool = True) -> Any:
     """``accelerator.prepare(loader)`` for a loader whose ``batch_sampler`` is a fitbatch sampler.
 
     The batch sampler already yields this rank's batches, so accelerate's ``BatchSamplerShard``
@@ -50,6 +55,11 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     compat sampler knows no world: on every process it batches what it is given, so give each
     process its share, as without accelerate (bionemo's ``SizeAwareBatchSampler`` over a
     ``DistributedSampler``, for example); without one, every process runs every sample.
+
+    With ``check_budget`` (the default), the prepared loader's collate function measures every
+    batch against the sampler's budget and raises at the first one over it
+    (:func:`fitbatch.collate.check_budget`; samplers whose cost cannot be measured on a token
+    tensor, and the compat samplers, are not checked). The given loader is not changed.
 
     Returns:
         accelerate's prepared loader (a ``DataLoaderShard``).
@@ -94,10 +104,15 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         )
     if sharded:
         shard.num_processes, shard.process_index = 1, 0  # a pass-through: this rank's batches
+    if check_budget and measurable(sampler) and getattr(prepared, "collate_fn", None) is not None:
+        # on the torch loader accelerate's adapter wraps (accelerate >= 1.0), read by each new
+        # iterator (and its workers) and carried by skip_first_batches
+        torch_loader = getattr(prepared, "base_dataloader", prepared)
+        torch_loader.collate_fn = checked_collate(prepared.collate_fn, sampler)
     return prepared
 
 
-def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> ResumableLoader:
+def prepare(accelerator: Any, loader: Any, *, register: bool = True, check_budget: bool = True) -> ResumableLoader:
     """Prepare a loader of fitbatch batches and register its cursor for ``save_state``.
 
     Args:
@@ -107,6 +122,8 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> Resumabl
             state (the compat ones) takes :func:`prepare_loader`.
         register: call ``accelerator.register_for_checkpointing`` on the result, so that
             ``save_state``/``load_state`` carry the epoch and the step.
+        check_budget: measure each collated batch against the sampler's budget (see
+            :func:`prepare_loader`).
 
     Returns:
         a :class:`ResumableLoader` over accelerate's prepared loader.
@@ -129,7 +146,7 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True) -> Resumabl
             "cursor would restore it again; build the Accelerator without it (prepare() keeps the exact "
             "position), or use accelerator.prepare(loader) alone and set the sampler's epoch yourself"
         )
-    out = ResumableLoader(prepare_loader(accelerator, loader), sampler)
+    out = ResumableLoader(prepare_loader(accelerator, loader, check_budget=check_budget), sampler, accelerator)
     if register:
         accelerator.register_for_checkpointing(out)
     return out
@@ -145,9 +162,21 @@ class ResumableLoader:
     After an iteration runs to the end, the sampler moves on to the next epoch (as accelerate's
     loaders count epochs); :meth:`set_epoch` sets one.
 
+    Gradient accumulation (``Accelerator(gradient_accumulation_steps=k)`` and ``with
+    accelerator.accumulate(model)``, one batch per call): a checkpoint taken inside an
+    accumulation holds the model as the last optimizer step left it, not the gradients of the
+    batches since, so its cursor is the first batch of that accumulation: a resume runs those
+    batches again and every batch's gradient is applied once. After ``load_state``,
+    accelerate's step counter (which decides on which batches the ranks synchronise
+    gradients) is set from this cursor on every rank: accelerate restores it from a file per
+    rank, which a rank added by a larger world does not have; ranks that disagreed on it
+    deadlocked in DDP.
+
     Args:
         loader: accelerate's prepared loader (from :func:`prepare_loader`).
         sampler: the fitbatch sampler it draws from.
+        accelerator: the ``Accelerator`` (:func:`prepare` passes it), for the gradient
+            accumulation above; ``None``: no accumulation is assumed.
 
     >>> import fitbatch
     >>> sampler = fitbatch.BudgetBatchSampler([3, 1, 4, 1, 5], 5, num_replicas=1, rank=0)
@@ -158,9 +187,10 @@ class ResumableLoader:
 
     STATE = StateSchema("accelerate loader", version=1, required=(SAMPLER_KEY,))
 
-    def __init__(self, loader: Any, sampler: Any) -> None:
-        self.loader, self.sampler = loader, sampler
+    def __init__(self, loader: Any, sampler: Any, accelerator: Any = None) -> None:
+        self.loader, self.sampler, self.accelerator = loader, sampler, accelerator
         self._done = self._first_step()  # steps of the epoch the loop has received
+        self._start = self._done  # the step this iteration of the epoch began at
 
     @property
     def epoch(self) -> int:
@@ -192,20 +222,29 @@ class ResumableLoader:
         return int(self.sampler.n_steps()) - len(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        self._done = self._first_step()
+        self._done = self._start = self._first_step()
         for batch in self.loader:
             self._done += 1
             yield batch
         self.set_epoch(self.sampler.epoch + 1)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "sampler"):  # not set yet (unpickling): no recursion
+        if name in ("loader", "sampler", "accelerator"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
+    def _pending(self) -> int:
+        """Batches of an unfinished gradient accumulation (their gradients are in no checkpoint)."""
+        acc = self.accelerator
+        steps = int(getattr(acc, "gradient_accumulation_steps", 1) or 1)
+        if acc is None or steps <= 1 or getattr(acc, "sync_gradients", True):
+            return 0
+        return min(int(acc.step) % steps, self._done - self._start)
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"version", "sampler"}``: the sampler's state after the steps the loop received."""
-        return self.STATE.envelope(**{SAMPLER_KEY: state_at(self.sampler, self._done)})
+        """``{"version", "sampler"}``: the sampler's state after the steps the loop received
+        (inside a gradient accumulation: at its first batch, see the class docstring)."""
+        return self.STATE.envelope(**{SAMPLER_KEY: state_at(self.sampler, self._done - self._pending())})
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the saved epoch and step (re-arranged if the number of processes changed)."""
@@ -214,7 +253,11 @@ class ResumableLoader:
         if hasattr(self.loader, "set_epoch"):
             self.loader.set_epoch(self.sampler.epoch)
         # the sampler's cursor: the saved step, or 0 of a re-arranged rest of the epoch
-        self._done = self._first_step()
+        self._done = self._start = self._first_step()
+        if self.accelerator is not None and hasattr(self.accelerator, "step"):
+            # the same accumulation phase on every rank, whatever files the world had: accelerate
+            # counts batches since the epoch began (0 at each epoch's end), as this cursor does
+            self.accelerator.step = self._done
 
 
 __all__ = ["ResumableLoader", "prepare", "prepare_loader", "state_at"]

@@ -1,14 +1,20 @@
 """A Hugging Face ``transformers.Trainer`` that trains on a fitbatch sampler's batches.
 
->>> from fitbatch.integrations.transformers import FitbatchTrainer
+>>> from fitbatch.integrations.transformers import BudgetSampling, FitbatchTrainer
 >>> args = TrainingArguments("out", gradient_accumulation_steps=4, num_train_epochs=2)  # doctest: +SKIP
->>> sampler = fitbatch.BudgetBatchSampler(lengths, 8192, cost="padded", seed=args.seed,
-...                                       num_replicas=args.world_size, rank=args.process_index)  # doctest: +SKIP
 >>> trainer = FitbatchTrainer(model, args, train_dataset=ds, data_collator=collator,
-...                           batch_sampler=sampler)  # doctest: +SKIP
+...                           batch_sampler=BudgetSampling(8192, cost="padded"))  # doctest: +SKIP
 >>> trainer.train()  # or trainer.train(resume_from_checkpoint=True)  # doctest: +SKIP
 
+``class Trainer(FitbatchTrainerMixin, SFTTrainer)`` does the same for TRL (``docs/integrations.md``).
+
 What changes against a plain ``Trainer``:
+
+* **The sizes are those of the rows trained.** ``BudgetSampling`` (or any ``factory(trainer)``)
+  builds the sampler once the trainer's ``__init__`` has prepared ``train_dataset``; a ready
+  sampler is checked against those rows (count, lengths with the pad multiple) and the
+  trainer's world at construction. Every collated batch is measured against the budget
+  (``check_budget=True``).
 
 * **The batches.** The training loader is ``DataLoader(train_dataset, batch_sampler=sampler,
   collate_fn=data_collator)``, prepared by accelerate with its shard made a pass-through
@@ -44,7 +50,17 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fitbatch._state import EPOCH_KEY, NUM_REPLICAS_KEY
+from fitbatch.integrations._train_sizes import (
+    BudgetSampling,
+    causal_loss_sizes,
+    cheap_to_measure,
+    collated_lengths,
+    pad_multiple,
+    token_lengths,
+)
 from fitbatch.integrations.accelerate import prepare_loader, state_at
 from fitbatch.sampler._protocol import PlanSampler
 
@@ -52,6 +68,91 @@ logger = logging.getLogger(__name__)
 
 #: the file in each checkpoint folder that holds the sampler's state there
 SAMPLER_FILE = "fitbatch_sampler.json"
+#: the versions tested (pyproject.toml's integrations extra; .ci/run tests both ends)
+SUPPORTED = "transformers>=5.23, trl>=1.16"
+
+
+def _refuse_options(args: Any) -> None:
+    """Trainer and TRL options that would break the sampler's guarantees, refused with the way out."""
+    if getattr(args, "packing", False):
+        raise ValueError(
+            "packing=True packs the rows with TRL's own packer, so the sampler's sizes would not be those of the "
+            "rows trained; use packing=False with fitbatch's packed plan: batch_sampler=BudgetSampling(budget, "
+            "cost='sum', strategy='packed') and padding_free=True (or a padding-free collator)"
+        )
+    if args.ignore_data_skip:
+        raise ValueError(
+            "ignore_data_skip=True would rerun the resumed epoch from its first batch (samples twice, others never); "
+            "leave it False: the resume replays index lists only, no sample is loaded"
+        )
+
+
+def _built(factory: Any, trainer: Any) -> Any:
+    sampler = factory(trainer)
+    if not isinstance(sampler, PlanSampler) or not hasattr(sampler, "load_state_dict"):
+        raise TypeError(f"batch_sampler factory {factory!r} returned {type(sampler).__name__}, not a fitbatch sampler with state")
+    return sampler
+
+
+def _check_world(sampler: Any, args: Any) -> None:
+    if (sampler.num_replicas, sampler.rank) != (args.world_size, args.process_index):
+        raise ValueError(
+            f"batch_sampler was built for rank {sampler.rank} of {sampler.num_replicas}, but this Trainer runs "
+            f"args.process_index={args.process_index} of args.world_size={args.world_size}: build it with "
+            "num_replicas=args.world_size, rank=args.process_index, or pass batch_sampler=BudgetSampling(budget, ...)"
+        )
+
+
+def _offenders(rows: Any, needed: Any, sizes: Any, limit: int = 5) -> str:
+    shown = ", ".join(f"row {int(i)} ({int(needed[i])} tokens, size {float(sizes[i]):g})" for i in rows[:limit])
+    return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def check_sizes(sampler: Any, dataset: Any, multiple: int = 1) -> None:
+    """Check a ready sampler's sizes against the rows the trainer trains on (after its preparation).
+
+    Each size must be at least its row's ``input_ids`` length, rounded up to the collator's pad
+    ``multiple`` (for budget samplers; a ``ScheduledBatchSampler`` is checked for its number of
+    rows only). Only a ``datasets.Dataset`` (read as Arrow) or a list of rows is measured (never
+    a dataset that would load its samples); rows without ``input_ids``, or sizes of several
+    columns, are not checked (the collated-batch check still is).
+
+    Raises:
+        ValueError: another number of rows, or rows longer than their sizes (the message names
+            the first few, the likely cause and the fix).
+
+    >>> import fitbatch
+    >>> sampler = fitbatch.BudgetBatchSampler([3, 2], 8, num_replicas=1, rank=0)
+    >>> check_sizes(sampler, [{"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6]}])
+    Traceback (most recent call last):
+    ...
+    ValueError: 1 train_dataset row is longer than its size in the batch sampler: row 0 (4 tokens, size 3); ...
+    """
+    sizes = sampler._sizes.values
+    if hasattr(dataset, "__len__") and len(dataset) != len(sizes):
+        raise ValueError(
+            f"train_dataset has {len(dataset)} rows but the batch sampler was built over {len(sizes)} sizes "
+            "(the trainer prepared the dataset: filtered or packed rows?): pass batch_sampler=BudgetSampling(budget, ...), "
+            "which builds the sampler from the prepared rows, or build it over trainer.train_dataset"
+        )
+    # budget samplers only (a ScheduledBatchSampler's sizes may be counts); never load every sample
+    if np.ndim(sizes) != 1 or getattr(sampler, "options", None) is None or not cheap_to_measure(dataset):
+        return
+    try:
+        needed = collated_lengths(token_lengths(dataset), multiple)
+    except ValueError:
+        logger.info("the train_dataset has no input_ids: the batch sampler's sizes are not checked against it")
+        return
+    short = np.flatnonzero(sizes < needed)
+    if short.size:
+        padded = f" (lengths rounded up to the collator's pad_to_multiple_of={multiple})" if multiple > 1 else ""
+        raise ValueError(
+            f"{short.size} train_dataset row{'s are' if short.size > 1 else ' is'} longer than "
+            f"{'their sizes' if short.size > 1 else 'its size'} in the batch sampler{padded}: "
+            f"{_offenders(short, needed, sizes)}; the sizes were taken before the trainer prepared the "
+            "rows (an appended EOS token, truncation, shuffle_dataset=True, filtering) or without the pad multiple: "
+            "pass batch_sampler=BudgetSampling(budget, ...), which measures the prepared rows"
+        )
 
 
 class FitbatchTrainerMixin:
@@ -62,19 +163,27 @@ class FitbatchTrainerMixin:
     ``FitbatchTrainerMixin`` + ``transformers.Trainer``.
 
     Args:
-        *args, **kwargs: the ``Trainer``'s.
-        batch_sampler: a fitbatch sampler with state (``BudgetBatchSampler``,
-            ``ScheduledBatchSampler``) over ``train_dataset``, built for this run's processes
-            (``num_replicas=args.world_size, rank=args.process_index``).
+        *args: the ``Trainer``'s positional arguments.
+        **kwargs: the ``Trainer``'s keyword arguments.
+        batch_sampler: :class:`BudgetSampling` (the sampler's options: it is built from the
+            train dataset as the trainer prepared it -- tokenised, EOS appended, truncated,
+            filtered, shuffled -- with the collator's pad multiple), any ``factory(trainer)``
+            returning a sampler, or a ready fitbatch sampler with state (``BudgetBatchSampler``,
+            ``ScheduledBatchSampler``) built over the *prepared* rows for this run's processes
+            (``num_replicas=args.world_size, rank=args.process_index``), checked at construction.
+        check_budget: measure every collated training batch against the sampler's budget and
+            raise at the first one over it (:func:`fitbatch.collate.check_budget`).
 
     Raises:
-        TypeError: ``batch_sampler`` is not a fitbatch sampler with state.
-        ValueError: it was built for another world size or rank than the Trainer's.
+        TypeError: ``batch_sampler`` is none of these.
+        ValueError: a ready sampler built for another world size or rank than the Trainer's, or
+            over other rows (their number, or rows longer than their sizes); TRL's
+            ``packing=True``; ``ignore_data_skip=True``.
 
     >>> FitbatchTrainerMixin(batch_sampler=[[0, 1], [2]])
     Traceback (most recent call last):
     ...
-    TypeError: batch_sampler must be a fitbatch sampler with state (e.g. fitbatch.BudgetBatchSampler), got list
+    TypeError: batch_sampler must be a fitbatch sampler with state (e.g. fitbatch.BudgetBatchSampler) or BudgetSampling(budget, ...) (built from the prepared train_dataset), got list
     """
 
     args: Any
@@ -83,10 +192,12 @@ class FitbatchTrainerMixin:
     train_dataset: Any
     data_collator: Any
 
-    def __init__(self, *args: Any, batch_sampler: Any, **kwargs: Any) -> None:
-        if not isinstance(batch_sampler, PlanSampler) or not hasattr(batch_sampler, "load_state_dict"):
+    def __init__(self, *args: Any, batch_sampler: Any, check_budget: bool = True, **kwargs: Any) -> None:
+        ready = isinstance(batch_sampler, PlanSampler)
+        if (ready and not hasattr(batch_sampler, "load_state_dict")) or not (ready or callable(batch_sampler)):
             raise TypeError(
-                "batch_sampler must be a fitbatch sampler with state (e.g. fitbatch.BudgetBatchSampler), "
+                "batch_sampler must be a fitbatch sampler with state (e.g. fitbatch.BudgetBatchSampler) or "
+                "BudgetSampling(budget, ...) (built from the prepared train_dataset), "
                 f"got {type(batch_sampler).__name__}"
             )
         hooks = ("set_initial_training_values", "_init_training_state", "_run_epoch", "_save_checkpoint")
@@ -95,12 +206,20 @@ class FitbatchTrainerMixin:
         if missing:
             raise RuntimeError(
                 f"{type(self).__name__} overrides Trainer methods this transformers lacks ({', '.join(missing)}); "
-                "install the integrations extra (transformers>=5.23)"
+                f"install the integrations extra ({SUPPORTED})"
             )
-        self.batch_sampler = batch_sampler
+        self.batch_sampler: Any = None  # built below, once the train_dataset is prepared
+        self.check_budget = check_budget
         super().__init__(*args, **kwargs)
+        _refuse_options(self.args)
+        self.batch_sampler = batch_sampler if ready else _built(batch_sampler, self)
+        _check_world(self.batch_sampler, self.args)
+        if self.train_dataset is not None:
+            check_sizes(self.batch_sampler, self.train_dataset, pad_multiple(self.data_collator, self.args))
         if self.args.train_sampling_strategy not in ("random", "sequential"):
             logger.info("train_sampling_strategy=%r is not used: the fitbatch sampler groups by size", self.args.train_sampling_strategy)
+        logger.info("per_device_train_batch_size=%s is not used (the Trainer still logs it): batches are the "
+                    "fitbatch sampler's, under its budget", self.args.per_device_train_batch_size)
 
     # ------------------------------------------------------------------ the loader
 
@@ -113,12 +232,7 @@ class FitbatchTrainerMixin:
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
-        n_sizes = len(self.batch_sampler._sizes)
-        if hasattr(dataset, "__len__") and len(dataset) != n_sizes:
-            raise ValueError(
-                f"train_dataset has {len(dataset)} rows but the batch sampler was built over {n_sizes} sizes: "
-                "build the sampler over the train_dataset's rows, one size each, in order"
-            )
+        check_sizes(self.batch_sampler, dataset, pad_multiple(collator, self.args))
         if is_datasets_available() and isinstance(dataset, importlib.import_module("datasets").Dataset):
             dataset = self._remove_unused_columns(dataset, description="Training")  # type: ignore[attr-defined]
         else:
@@ -135,7 +249,30 @@ class FitbatchTrainerMixin:
         if workers > 0:
             params["prefetch_factor"] = self.args.dataloader_prefetch_factor
             params["multiprocessing_context"] = self.args.dataloader_multiprocessing_context
-        return prepare_loader(self.accelerator, torch.utils.data.DataLoader(dataset, **params))
+        loader = torch.utils.data.DataLoader(dataset, **params)
+        return prepare_loader(self.accelerator, loader, check_budget=self.check_budget)
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """The base class's; under TRL, its ``num_tokens`` metric recounted for a 4-D attention mask.
+
+        TRL adds ``attention_mask.sum()`` to ``num_tokens``: for the additive ``(1, 1, T, T)`` mask
+        of ``make_varlen_collate(causal_mask=True)`` that is a sum of ``0`` and ``-inf`` entries. The
+        tokens are then counted as for TRL's own padding-free rows, ``input_ids.numel()``.
+        """
+        mask = inputs.get("attention_mask") if hasattr(inputs, "get") else None
+        recount = getattr(mask, "ndim", 2) == 4 and model.training and hasattr(self, "_total_train_tokens")
+        before = getattr(self, "_total_train_tokens", 0)
+        out = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        if recount:
+            import torch
+
+            local = torch.tensor(inputs["input_ids"].numel(), device=inputs["input_ids"].device)
+            total = before + int(self.accelerator.gather_for_metrics(local).sum().item())
+            self._total_train_tokens = total
+            metrics = getattr(self, "_metrics", {}).get("train")
+            if metrics is not None and "num_tokens" in metrics:
+                metrics["num_tokens"] = [total]
+        return out
 
     # ------------------------------------------------------------------ epochs of their own length
 
@@ -258,4 +395,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SAMPLER_FILE", "FitbatchTrainer", "FitbatchTrainerMixin"]
+__all__ = [
+    "SAMPLER_FILE",
+    "SUPPORTED",
+    "BudgetSampling",
+    "FitbatchTrainer",
+    "FitbatchTrainerMixin",
+    "causal_loss_sizes",
+    "check_sizes",
+    "pad_multiple",
+    "token_lengths",
+]

@@ -220,9 +220,10 @@ class Processes(Parallel):
     Args:
         fn: ``fn(item) -> item``, sent to the workers with each item.
         n_workers: the number of processes.
-        ordered: keep the input order (default) or pass results on as they complete.
-        max_in_flight: the bound on items inside the stage, >= ``n_workers``.
         backend: ``"auto"`` (loky if importable), ``"loky"`` or ``"stdlib"``.
+        **options: as for every parallel stage: ``ordered`` keeps the input order (default)
+            or passes results on as they complete; ``max_in_flight`` bounds the items inside
+            the stage (>= ``n_workers``).
 
     Raises:
         TypeError: when ``fn`` cannot be pickled by the chosen backend.

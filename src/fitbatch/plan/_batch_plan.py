@@ -188,8 +188,11 @@ class BatchPlan(Sequence[IntArray]):
             budget: the budget fills are measured against; ``None`` when the batches were not
                 planned against one (the costliest batch stands for it, at least 1).
             strategy_name: how the batches were made (shown in stats and reports).
-            lower_bound, skipped, dropped, dropped_batches, plan_seconds: as in the plan's
-                stats (``skipped`` and ``dropped``: indices of samples in no batch).
+            lower_bound: as in the plan's stats.
+            skipped: indices of the samples left out as oversized (``oversized="skip"``).
+            dropped: indices of the samples left out by ``drop_last``.
+            dropped_batches: as in the plan's stats.
+            plan_seconds: as in the plan's stats.
             shape_set: the shapes the batches were planned to fit (``max_shapes``), if any.
 
         Raises:

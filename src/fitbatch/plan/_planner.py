@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
+from fitbatch._kernels import jit as _jit
 from fitbatch._validate import loss_sizes as check_loss_sizes
 from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
@@ -91,7 +92,7 @@ def plan_batches(
     """
     opts = PlanOptions.build(budget, cost=cost, strategy=strategy, **options)
     checked = [as_sizes(sizes, n)]
-    loss = check_loss_sizes(loss_sizes, len(checked[0]))
+    loss = check_loss_sizes(loss_sizes, len(checked[0]), checked[0].values)
     # plan_with gets the only reference to the converted sizes, so that it can let them go once a
     # skip screen has copied the kept ones (a name here would hold them for the whole call)
     return plan_with(checked.pop(), opts, epoch, loss_sizes=loss)
@@ -140,7 +141,8 @@ def plan_with(
         epoch=epoch,
         population=population,
     )
-    result = strategy.plan(ctx)
+    with _jit.planning():  # numba, when a plan asks for it, loads in the background after it
+        result = strategy.plan(ctx)
     # from here on the strategy needs its random streams only: the planned sizes are let go
     # (an empty selection by index: an empty slice would be a view that keeps them)
     ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None, _counts=None)

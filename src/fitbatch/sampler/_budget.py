@@ -131,7 +131,8 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             ranks with different memory budgets of their own (step counts stay equal).
         cost: cost model (``"padded"``, ``"sum"``, ``"polynomial"``, a ``CostModel``).
         strategy: grouping strategy (``"pooled"`` default; see :mod:`fitbatch.strategies`).
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank in it; read from ``torch.distributed`` when omitted.
         policy: leftover batches that do not divide among ranks: ``"split"`` or ``"drop"``.
         n: the number of samples when ``sizes`` is a callable.
         loss_sizes: optional, per sample, the tokens that carry loss (labels != -100): they do
@@ -213,7 +214,7 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         self._column = W.Column.of(sizes, n)
         # the protocol's samples: it reads their len(), values and columns (see _sizes_digest)
         self._sizes = self._column  # type: ignore[assignment]
-        self._loss = check_loss_sizes(loss_sizes, len(self._column))
+        self._loss = check_loss_sizes(loss_sizes, len(self._column), self._column.values)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         self._budgets: Budgets = None
         if isinstance(budget, Sequence) and not isinstance(budget, str):

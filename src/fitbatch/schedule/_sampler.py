@@ -131,8 +131,10 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             replace) is its most cost: micro-batches are then planned by the core planner and
             grouped into steps of at most ``schedule(s)`` real units.
         micro_budget: deprecated, removed in 0.3.0: pass the budget as ``micro_batch_size``.
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
-        shuffle, seed: the epoch's random order comes from ``(seed, epoch)`` only.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank; read from ``torch.distributed`` when omitted.
+        shuffle: shuffle the epoch; its random order comes from ``(seed, epoch)`` only.
+        seed: the seed of that order.
         drop_last: drop the epoch's last samples that cannot fill a whole step (see module doc).
         rounding: sample-count sizes that do not split evenly: ``"error"`` (default), ``"down"``,
             ``"up"`` or ``"uneven"`` (see ``fitbatch.schedule._layout.ROUNDING``).
@@ -196,7 +198,7 @@ class ScheduledBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[mis
             self._sizes = Sizes(np.ones(non_negative_int("sizes", sizes), np.float64), True)
         else:
             self._sizes = as_sizes(sizes)
-        self._loss = check_loss_sizes(loss_sizes, len(self._sizes))
+        self._loss = check_loss_sizes(loss_sizes, len(self._sizes), self._sizes.values)
         self.schedule = BatchSizeSchedule.coerce(schedule)
         self.num_replicas, self.rank = world_info(num_replicas, rank)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):

@@ -145,7 +145,8 @@ def from_source(
             any other directory, glob or fsspec URL gives the byte sizes of its files
             (:func:`from_files`).
         column: the column of a ``.csv`` or ``.parquet`` file.
-        storage_options, progress: see :func:`list_files`.
+        storage_options: see :func:`list_files`.
+        progress: see :func:`list_files`.
 
     Returns:
         1-D int64 (or float64) sizes.
@@ -194,7 +195,7 @@ def from_source(
         if ext == ".npy":
             try:
                 arr = np.load(io.BytesIO(data), allow_pickle=False)
-            except ValueError as exc:
+            except (ValueError, EOFError) as exc:  # EOFError: an empty or cut-short file
                 raise ValueError(f"{src} is not a numeric .npy array: {exc}") from None
             if arr.dtype.kind not in "iufb" and arr.ndim == 1:
                 arr = to_numbers(arr.tolist(), src)

@@ -112,7 +112,8 @@ class StreamDataset(_Base):  # type: ignore[misc,valid-type]
         seed: int or ``SeedSequence``; shard seeds derive from it, the epoch, rank and worker.
         shuffle: shuffle each shard's stream with its shard seed (``batch_stream(seed=...)``):
             other batches every epoch, the same ones for the same (seed, epoch, rank, worker).
-        num_replicas, rank: data-parallel world; read from ``torch.distributed`` when omitted.
+        num_replicas: data-parallel world size; read from ``torch.distributed`` when omitted.
+        rank: this process's rank; read from ``torch.distributed`` when omitted.
         **stream_options: passed to :func:`fitbatch.streaming.batch_stream` (``sizeof``,
             ``budget``, ``cost``, ``strategy``, ...).
 

@@ -1,0 +1,430 @@
+"""One step's sequences into capped, cost-balanced micro-batches on every rank: :func:`partition`.
+
+The split has two levels. Units (a sequence, or a group kept on one rank) are dealt to the ranks
+balancing their weight; then each rank's units are packed into ``m`` micro-batches whose cost is
+under the budget, balancing weight again (:mod:`fitbatch.steps._pack`). ``m`` starts at the
+lower bound of the fullest rank and rises only for a rank whose packing fails; every rank then
+packs into the same ``m`` (a rank that needs fewer gets lighter micro-batches, or empty ones). A
+rank's micro-batches, heaviest first, make the micro-steps: micro-step ``j`` runs the ``j``-th
+heaviest micro-batch of every rank, so the ranks of a micro-step carry similar work.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
+from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.sizes import as_sizes
+from fitbatch.steps._count import settle
+from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
+
+logger = logging.getLogger(__name__)
+
+FloatArray = NDArray[np.float64]
+OVERSIZED = ("error", "single", "skip")
+KEEP_GROUPS = ("rank", "micro")
+WeightsLike = Any  # None | array-like | Callable[[sizes], array] | CostModel
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """The micro-batches of one step on each rank, with the step's totals.
+
+    ``p[r]`` is rank ``r``'s list of ``n_micro`` micro-batches (int64 index arrays into the
+    step's sizes, ascending); micro-batch ``j`` of every rank runs in micro-step ``j``. A
+    micro-batch may be empty when there are fewer units than ``world * n_micro`` (``n_empty``
+    counts them): the rank then runs the step without data, or a dummy forward.
+
+    Attributes:
+        world: the number of data-parallel ranks.
+        ranks: the ranks whose micro-batches this object holds (all of them, or the calling
+            rank's for :func:`~fitbatch.steps.partition_local`).
+        order: the held ranks' sequence indices, micro-batch after micro-batch (rank-major).
+        offsets: ``len(ranks) * n_micro + 1`` bounds of the micro-batches in ``order``.
+        n_micro: micro-batches per rank (the same on every rank).
+        lower_bound: the fewest micro-steps any split can have under the cap (a bound).
+        step_samples, step_tokens, step_loss_tokens: per micro-step, the totals over all ranks
+            (``step_loss_tokens``: of ``loss_sizes``, else of the sizes), for exact loss
+            normalisation without communication.
+        workload: ``(world, n_micro)`` weight of each rank's micro-batch of each micro-step.
+        efficiency: ideal time / time: ``sum(weights) / world`` over the sum, over micro-steps,
+            of the slowest rank's weight (1.0: perfect balance).
+        n_oversized: sequences (or groups) over the budget alone, each in a micro-batch of its own.
+        skipped: indices skipped as over the budget (``oversized="skip"``).
+        n_empty: empty micro-batches over all ranks.
+
+    >>> p = partition([900, 700, 400, 300, 200, 100], 1000, world=2, loss_sizes=[800, 600, 300, 250, 150, 50])
+    >>> [b.tolist() for b in p[1]], p.step_samples.tolist(), p.step_loss_tokens.tolist(), p.loss_tokens
+    ([[1], [2, 5]], [2, 4], [1400.0, 750.0], 2150.0)
+    """
+
+    world: int
+    ranks: tuple[int, ...]
+    order: IntArray
+    offsets: IntArray
+    n_micro: int
+    lower_bound: int
+    step_samples: NDArray[np.int64]
+    step_tokens: FloatArray
+    step_loss_tokens: FloatArray
+    workload: FloatArray
+    efficiency: float
+    n_oversized: int
+    skipped: IntArray
+    n_empty: int
+
+    def __getitem__(self, rank: int) -> list[IntArray]:
+        """Rank ``rank``'s micro-batches: views of ``order``."""
+        if rank not in self.ranks:
+            raise IndexError(f"rank {rank!r} is not held here: this partition holds ranks {self.ranks}")
+        start = self.ranks.index(rank) * self.n_micro
+        bounds = self.offsets[start : start + self.n_micro + 1].tolist()
+        return [self.order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __iter__(self) -> Iterator[list[IntArray]]:
+        return (self[r] for r in self.ranks)
+
+    @property
+    def loss_tokens(self) -> float:
+        """The step's loss tokens over all ranks: the denominator of a token-mean loss."""
+        return float(self.step_loss_tokens.sum())
+
+    def __repr__(self) -> str:
+        return (
+            f"Partition(world={self.world}, n_micro={self.n_micro}, lower_bound={self.lower_bound}, "
+            f"efficiency={self.efficiency:.4f}, samples={int(self.step_samples.sum())}, "
+            f"n_oversized={self.n_oversized}, skipped={self.skipped.size}, n_empty={self.n_empty})"
+        )
+
+
+def partition(
+    sizes: Any,
+    budget: float | str,
+    *,
+    world: int,
+    weights: WeightsLike = None,
+    cost: str | CostModel = "sum",
+    micro_multiple: int = 1,
+    min_micro: int | None = None,
+    groups: Any = None,
+    keep_groups: str = "rank",
+    loss_sizes: Any = None,
+    oversized: str = "error",
+    cp_size: int | None = None,
+) -> Partition:
+    """Split one step's sequences into capped, balanced micro-batches on ``world`` ranks.
+
+    Args:
+        sizes: one length per sequence (1-D, e.g. tokens of each rollout).
+        budget: the cap on each micro-batch's cost (a number, or ``"24GiB"`` with a byte model).
+        world: data-parallel ranks.
+        weights: what is balanced: ``None`` (the sizes), one number per sequence, a function of
+            the sizes array (e.g. ``lambda L: 24576 * L + L**2``), or a :class:`CostModel`
+            (each sequence's cost alone).
+        cost: the cost model the cap applies to (``"sum"``: tokens of a packed micro-batch,
+            ``"padded"``: count x longest, or a :class:`CostModel`).
+        micro_multiple: the micro-batch count is a multiple of this (Megatron's virtual
+            pipeline group).
+        min_micro: at least this many micro-batches per rank.
+        groups: one id per sequence (a GRPO prompt's responses, a DPO pair): a group's
+            sequences go to one rank (``keep_groups="rank"``) or one micro-batch (``"micro"``).
+        keep_groups: ``"rank"`` or ``"micro"``, where a group is kept whole.
+        loss_sizes: each sequence's tokens that carry loss, for ``step_loss_tokens``.
+        oversized: a sequence (a group under ``"micro"``) over the budget alone: ``"error"``,
+            ``"single"`` (a micro-batch of its own, counted in ``n_oversized``) or ``"skip"``
+            (left out, listed in ``skipped``).
+        cp_size: context-parallel size: each counted length is rounded up to a multiple of
+            ``2 * cp_size`` (what :func:`~fitbatch.steps.cp_shard` pads each document to).
+
+    Returns:
+        A :class:`Partition`. Every kept sequence is in exactly one micro-batch, every
+        micro-batch (but an oversized one's) costs at most ``budget``, every rank has
+        ``n_micro`` micro-batches, a multiple of ``micro_multiple`` and at least ``min_micro``.
+
+    Raises:
+        ValueError: bad sizes, budget or options (the message names the parameter), or a
+            sequence over the budget with ``oversized="error"``.
+        TypeError: an option of the wrong type.
+
+    >>> p = partition([7] * 8, 8, world=2)       # the cap is a cap: no micro-batch of 14
+    >>> p.n_micro, [len(b) for b in p[0]], p.efficiency
+    (4, [1, 1, 1, 1], 1.0)
+    >>> p = partition([500, 300, 200, 200, 100, 100], 600, world=2, weights=lambda L: 24576 * L + L**2)
+    >>> [b.tolist() for b in p[0]], [b.tolist() for b in p[1]], p.step_tokens.tolist()
+    ([[0], [3, 4]], [[1], [2, 5]], [800.0, 600.0])
+    """
+    world = _int_option("world", world)
+    plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
+                       loss_sizes, oversized, cp_size)
+    ranks = tuple(range(world))
+    if plan.keep_groups_on_rank and world > 1:  # groups that may span micro-batches: ranks first
+        rank_of_group = plan.split_ranks(world)
+        order, alone, bound = plan.micro_rows(rank_of_group, world)
+        m, bins = settle(order, alone, plan.units, int(bound.max()), plan, agree=None)
+        return plan.result(*by_rank(bins, m, rank_of_group[plan.group[plan.kept]], plan.unit_of[plan.kept]), m, ranks, world, gather=None)
+    # else one pool of world * m bins, dealt to the micro-steps heaviest first, `world` at a time
+    order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
+    m, bins = settle(order, alone, plan.units, -(-int(bound[0]) // world), plan, agree=None, width=world)
+    return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
+
+
+# --------------------------------------------------------------------------- the plan of a step
+
+
+@dataclass
+class _Plan:
+    """A step's validated inputs, and the units its micro-batches are packed from."""
+
+    sizes: FloatArray  # the real lengths (totals)
+    counted: FloatArray  # the lengths the cost counts (CP-rounded)
+    weight: FloatArray
+    model: CostModel
+    budget: float
+    step: int
+    floor: int
+    group: IntArray  # group code of each sequence (its own index without groups)
+    keep_micro: bool
+    loss: FloatArray
+    oversized: str
+    kept: NDArray[np.bool_]  # sequences not skipped
+    units: Units = None  # type: ignore[assignment]
+    unit_of: IntArray = None  # type: ignore[assignment]  # unit of each sequence
+    big: NDArray[np.bool_] = None  # type: ignore[assignment]  # units over the budget alone
+
+    @classmethod
+    def build(cls, sizes: Any, budget: Any, weights: WeightsLike, cost: Any, micro_multiple: Any,
+              min_micro: Any, groups: Any, keep_groups: str, loss: Any, oversized: str, cp_size: Any) -> _Plan:
+        values = as_sizes(sizes).values
+        if values.ndim != 1:
+            raise ValueError(f"sizes must be 1-D (one length per sequence), got shape {values.shape}")
+        n = values.size
+        counted = values
+        if cp_size is not None:
+            unit = 2 * _int_option("cp_size", cp_size)
+            counted = np.ceil(values / unit) * unit
+        plan = cls(
+            sizes=values,
+            counted=counted,
+            weight=_weights(weights, counted),
+            model=resolve_cost(cost),
+            budget=parse_budget(budget),
+            step=_int_option("micro_multiple", micro_multiple),
+            floor=0 if min_micro is None else _int_option("min_micro", min_micro),
+            group=_groups(groups, n),
+            keep_micro=choice("keep_groups", keep_groups, KEEP_GROUPS) == "micro",
+            loss=values if loss is None else loss_sizes(loss, n),  # type: ignore[arg-type]
+            oversized=choice("oversized", oversized, OVERSIZED),
+            kept=np.ones(n, dtype=bool),
+        )
+        plan._make_units()
+        return plan
+
+    def _make_units(self) -> None:
+        """Units (groups under ``keep_groups="micro"``, else sequences), over-budget ones found."""
+        n = self.sizes.size
+        code = self.group if self.keep_micro else np.arange(n, dtype=np.int64)
+        k = int(code.max()) + 1 if n else 0
+        count = np.bincount(code, minlength=k).astype(np.float64)
+        total = np.bincount(code, self.counted, minlength=k)
+        longest = np.zeros(k)
+        np.maximum.at(longest, code, self.counted)
+        alone = self.model.evaluate(count, longest, total) if k else np.zeros(0)
+        big = alone > self.budget
+        if big.any():
+            what = "group" if self.keep_micro else "sequence"
+            bad = np.flatnonzero(big)
+            if self.oversized == "error":
+                raise ValueError(
+                    f"{bad.size} {what}{'s' if bad.size > 1 else ''} cost more than budget={self.budget:g} alone "
+                    f"({format_offenders(bad, alone[bad])}); raise the budget, or pass oversized='single' "
+                    f"(a micro-batch each) or oversized='skip' (left out, listed in Partition.skipped)"
+                )
+            logger.warning("%d %s(s) over budget=%g alone: oversized=%r", bad.size, what, self.budget, self.oversized)
+            if self.oversized == "skip":
+                self.kept = ~big[code]
+                big = np.zeros_like(big)
+        self.unit_of = code
+        self.units = as_units(np.bincount(code, self.weight, minlength=k), count, longest, total)
+        self.big = big
+
+    def split_ranks(self, world: int) -> IntArray:
+        """The rank of each group: groups dealt to ``world`` ranks balancing weight (no cap)."""
+        k = int(self.group.max()) + 1 if self.group.size else 0
+        w = np.bincount(self.group[self.kept], self.weight[self.kept], minlength=k).astype(np.float64)
+        present = np.bincount(self.group[self.kept], minlength=k) > 0
+        ids = np.flatnonzero(present)
+        order = rows_of(np.zeros(ids.size, dtype=np.int64), w[ids], 1)
+        groups = as_units(w[ids], np.ones(ids.size), np.zeros(ids.size), np.zeros(ids.size))
+        bins = pack(order, groups, world, math.inf, None)
+        rank = np.full(k, -1, dtype=np.int64)
+        rank[ids] = bins.bin_of
+        return rank
+
+    def micro_rows(self, rank_of_group: IntArray, rows: int) -> tuple[IntArray, IntArray, NDArray[np.int64]]:
+        """Each row's units to deal (heaviest first), its oversized units, its lower bound."""
+        seq = np.flatnonzero(self.kept)
+        k = self.units.weight.size
+        row = np.full(k, -1, dtype=np.int64)
+        row[self.unit_of[seq]] = rank_of_group[self.group[seq]]
+        live = row >= 0
+        normal, big = live & ~self.big, live & self.big
+        order = rows_of(row[normal], self.units.weight[normal], rows)
+        order = np.where(order >= 0, np.flatnonzero(normal)[np.maximum(order, 0)], -1)
+        alone = rows_of(row[big], self.units.weight[big], rows)
+        alone = np.where(alone >= 0, np.flatnonzero(big)[np.maximum(alone, 0)], -1)
+        bound = np.array([self._bound(order[r][order[r] >= 0]) for r in range(rows)], dtype=np.int64)
+        bound += (alone >= 0).sum(axis=1)
+        return order, alone, bound
+
+    def _bound(self, ids: IntArray) -> int:
+        """Fewest bins the units ``ids`` fit: their marginal costs over the usable budget, and
+        the units over half of it (no two share a bin); 1 for a model known only monotone."""
+        if ids.size == 0:
+            return 0
+        if not self.model.superadditive:
+            return 1
+        fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+        u = self.units
+        extra = np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - fixed, 0.0)
+        room = self.budget - fixed
+        if room <= 0:
+            return int(ids.size)
+        by_sum = math.ceil(float(extra.sum()) / room * (1 - 1e-12))
+        return max(1, by_sum, int((extra > room / 2).sum()))
+
+    @property
+    def keep_groups_on_rank(self) -> bool:
+        return not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
+
+    def result(self, row: IntArray, micro: IntArray, workload: FloatArray, m: int, ranks: tuple[int, ...],
+               world: int, gather: Callable[[FloatArray], FloatArray] | None) -> Partition:
+        """The partition, from the row (index into ``ranks``) and micro-step of each kept
+        sequence and the ``(rows, m)`` workloads; ``gather`` shares them with the other ranks."""
+        rows = len(ranks)
+        seq = np.flatnonzero(self.kept)
+        unit = self.unit_of[seq]
+        key = row * m + micro
+        order = seq[np.argsort(key, kind="stable")]  # ascending indices within a micro-batch
+        n_sizes = np.bincount(key, minlength=rows * m)
+        offsets = np.zeros(rows * m + 1, dtype=np.int64)
+        np.cumsum(n_sizes, out=offsets[1:])
+        local = np.stack([
+            np.bincount(micro, minlength=m).astype(np.float64),
+            np.bincount(micro, self.sizes[seq], minlength=m),
+            np.bincount(micro, self.loss[seq], minlength=m),
+        ])
+        if gather is not None:  # the other ranks' totals and workloads
+            shared = gather(np.vstack([local, workload]))  # (world, 4, m)
+            local, workload = shared[:, :3].sum(axis=0), shared[:, 3]
+        slowest = workload.max(axis=0).sum() if m else 0.0
+        total = workload.sum()
+        n_big = int((np.bincount(unit, minlength=self.big.size) > 0)[self.big].sum())
+        return Partition(
+            world=world,
+            ranks=ranks,
+            order=order,
+            offsets=offsets,
+            n_micro=m,
+            lower_bound=self._step_bound(world),
+            step_samples=local[0].astype(np.int64),
+            step_tokens=local[1],
+            step_loss_tokens=local[2],
+            workload=workload,
+            efficiency=float(total / world / slowest) if slowest > 0 else 1.0,
+            n_oversized=n_big,
+            skipped=np.flatnonzero(~self.kept),
+            n_empty=int((n_sizes == 0).sum()) if gather is None else int((shared[:, 0] == 0).sum()),
+        )
+
+    def _step_bound(self, world: int) -> int:
+        """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
+        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+        n_big = int(self.big[live].sum())
+        need = n_big + self._bound(live[~self.big[live]])
+        m = max(-(-need // world), self.floor)
+        return -(-m // self.step) * self.step
+
+
+# --------------------------------------------------------------------------- micro-steps from bins
+
+
+def by_rank(bins: Bins, m: int, row: IntArray, unit: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """Each row's ``m`` bins as its micro-batches, heaviest first: the row and micro-step of
+    each kept sequence (given its row and unit), and the ``(rows, m)`` workloads."""
+    heaviest = np.argsort(-bins.load, axis=1, kind="stable")
+    step_of_bin = np.empty_like(heaviest)
+    np.put_along_axis(step_of_bin, heaviest, np.arange(m)[None, :], axis=1)
+    return row, step_of_bin[row, bins.bin_of[unit]], np.take_along_axis(bins.load, heaviest, axis=1)
+
+
+def by_step(bins: Bins, m: int, world: int, unit: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """One row of ``world * m`` bins laid out as micro-steps: the heaviest ``world`` bins make
+    micro-step 0, the next ``world`` micro-step 1, ..., dealt to the ranks in snake order."""
+    heaviest = np.argsort(-bins.load[0], kind="stable")
+    pos = np.empty_like(heaviest)
+    pos[heaviest] = np.arange(heaviest.size)
+    step, lane = pos // world, pos % world
+    rank = np.where(step % 2 == 0, lane, world - 1 - lane)
+    workload = np.zeros((world, m))
+    workload[rank, step] = bins.load[0]
+    b = bins.bin_of[unit]
+    return rank[b], step[b], workload
+
+
+# --------------------------------------------------------------------------- option checks
+
+
+def _int_option(name: str, value: Any) -> int:
+    out = positive_int(name, value)
+    assert out is not None
+    return out
+
+
+def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
+    """``weights`` as one finite number >= 0 per sequence."""
+    if weights is None:
+        out: Any = sizes
+    elif isinstance(weights, CostModel):
+        out = weights.sample_cost(sizes)
+    elif callable(weights):
+        out = weights(sizes.copy())
+    elif isinstance(weights, (str, bytes)):
+        raise TypeError(f"weights must be numbers, a function of the sizes or a CostModel, got {weights!r}")
+    else:
+        out = weights
+    try:
+        arr = np.asarray(out, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"weights must give one number per sequence, got {type(out).__name__}") from None
+    if arr.shape != sizes.shape:
+        raise ValueError(f"weights must have one entry per sequence: shape {sizes.shape}, got shape {arr.shape}")
+    bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
+    if bad.size:
+        raise ValueError(f"weights must be finite and >= 0; {bad.size} bad: {format_offenders(bad, arr[bad])}")
+    return np.ascontiguousarray(arr)
+
+
+def _groups(groups: Any, n: int) -> IntArray:
+    """A dense code (0..k-1, in order of first appearance) per sequence."""
+    if groups is None:
+        return np.arange(n, dtype=np.int64)
+    ids = np.asarray(groups)
+    if ids.ndim != 1 or ids.size != n:
+        raise ValueError(f"groups must hold one id per sequence: {n} (the length of sizes), got shape {ids.shape}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, first, code = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[code.ravel()]
