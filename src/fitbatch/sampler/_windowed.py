@@ -1,6 +1,6 @@
 """``WindowedBatchSampler``: the name a :class:`~fitbatch.BudgetBatchSampler` planned in windows had.
 
-Deprecated since 0.2.0, removed in 0.3.0: ``BudgetBatchSampler(sizes, budget, window=...)`` is
+Deprecated (after 0.2.0), removed in 0.3.0: ``BudgetBatchSampler(sizes, budget, window=...)`` is
 the same sampler (one class, one engine: :mod:`fitbatch.sampler._budget`).
 
 >>> import warnings
