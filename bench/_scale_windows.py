@@ -1,4 +1,4 @@
-"""Scale benchmark, part 3: windowed planning (``fitbatch.sampler.WindowedBatchSampler``) at 1e8-1e9 samples.
+"""Scale benchmark, part 3: windowed planning (``fitbatch.BudgetBatchSampler``, ``window="auto"``) at 1e8-1e9 samples.
 
 Run through ``python bench/scale.py --windows 1e8,1e9`` (see its docstring). Each measurement
 runs in a fresh process over a memory-mapped int32 :class:`fitbatch.SizeIndex` of sizes
@@ -81,7 +81,7 @@ def _sampler(path: str, ranks: int, rank: int):  # type: ignore[no-untyped-def]
     import fitbatch
 
     index = fitbatch.SizeIndex.open(path)
-    return fitbatch.sampler.WindowedBatchSampler(index, BUDGET, num_replicas=ranks, rank=rank, census="local")
+    return fitbatch.BudgetBatchSampler(index, BUDGET, num_replicas=ranks, rank=rank, census="local")
 
 
 def run(path: str, ranks: int, rank: int, out: str) -> dict:
@@ -159,7 +159,7 @@ def quality(path: str, ranks: int) -> dict:
     g_real, g_pad = glob.plan.real_units.sum(), glob.plan.padded_units.sum()
     g = {"steps": glob.n_steps, "batches": len(glob.plan), "pad_eff": g_real / g_pad, "seconds": t_global}
     del glob
-    sampler = fitbatch.sampler.WindowedBatchSampler(index, BUDGET, num_replicas=ranks, rank=0)
+    sampler = fitbatch.BudgetBatchSampler(index, BUDGET, num_replicas=ranks, rank=0)
     t0 = time.perf_counter()
     live, steps, batches, real, pad = sampler._current(), 0, 0, 0.0, 0.0
     while True:

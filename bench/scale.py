@@ -17,7 +17,7 @@ It prints two markdown tables:
    each run in a fresh subprocess: ``SizeIndex.open`` + ``plan_batches`` (sorted and
    sequential strategies) beside ``plan_batches`` on the same sizes loaded into memory with
    ``np.load``; best of 2 alternated runs (index, array, array, index), and the peak RSS.
-3. ``--windows 1e8,1e9``: windowed planning (``fitbatch.sampler.WindowedBatchSampler``) as one simulated
+3. ``--windows 1e8,1e9``: windowed planning (``BudgetBatchSampler(window=...)``) as one simulated
    rank of ``--ranks`` (1,024): first batch, resume, census share, peak anonymous memory, and
    the windowed epoch against the global plan up to ``--quality-upto`` (``bench/_scale_windows.py``):
 

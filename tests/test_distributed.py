@@ -606,7 +606,7 @@ def test_seed_none_on_several_ranks_is_shared_or_refused(tmp_path):
     with pytest.raises(ValueError, match=r"seed=None.*4 ranks.*seed=<int>"):
         BudgetBatchSampler(np.ones(100), 10, num_replicas=4, rank=0, seed=None)
     with pytest.raises(ValueError, match="seed=None"):
-        fitbatch.sampler.WindowedBatchSampler(np.ones(100), 10, window=50, num_replicas=2, rank=1, seed=None)
+        BudgetBatchSampler(np.ones(100), 10, window=50, num_replicas=2, rank=1, seed=None)
     with pytest.raises(ValueError, match="seed=None"):
         fitbatch.schedule.ScheduledBatchSampler(np.ones(100), 8, num_replicas=2, rank=0, seed=None)
     assert shared_seed(None, 1) is None and shared_seed(3, 4) == 3  # one rank draws its own

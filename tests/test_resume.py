@@ -143,7 +143,7 @@ def test_value_checks_name_the_state_and_key_and_run_after_the_key_checks():
 
 @pytest.mark.parametrize("make", [
     lambda sizes: fitbatch.BudgetBatchSampler(sizes, 100, num_replicas=1, rank=0, seed=0),
-    lambda sizes: fitbatch.sampler.WindowedBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0),
+    lambda sizes: fitbatch.BudgetBatchSampler(sizes, 100, window=30, num_replicas=1, rank=0, block=1, census="local", seed=0),
 ], ids=["global", "windowed"])
 def test_the_same_sampler_loads_its_state_again_after_a_budget_change(make):
     """A rollback or a second load of one state into the sampler that saved it: the epoch began

@@ -1,4 +1,5 @@
-"""WindowedBatchSampler (fitbatch.sampler._windowed) and the windows it plans (fitbatch.epoch._windows).
+"""BudgetBatchSampler planning in windows (``window=N``; ``WindowedBatchSampler``, its deprecated
+name, in the older tests) and the windows it plans (fitbatch.epoch._windows).
 
 The guarantees of the plan samplers, for an epoch planned a window at a time: every sample once,
 equal steps on every rank, within budget, exact ``len()``, exact resume (also on another world
@@ -27,6 +28,8 @@ from fitbatch.epoch._arrange import TooFewSamples
 from fitbatch.plan._options import PlanOptions
 from fitbatch.sampler import WindowedBatchSampler
 
+pytestmark = pytest.mark.filterwarnings("ignore:fitbatch.sampler.WindowedBatchSampler is deprecated:DeprecationWarning")
+
 DATA = Path(__file__).parent / "data"
 FUNCTIONS = np.load(DATA / "cpython_stdlib_functions.npy")
 PYTOKENS = np.load(DATA / "cpython_stdlib_pytokens.npy")
@@ -54,7 +57,7 @@ def test_exact_batches_and_hand_on():
         [[3], [2], [8], [7], [1], [12], [11]],
     ]
     assert [len(s) for s in ranks] == [7, 7]
-    with pytest.raises(ValueError, match=r"largest sample \(size 9\)"):  # refused when built
+    with pytest.raises(ValueError, match=r"largest: index 5 \(cost 9.0\)"):  # refused when built
         WindowedBatchSampler([3, 1, 4, 1, 5, 9, 2, 6], 8, window=4, block=2, cost="sum", strategy="sequential", num_replicas=1, rank=0)
 
 
@@ -215,7 +218,7 @@ def test_set_budget_part_way_replans_the_window_and_resumes():
     s = WindowedBatchSampler(sizes, 8192, **kw)
     it = iter(s)
     head = [next(it) for _ in range(60)]
-    with pytest.raises(ValueError, match="largest sample .size 4911"):  # refused: nothing changes
+    with pytest.raises(ValueError, match=r"largest: index 15983 \(cost 4911.0\)"):  # refused: nothing changes
         s.set_budget(2048)
     assert s.state_dict()["events"] == []
     s = WindowedBatchSampler(sizes, 8192, **kw, oversized="single")
@@ -250,32 +253,33 @@ def test_refuses_bad_states_and_options():
     state = s.state_dict()
     with pytest.raises(ValueError, match="window"):
         WindowedBatchSampler(sizes, 8192, window=2048, num_replicas=1, rank=0).load_state_dict(state)
-    with pytest.raises(ValueError, match="not in epoch"):
+    with pytest.raises(ValueError, match="window fields .* contradict"):  # an edited window: the digest refuses it
         WindowedBatchSampler(sizes, 8192, window=1024, num_replicas=1, rank=0).load_state_dict({**state, "window": 99})
     with pytest.raises(ValueError, match="events"):
+        s.load_state_dict({**state, "events": [{"window": "0", "step": 1, "budget": 9.0}]})
+    with pytest.raises(ValueError, match="window fields .* contradict"):
         s.load_state_dict({**state, "events": [{"step": 1, "budget": 9.0}]})
-    for bad in ({"drop_last": True}, {"max_shapes": 4}):
-        with pytest.raises(ValueError, match="not supported with windowed plans"):
-            WindowedBatchSampler(sizes, 8192, **bad)
-    with pytest.raises(ValueError, match="one budget"):
-        WindowedBatchSampler(sizes, [8192, 8192], num_replicas=2, rank=0)
+    # options that mean something of the whole epoch make it one window (tests/test_one_engine.py)
+    for whole in ({"drop_last": True}, {"max_shapes": 4}):
+        assert WindowedBatchSampler(sizes, 8192, **whole).window is None
+    assert BudgetBatchSampler(sizes, [8192, 8192], window=1024, num_replicas=2, rank=0).window is None
     with pytest.raises(ValueError, match="census"):
         WindowedBatchSampler(sizes, 8192, census="sometimes")
     with pytest.raises(ValueError, match="fewer than 2 x num_replicas=8 samples"):
         WindowedBatchSampler(sizes, 8192, window=15, num_replicas=8, rank=0)
 
 
-def test_budget_sampler_turns_windowed_above_the_threshold(monkeypatch):
+def test_budget_sampler_plans_in_windows_above_the_threshold(monkeypatch):
     sizes = FUNCTIONS[:5000]
-    assert type(BudgetBatchSampler(sizes, 8192, num_replicas=1, rank=0)) is BudgetBatchSampler
-    assert type(BudgetBatchSampler(sizes, 8192, window=1024, num_replicas=1, rank=0)) is WindowedBatchSampler
+    assert BudgetBatchSampler(sizes, 8192, num_replicas=1, rank=0).window is None
+    assert BudgetBatchSampler(sizes, 8192, window=1024, num_replicas=1, rank=0).window == 1024
     monkeypatch.setattr(W, "AUTO_ABOVE", 4000)
     auto = BudgetBatchSampler(sizes, 8192, num_replicas=1, rank=0)
-    assert type(auto) is WindowedBatchSampler and auto.window == W.WINDOW
-    assert type(BudgetBatchSampler(sizes, 8192, window=None, num_replicas=1, rank=0)) is BudgetBatchSampler
-    # options a windowed plan does not take keep the global plan under "auto"
-    assert type(BudgetBatchSampler(sizes, 8192, loss_sizes=sizes, num_replicas=1, rank=0)) is BudgetBatchSampler
-    assert type(BudgetBatchSampler(sizes, [8192, 8192], num_replicas=2, rank=0)) is BudgetBatchSampler
+    assert type(auto) is BudgetBatchSampler and auto.window == W.WINDOW
+    assert BudgetBatchSampler(sizes, 8192, window=None, num_replicas=1, rank=0).window is None
+    # loss_sizes plan in windows too; options of the whole epoch keep one window under "auto"
+    assert BudgetBatchSampler(sizes, 8192, loss_sizes=sizes, num_replicas=1, rank=0).window == W.WINDOW
+    assert BudgetBatchSampler(sizes, [8192, 8192], num_replicas=2, rank=0).window is None
 
 
 # ---------------------------------------------------------------- gloo: the collective census
@@ -403,17 +407,16 @@ def test_an_oversized_sample_is_refused_when_the_windowed_sampler_is_built():
     """Not eight batches into the epoch, at the window that holds it (the global sampler refuses
     it before its first batch)."""
     sizes = [10] * 99 + [500]
-    with pytest.raises(ValueError, match=r"largest sample \(size 500\).*oversized='single'"):
+    with pytest.raises(ValueError, match=r"largest: index 99 \(cost 500.0\).*oversized='single'"):
         WindowedBatchSampler(sizes, 100, window=20, num_replicas=1, rank=0, census="local")
-    with pytest.raises(ValueError, match="largest sample"):
+    with pytest.raises(ValueError, match="largest: index 99"):
         BudgetBatchSampler(sizes, 100, window=20, num_replicas=1, rank=0)
 
 
 @pytest.mark.parametrize("make, match", [
     (lambda s: BudgetBatchSampler(s, 12, window=0, num_replicas=1, rank=0), "window must be >= 1"),
     (lambda s: BudgetBatchSampler(s, 12, window="wide", num_replicas=1, rank=0), "window must be 'auto'"),
-    (lambda s: BudgetBatchSampler(s, 12, window=4, loss_sizes=[1] * 8, num_replicas=1, rank=0),
-     r"loss_sizes is not supported with windowed plans.*window=None"),
+    (lambda s: BudgetBatchSampler(s, 12, window=1, num_replicas=1, rank=0), r"window=1 holds fewer than 2 x num_replicas"),
 ])
 def test_the_window_argument_is_checked(make, match):
     with pytest.raises(ValueError, match=match):
@@ -424,15 +427,16 @@ def test_the_window_argument_takes_numpy_ints_and_keyword_sizes():
     sizes = [3, 1, 4, 1, 5, 9, 2, 6]
     for sampler in (BudgetBatchSampler(sizes, 12, window=np.int64(4), num_replicas=1, rank=0),
                     BudgetBatchSampler(sizes=sizes, budget=12, window=4, num_replicas=1, rank=0)):
-        assert isinstance(sampler, WindowedBatchSampler) and sampler.window == 4
+        assert type(sampler) is BudgetBatchSampler and sampler.window == 4
         assert sorted(i for b in sampler for i in b) == list(range(8))
 
 
-def test_a_state_of_the_other_sampler_kind_is_named_as_such():
+def test_a_state_of_another_window_is_named_as_such():
+    """One schema: a state planned in windows and one planned whole differ in their options."""
     sizes = list(range(1, 41))
     windowed = BudgetBatchSampler(sizes, 100, window=10, num_replicas=1, rank=0)
     whole = BudgetBatchSampler(sizes, 100, window=None, num_replicas=1, rank=0)
-    with pytest.raises(ValueError, match=r"it has keys \[.carry., .window., .window_step.\] that.*another kind"):
+    with pytest.raises(ValueError, match=r"block: saved 4096, this sampler None; window: saved 10, this sampler None"):
         whole.load_state_dict(windowed.state_dict(step=2))
-    with pytest.raises(ValueError, match=r"it has no \[.carry., .window., .window_step.\].*another kind"):
+    with pytest.raises(ValueError, match=r"window: saved None, this sampler 10"):
         windowed.load_state_dict(whole.state_dict(step=2))

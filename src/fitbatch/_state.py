@@ -266,7 +266,7 @@ class StateSchema:
             parts += [f"no {absent}"] if absent else []
             kind = (  # keys of another kind of state too: say so (a windowed and a global sampler's differ)
                 f"; it has {' and '.join(parts)}: if another kind of object saved it (a "
-                "WindowedBatchSampler's state and a BudgetBatchSampler's differ), load it into that kind"
+                "BudgetBatchSampler's state and a ScheduledBatchSampler's differ), load it into that kind"
                 if parts else ""
             )
             raise ValueError(

@@ -33,7 +33,7 @@ def main() -> None:
     out = {}
     for name, make in (
         ("budget", lambda: fitbatch.BudgetBatchSampler(sizes, 2048, seed=None)),
-        ("windowed", lambda: fitbatch.sampler.WindowedBatchSampler(sizes, 2048, window=100, seed=None)),
+        ("windowed", lambda: fitbatch.BudgetBatchSampler(sizes, 2048, window=100, seed=None)),
         ("scheduled", lambda: fitbatch.schedule.ScheduledBatchSampler(sizes, 36, micro_batch_size=4, seed=None)),
     ):
         sampler = make()

@@ -19,7 +19,7 @@ worth ``i + 1`` (so a padded batch's first column names its samples). Phases:
   ``fitbatch.integrations.accelerate.prepare_loader`` for two epochs, beside the batches the
   same sampler yields without accelerate.
 
-``--window N`` plans the epochs in windows of N samples (a ``WindowedBatchSampler``).
+``--window N`` plans the epochs in windows of N samples (``BudgetBatchSampler(window=N)``).
 ``--accum K`` accumulates gradients over K batches (``Accelerator(gradient_accumulation_steps=K)``,
 ``with acc.accumulate(model)``); each process also logs accelerate's step counter and whether it
 synchronised gradients at each batch.
@@ -76,7 +76,7 @@ def main() -> None:
     # built after Accelerator(): it reads the world from torch.distributed
     sampler = fitbatch.BudgetBatchSampler(lengths, BUDGET, cost="padded", seed=0, window=args.window or "auto")
     out: dict = {"rank": acc.process_index, "world": acc.num_processes,
-                 "sampler_world": [sampler.num_replicas, sampler.rank], "kind": type(sampler).__name__}
+                 "sampler_world": [sampler.num_replicas, sampler.rank], "kind": type(sampler).__name__, "window": sampler.window}
     if args.phase == "naive":
         loader = acc.prepare(DataLoader(Samples(), batch_sampler=sampler, collate_fn=fitbatch.pad_collate))
         for epoch in range(EPOCHS):

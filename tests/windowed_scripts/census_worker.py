@@ -1,4 +1,4 @@
-"""One rank of the gloo test of WindowedBatchSampler's collective census (run by tests/test_windowed.py).
+"""One rank of the gloo test of the collective census of BudgetBatchSampler(window=...) (run by tests/test_windowed.py).
 
 Usage: python census_worker.py RANK WORLD INIT_FILE OUT_FILE
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from fitbatch.sampler import WindowedBatchSampler
+from fitbatch import BudgetBatchSampler
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cpython_stdlib_functions.npy"
 KW = {"window": 2048, "block": 256, "strategy": "pooled", "seed": 3}
@@ -31,7 +31,7 @@ def main() -> None:
     rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        sampler = WindowedBatchSampler(sizes(), 8192, **KW)  # world and rank from torch.distributed
+        sampler = BudgetBatchSampler(sizes(), 8192, **KW)  # world and rank from torch.distributed
         n = len(sampler)
         counts = next(iter(sampler._counts.values()))
         batches = list(sampler)

@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch import _rng
-from fitbatch._state import NUM_REPLICAS_KEY, _good_event, _refuse, sizes_digest
+from fitbatch._state import NUM_REPLICAS_KEY, _good_event, _refuse
 from fitbatch.costs import CostModel
 from fitbatch.costs._limits import check_limits, describer
 from fitbatch.epoch._arrange import Steps, arrange
@@ -91,6 +91,21 @@ class Windows:
     blocks: IntArray
 
     @classmethod
+    def whole(cls, n: int) -> Windows:
+        """The epoch as one window, its samples in index order: an unwindowed epoch.
+
+        >>> Windows.whole(5).n_windows, Windows.whole(5).ids(0).tolist()
+        (1, [0, 1, 2, 3, 4])
+        """
+        block = max(int(n), 1)
+        return cls(int(n), block, block, np.zeros(1 if n else 0, np.int64))
+
+    @property
+    def one(self) -> bool:
+        """Whether the epoch is one window (planned as an unwindowed epoch is)."""
+        return self.n_windows == 1
+
+    @classmethod
     def keyed(cls, n: int, *, window: int, block: int, seed: int, epoch: int, shuffle: bool) -> Windows:
         """The windows of epoch ``epoch``: blocks in a ``(seed, epoch)`` permutation when ``shuffle``."""
         block = max(1, min(block, window))
@@ -134,11 +149,21 @@ class Column:
     values: NDArray[Any]
     integral: bool
     columns: tuple[str, ...] | None
+    #: an index's digest (its manifest's); ``""`` for sizes in memory (the sampler hashes them with
+    #: their ``loss_sizes``, :func:`fitbatch._state.sizes_digest`)
     digest: str
     #: the largest size (an index's manifest ``max``), for one-size columns; else ``None``
     largest: float | None = None
     #: the mean size (of the first column for several), for :func:`auto_window`
     mean: float = 0.0
+    #: the :class:`~fitbatch.SizeIndex` the column maps, if any
+    index: Any = None
+
+    def whole(self) -> Sizes:
+        """Every sample's size as the planner takes them (an index's: converted once, by the index)."""
+        if self.index is not None:
+            return as_sizes(self.index)
+        return Sizes(self.values, self.integral, self.columns)
 
     @classmethod
     def of(cls, sizes: SizesLike, n: int | None = None) -> Column:
@@ -152,26 +177,36 @@ class Column:
         if isinstance(sizes, SizeIndex):
             if n is not None and n != len(sizes):
                 raise ValueError(f"n={n} but the size index at {sizes.path} holds {len(sizes)} sizes; leave n out")
+            if not sizes._trust:  # SizeIndex.open(trust=False): its sizes checked once, in chunks
+                sizes._verify()
             stats = sizes.stats
-            return cls(sizes.sizes, sizes.integral, None, sizes.digest, float(stats["max"]), float(stats["sum"]) / max(len(sizes), 1))
+            top, average = float(stats["max"]), float(stats["sum"]) / max(len(sizes), 1)
+            return cls(sizes.sizes, sizes.integral, None, sizes.digest, top, average, sizes)
         checked = as_sizes(sizes, n)
-        digest = sizes_digest(checked.values, None, checked.columns)
         one = checked.values.ndim == 1 and len(checked) > 0
         largest = float(checked.values.max()) if one else None
         mean = float(checked.values.mean()) if one else 0.0
-        return cls(checked.values, checked.integral, checked.columns, digest, largest, mean)
+        return cls(checked.values, checked.integral, checked.columns, "", largest, mean)
 
     def screen(self, opts: PlanOptions) -> None:
         """Under ``oversized="error"``, refuse options that the largest sample exceeds alone (before a change).
 
-        Every sample is covered without reading the column: a sample's cost alone grows with its size.
+        Sizes in memory are screened sample by sample (every limit of several); an index's by its
+        largest size, without reading the column (a sample's cost alone grows with its size).
 
         >>> Column.of([3, 9, 4]).screen(PlanOptions.build(8))
         Traceback (most recent call last):
         ...
-        ValueError: the largest sample (size 9) costs 9 even alone, more than the budget 8; pass oversized='single' or 'skip', or a larger budget
+        ValueError: 1 sample cost more than the budget 8 even alone; largest: index 1 (cost 9.0). Pass oversized='single' to give each its own batch, or oversized='skip' to leave them out (they are counted in the plan's stats).
         """
-        if opts.oversized != "error" or self.largest is None or self.columns is not None:
+        if opts.oversized != "error":
+            return
+        if self.index is None:  # in memory: every sample, every limit, named as the planner names them
+            from fitbatch.epoch._timeline import screen
+
+            screen(self.whole(), opts)
+            return
+        if self.largest is None:
             return
         alone = float(opts.cost.sample_cost(np.array([self.largest]))[0])
         if alone > opts.budget:
@@ -219,14 +254,16 @@ class WindowPlan:
         steps: the window's steps on every rank.
         carry: the batches handed on to the next window, as dataset indices.
         carried_in: how many batches it was handed.
+        loss: the local samples' ``loss_sizes`` (``None``: none given).
     """
 
     index: int
-    ids: IntArray
+    ids: IntArray | None
     sizes: Sizes
     steps: Steps
     carry: tuple[IntArray, ...]
     carried_in: int
+    loss: NDArray[np.float64] | None = None
 
 
 def window_seed(opts: PlanOptions, epoch: int, w: int) -> int:
@@ -262,8 +299,28 @@ def carry_count(carried: int, own: int, world: int) -> int:
     return left if left <= own else 0
 
 
+def absorbs(carried: int, own: int, last: BatchPlan | int, world: int, policy: str) -> bool:
+    """Whether the window before the last takes the last window's batches and becomes the last.
+
+    The last window splits what does not divide among the ranks (``policy="split"``); it joins
+    the window before it when its own batches (``last``: its own plan, or the samples they hold
+    more than batches) could not absorb that split, whatever it is handed: the window before
+    then hands nothing on and arranges its batches and the last's together.
+
+    >>> absorbs(0, 3, 0, 2, "split"), absorbs(0, 3, 1, 2, "split"), absorbs(0, 4, 0, 2, "split")
+    (True, False, False)
+    """
+    if policy != "split" or world == 1:
+        return False
+    slack = last if isinstance(last, int) else last.n_samples - len(last)
+    n_last = 0 if isinstance(last, int) else len(last)
+    extra = -(carry_count(carried, own, world) + n_last) % world
+    return slack < extra
+
+
 def window_steps(
-    counts: Sequence[int], world: int, policy: str, carried: int = 0, refit: int | None = None
+    counts: Sequence[int], world: int, policy: str, carried: int = 0, refit: int | None = None,
+    last: tuple[int, int] | None = None,
 ) -> list[int]:
     """The steps of each window from the own batch counts of it and the windows after it (the last last).
 
@@ -271,22 +328,33 @@ def window_steps(
     ``(carried + own) // world`` steps and hands on the rest, unless it has fewer own batches
     than that rest (then it splits its leftover, like the last window under ``"split"``).
     ``refit``: the batches the ``carried`` ones handed to the first window are there (more
-    when a smaller budget since plans them again, :func:`carried_batches`).
+    when a smaller budget since plans them again, :func:`carried_batches`). ``last``: the last
+    window's (own batches, own samples less own batches), for :func:`absorbs` (the last window
+    joins the one before when it could not be split); ``None``: never.
 
     >>> window_steps([10, 10, 10], 4, "split"), window_steps([10, 10, 10], 4, "drop")
     ([2, 3, 3], [2, 3, 2])
     >>> window_steps([10, 10], 4, "split", carried=2, refit=3)  # 13 batches, 0 handed on: 4 steps
     [4, 3]
     """
-    out = []
+    out: list[int] = []
     batches_in = carried if refit is None else refit
     for i, own in enumerate(counts):
-        last = i == len(counts) - 1
-        handed = 0 if last else carry_count(carried, int(own), world)
+        if i == len(counts) - 2 and last is not None and _absorbs_counts(carried, int(own), last, world, policy):
+            rest = batches_in + int(own) + last[0]
+            return [*out, -(-rest // world), 0]
+        is_last = i == len(counts) - 1
+        handed = 0 if is_last else carry_count(carried, int(own), world)
         rest = batches_in + int(own) - handed  # the window's batches, arranged into steps
         out.append(-(-rest // world) if policy == "split" else rest // world)
         carried = batches_in = handed
     return out
+
+
+def _absorbs_counts(carried: int, own: int, last: tuple[int, int], world: int, policy: str) -> bool:
+    if policy != "split" or world == 1:
+        return False
+    return last[1] < -(carry_count(carried, own, world) + last[0]) % world
 
 
 def carried_batches(column: Column, carry_in: Sequence[IntArray], opts: PlanOptions, epoch: int, w: int) -> int:
@@ -310,18 +378,28 @@ def build_window(
     carry_in: Sequence[IntArray],
     policy: str = "split",
     own: tuple[IntArray, Sizes, BatchPlan] | None = None,
+    loss: NDArray[np.float64] | None = None,
+    absorb: tuple[IntArray, Sizes, BatchPlan] | None = None,
 ) -> WindowPlan:
     """Window ``w`` arranged for ``world`` ranks with the batches ``carry_in`` (dataset indices) it was handed.
 
-    ``own`` is window ``w``'s :func:`own_plan` when the caller has it already.
+    ``own`` is window ``w``'s :func:`own_plan` when the caller has it already; ``loss`` the
+    epoch's ``loss_sizes`` (the window's steps count those of its samples); ``absorb`` the last
+    window's own plan when this window takes its batches and becomes the last (:func:`absorbs`).
     """
     ids_w, sizes_w, mine = own if own is not None else own_plan(column, windows, w, opts, epoch)
+    last = w == windows.n_windows - 1
+    if absorb is not None:  # the last window's own batches join this window's
+        ids_n, sizes_n, theirs = absorb
+        mine = _concat(mine, theirs, ids_w.size)
+        ids_w = np.concatenate([ids_w, ids_n])
+        sizes_w = Sizes(np.concatenate([sizes_w.values, sizes_n.values]), column.integral, column.columns)
+        last = True
     handed = np.concatenate([np.zeros(0, np.int64), *carry_in])
     ids = np.concatenate([handed, ids_w])
     sizes = column.take(handed) if handed.size else None
     local = sizes_w if sizes is None else Sizes(np.concatenate([sizes.values, sizes_w.values]), column.integral, column.columns)
     nc = handed.size
-    last = w == windows.n_windows - 1
     count = 0 if last else carry_count(len(carry_in), len(mine), world)
     out = handed_on(mine, count, opts, epoch, w)
     keep = np.setdiff1d(np.arange(len(mine)), out, assume_unique=True)
@@ -333,9 +411,23 @@ def build_window(
     _, costs, real, padded = measure_batches(local, opts.cost, order, offsets)
     plan = mine.rebatched(order, offsets, (costs, real, padded), index_map=np.arange(nc, nc + ids_w.size))
     plan.skipped = np.concatenate([handed_skipped, plan.skipped])  # over a new budget alone, oversized="skip"
+    local_loss = None if loss is None else loss[ids]
+    plan.loss_sizes = local_loss
     steps = arrange(plan, local, opts.cost, world, seed=opts.seed, epoch=epoch, policy=policy, purpose=f"window-steps-{w}")
     carry = tuple(ids_w[b] for b in mine.select(out))
-    return WindowPlan(w, ids, local, steps, carry, len(carry_in))
+    return WindowPlan(w, ids, local, steps, carry, len(carry_in), local_loss)
+
+
+def _concat(a: BatchPlan, b: BatchPlan, shift: int) -> BatchPlan:
+    """The batches of ``a`` then those of ``b`` (whose local indices follow ``a``'s ``shift`` samples)."""
+    order = np.concatenate([a.order, b.order + shift])
+    offsets = np.concatenate([a.offsets, a.offsets[-1] + b.offsets[1:]]).astype(np.int64)
+    per = tuple(np.concatenate([getattr(a, f), getattr(b, f)]) for f in ("costs", "real_units", "padded_units"))
+    return a._derived(
+        order, offsets, per,  # type: ignore[arg-type]
+        skipped=np.concatenate([a.skipped, b.skipped + shift]), dropped=np.concatenate([a.dropped, b.dropped + shift]),
+        lower_bound=a.lower_bound + b.lower_bound, dropped_batches=a.dropped_batches + b.dropped_batches,
+    )
 
 
 def _refit(
@@ -352,7 +444,10 @@ def _refit(
     offsets = np.concatenate([[0], np.cumsum([b.size for b in carry_in])]).astype(np.int64)
     order = np.arange(nc, dtype=np.int64)
     _, costs, _, _ = measure_batches(local, opts.cost, order, offsets)
-    if (costs <= opts.budget).all():
+    over = costs > opts.budget
+    if opts.oversized == "single":  # a sample over the budget alone has a batch of its own: it stays so
+        over &= np.diff(offsets) > 1
+    if not over.any():
         return order, offsets, none
     # a smaller budget since they were planned: their samples planned again, sorted, to fit
     sub = local.subset(order)
@@ -383,16 +478,52 @@ def window_events(name: str, value: Any) -> None:
 
 @dataclasses.dataclass
 class Live:
-    """A window as it runs: its arrangement, the step of the epoch its step 0 runs at, its timeline."""
+    """A window as it runs: its arrangement, the step of the epoch its step 0 runs at, its timeline.
+
+    After a resume on another world size whose rest of the window cannot be split among the new
+    ranks, the rest is carried into the next window, which then runs as part of this one
+    (:func:`carry_rest`).
+    """
 
     plan: WindowPlan
     first: int
     timeline: Timeline
     last: bool
+    #: windows it runs: 2 once a resume on more ranks carried a rest it could not split into the next
+    span: int = 1
 
     @property
     def end(self) -> int:
         return self.first + self.timeline.total
+
+
+def carry_rest(live: Live, column: Column, windows: Windows, step: int, world: int, opts: PlanOptions, *,
+               epoch: int, policy: str, loss: NDArray[np.float64] | None) -> Live:
+    """``live`` with its rest from ``step`` on (of its window, as batches) carried into the next window,
+    which is arranged with it for ``world`` ranks and runs as part of ``live`` from ``step`` on.
+
+    What a resume on more ranks does when the rest of the window cannot be split among them.
+    """
+    tl, plan = live.timeline, live.plan
+    assert plan.ids is not None
+    rest = tl.rest_plan(step, plan.sizes)
+    bounds = rest.offsets.tolist()
+    batches = tuple(plan.ids[rest.order[bounds[k] : bounds[k + 1]]] for k in range(len(rest)))
+    w = plan.index + live.span
+    nxt = build_window(column, windows, w, opts, world=world, epoch=epoch, carry_in=(*batches, *plan.carry), policy=policy, loss=loss)
+    assert nxt.ids is not None
+    shift = plan.ids.size
+    moved = nxt.steps.plan
+    per = (moved.costs, moved.real_units, moved.padded_units)
+    renamed = moved.rebatched(moved.order + shift, moved.offsets, per, index_map=np.arange(shift, shift + nxt.ids.size))
+    sizes = Sizes(np.concatenate([plan.sizes.values, nxt.sizes.values]), column.integral, column.columns)
+    joined_loss = None if plan.loss is None or nxt.loss is None else np.concatenate([plan.loss, nxt.loss])
+    renamed.loss_sizes = joined_loss
+    steps = dataclasses.replace(nxt.steps, plan=renamed, grid=nxt.steps.grid)
+    joined = WindowPlan(plan.index, np.concatenate([plan.ids, nxt.ids]), sizes, steps, nxt.carry, plan.carried_in, joined_loss)
+    timeline = tl.then(step, steps, opts.cost, opts.budget, world_change=True)
+    logger.info("window %d: the %d batches left cannot be split for %d ranks; carried into window %d", plan.index, len(rest), world, w)
+    return Live(joined, live.first, timeline, w == windows.n_windows - 1, live.span + 1)
 
 
 def options_at(
@@ -420,9 +551,10 @@ def window_of(marks: Mapping[int, tuple[int, int]], cursor: int, live: Live) -> 
 
     A window's end is the next one's first step; ``live`` is the window running now.
     """
-    for w in sorted(marks):
+    known = sorted(marks)
+    for i, w in enumerate(known):
         first = marks[w][0]
-        end = marks[w + 1][0] if w + 1 in marks else live.end if w == live.plan.index else None
+        end = marks[known[i + 1]][0] if i + 1 < len(known) else live.end if w == live.plan.index else None
         if end is not None and first <= cursor <= end:
             return w
     return live.plan.index
@@ -471,7 +603,9 @@ __all__ = [
     "auto_window",
     "build_window",
     "census",
+    "absorbs",
     "carry_count",
+    "carry_rest",
     "handed_on",
     "options_at",
     "own_plan",

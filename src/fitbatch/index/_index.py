@@ -189,7 +189,7 @@ class SizeIndex:
     def digest(self) -> str:
         """A fingerprint of the column (blake2b, 128 bits): the manifest's, else hashed once in chunks.
 
-        What a windowed sampler's state carries (:mod:`fitbatch.sampler._windowed`): reading it costs
+        What a sampler's state carries when it plans in windows (:mod:`fitbatch.sampler._budget`): reading it costs
         nothing on an index built by this release.
         """
         if "digest" not in self._manifest:  # an index written before digests

@@ -118,8 +118,7 @@ def prepare(accelerator: Any, loader: Any, *, register: bool = True, check_budge
     Args:
         accelerator: an ``accelerate.Accelerator``.
         loader: a ``torch.utils.data.DataLoader`` whose ``batch_sampler`` is a fitbatch sampler
-            with state (``BudgetBatchSampler``, ``ScheduledBatchSampler``,
-            ``WindowedBatchSampler``), built for the accelerator's processes; a sampler without
+            with state (``BudgetBatchSampler`` at any ``window=``, ``ScheduledBatchSampler``), built for the accelerator's processes; a sampler without
             state (the compat ones) takes :func:`prepare_loader`.
         register: call ``accelerator.register_for_checkpointing`` on the result, so that
             ``save_state``/``load_state`` carry the epoch and the step.

@@ -224,7 +224,7 @@ class PlanSampler:
     def n_steps(self, epoch: int | None = None) -> int:
         """How many batches this rank runs in the epoch (default: the current one): ``len(plan(epoch))``.
 
-        A :class:`~fitbatch.sampler.WindowedBatchSampler` counts them without planning the epoch.
+        A ``BudgetBatchSampler`` planning in windows counts them without planning the epoch.
 
         >>> from fitbatch import BudgetBatchSampler
         >>> BudgetBatchSampler([3, 1, 4, 1], 4, strategy="sorted", num_replicas=1, rank=0).n_steps()
@@ -279,8 +279,17 @@ class PlanSampler:
         world size: from the step the new ranks took over). Once an iteration has begun, the
         next one runs the epoch again from its start (or from that step).
         """
+        first, end = self._span()
+        return max(0, end - max(self._start, first)) * outer_world(self, sys._getframe(1))
+
+    def _span(self) -> tuple[int, int]:
+        """The rows of the current epoch this rank runs, ``(first, end)``: the hook ``len()`` reads.
+
+        From :meth:`_layout` by default; a subclass that counts an epoch without planning it
+        whole (``BudgetBatchSampler`` in windows: a census) fills it.
+        """
         lay = self._layout(self.epoch)
-        return max(0, lay.end - max(self._start, lay.first)) * outer_world(self, sys._getframe(1))
+        return lay.first, lay.end
 
     def __iter__(self) -> Iterator[list[int]]:
         # Under accelerate's BatchSamplerShard (``accelerator.prepare`` of the loader), yield the

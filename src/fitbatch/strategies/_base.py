@@ -44,7 +44,7 @@ class Context:
     shuffle: bool
     seed: int
     epoch: int
-    #: samples of the whole epoch when these sizes are one window of it (:mod:`fitbatch.sampler._windowed`):
+    #: samples of the whole epoch when these sizes are one window of it (``BudgetBatchSampler(window=...)``):
     #: ``randomness="auto"`` mixes as much as it would for the epoch (``None``: these sizes)
     population: int | None = None
     _keys: tuple[NDArray[np.uint16], FloatArray] | None = None
