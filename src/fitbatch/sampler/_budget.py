@@ -467,7 +467,11 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
             live = self._build(0, 0, ())
             if self.rank == 0:
                 summary = live.timeline.steps.rank_plan(0).stats().summary()
-                logger.info("epoch %d: %d window(s); window 0: %s", self.epoch, self.windows().n_windows, summary)
+                n_windows = self.windows().n_windows
+                if n_windows == 1:  # an epoch planned whole: its plan's summary, as before windows
+                    logger.info("epoch %d: %s", self.epoch, summary)
+                else:
+                    logger.info("epoch %d: %d windows; window 0: %s", self.epoch, n_windows, summary)
             return live
         return self._live
 
