@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +64,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """cli.main configures logging for its process (a handler, a de-duplicating filter on every
+    root handler, the root level): undo it, so in-process runs leave later tests' logs alone."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    filters = {h: list(h.filters) for h in handlers}
+    yield
+    for handler in list(root.handlers):
+        if handler not in filters:
+            root.removeHandler(handler)
+    for handler, kept in filters.items():
+        handler.filters[:] = kept
+    root.setLevel(level)

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,9 @@ from fitbatch.epoch._arrange import arrange
 TESTS = Path(__file__).resolve().parent
 CLI_DATA = TESTS / "cli_data"
 DATA = TESTS / "data"
+
+# cli.main configures logging for its process: undo it after each test (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def run(*args: str, cwd: Path = CLI_DATA, ok: bool = True) -> subprocess.CompletedProcess[str]:
@@ -193,22 +195,6 @@ def test_error_messages(argv: list[str], message: str) -> None:
 
 
 # --- every expected failure is one line and exit status 2; a bug keeps its traceback ---------
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """cli.main configures logging for its process (a handler, a de-duplicating filter on every
-    root handler, the root level): undo it, so in-process runs leave later tests' logs alone."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    filters = {h: list(h.filters) for h in handlers}
-    yield
-    for handler in list(root.handlers):
-        if handler not in filters:
-            root.removeHandler(handler)
-    for handler, kept in filters.items():
-        handler.filters[:] = kept
-    root.setLevel(level)
 
 
 def main_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import struct
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +23,8 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    filters = {h: list(h.filters) for h in handlers}
-    yield
-    for handler in list(root.handlers):
-        if handler not in filters:
-            root.removeHandler(handler)
-    for handler, kept in filters.items():
-        handler.filters[:] = kept
-    root.setLevel(level)
+# cli.main configures logging for its process: undo it after each test (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def corpus(d: Path) -> dict[str, Path]:
