@@ -7,28 +7,20 @@ Each rank writes ``seed-rank{r}.json``: the seed its samplers took and the batch
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
+from _gloo import join_group, worker_args
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--init", required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args()
+    args = worker_args()
 
     import torch.distributed as dist
 
     import fitbatch
 
-    dist.init_process_group("gloo", init_method=args.init, world_size=args.world, rank=args.rank,
-                            timeout=timedelta(seconds=60))
+    join_group(args)
     sizes = np.random.default_rng(0).integers(1, 500, 400)
     out = {}
     for name, make in (

@@ -8,12 +8,10 @@ all-reduce, and writes ``steps-<case>-rank<r>.json``: its sizes, micro-batches a
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
+from _gloo import join_group, worker_args
 
 CASES = ("uneven", "multiple", "oversized", "refused")
 
@@ -31,20 +29,13 @@ def local_sizes(case: str, rank: int) -> np.ndarray:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--init", required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--case", choices=CASES, required=True)
-    args = p.parse_args()
+    args = worker_args(case={"choices": CASES})
 
     import torch.distributed as dist
 
     from fitbatch.steps import partition_local
 
-    dist.init_process_group("gloo", init_method=args.init, world_size=args.world, rank=args.rank,
-                            timeout=timedelta(seconds=60))
+    join_group(args)
     sizes = local_sizes(args.case, args.rank)
     kw: dict = {"weights": lambda L: 24576 * L + L**2}
     if args.case == "multiple":

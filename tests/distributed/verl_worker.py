@@ -10,10 +10,9 @@ the micro-batches put back in order give the batch back.
 
 from __future__ import annotations
 
-import argparse
 import json
-from datetime import timedelta
-from pathlib import Path
+
+from _gloo import join_group, worker_args
 
 
 def random_mask(rows: int, width: int, seed: int):
@@ -30,22 +29,14 @@ def random_mask(rows: int, width: int, seed: int):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--init", required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--same", type=int, required=True)
-    p.add_argument("--min-mb", type=int, required=True)
-    args = p.parse_args()
+    args = worker_args(same={"type": int}, min_mb={"type": int})
 
     import torch
     import torch.distributed as dist
 
     from fitbatch.integrations.verl import rearrange_micro_batches
 
-    dist.init_process_group("gloo", init_method=args.init, world_size=args.world, rank=args.rank,
-                            timeout=timedelta(seconds=60))
+    join_group(args)
     rows = 20 + 5 * args.rank
     mask = random_mask(rows, 100, 42 + args.rank)
     batch = {"input_ids": torch.randint(0, 10, (rows, 100), generator=torch.Generator().manual_seed(args.rank)),
