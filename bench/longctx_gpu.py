@@ -194,14 +194,7 @@ def held_out_mixed(tr: LMTrainer, cal: Any, sizes: np.ndarray, args: argparse.Na
                 "covered": bound >= measured,
             }
         )
-    errors = np.array([r["error"] for r in rows])
-    return {
-        "shapes": rows,
-        "max_abs_err": float(np.abs(errors).max()),
-        "mean_abs_err": float(np.abs(errors).mean()),
-        "coverage": float(np.mean([r["covered"] for r in rows])),
-        "goal_5pct": bool(np.abs(errors).max() <= 0.05),
-    }
+    return mg.held_out_summary(rows)
 
 
 def run_layout(layout: str, args: argparse.Namespace, capacity: float, sizes: np.ndarray) -> dict:

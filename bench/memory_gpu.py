@@ -213,6 +213,18 @@ def stage_calibrate(tr: Trainer, capacity: float, args: argparse.Namespace):  # 
     }
 
 
+def held_out_summary(rows: list[dict]) -> dict:
+    """Held-out shapes with their prediction errors: the worst and mean error, coverage, the 5 % goal."""
+    errors = np.array([r["error"] for r in rows])
+    return {
+        "shapes": rows,
+        "max_abs_err": float(np.abs(errors).max()),
+        "mean_abs_err": float(np.abs(errors).mean()),
+        "coverage": float(np.mean([r["covered"] for r in rows])),
+        "goal_5pct": bool(np.abs(errors).max() <= 0.05),
+    }
+
+
 def stage_held_out(tr: Trainer, cal, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(2)
     probed = {(p.count, p.length) for p in cal.probes}
@@ -236,14 +248,7 @@ def stage_held_out(tr: Trainer, cal, args: argparse.Namespace) -> dict:  # type:
                 "covered": upper >= measured,
             }
         )
-    errors = np.array([r["error"] for r in rows])
-    return {
-        "shapes": rows,
-        "max_abs_err": float(np.abs(errors).max()),
-        "mean_abs_err": float(np.abs(errors).mean()),
-        "coverage": float(np.mean([r["covered"] for r in rows])),
-        "goal_5pct": bool(np.abs(errors).max() <= 0.05),
-    }
+    return held_out_summary(rows)
 
 
 def stage_oom(tr: Trainer, cal, capacity: float, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
