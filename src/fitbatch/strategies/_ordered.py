@@ -27,6 +27,7 @@ from fitbatch.strategies._base import (
     _mixed_order,
     _pooled_layout,
     _pooled_order,
+    _shuffled_by_level,
     _tails,
     remembered,
     replan,
@@ -266,6 +267,9 @@ class Packed(_Pools):
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
+        quick = _quick_patterns(ctx, edges)  # no cap, lengths up to 1024: patterns on the histogram
+        if quick is not None:
+            return quick
         if _histogram_applies(ctx, edges):  # no cap: first-fit on the histogram (fast)
             return _packed_on_histogram(ctx)
         if _on_histogram(ctx):  # a cap, or no cap where the fast path does not pay
@@ -307,6 +311,13 @@ class Packed(_Pools):
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
 
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        # the base class's permutation, without copying it (it is int64 already): millions of
+        # batches on a histogram plan
+        if ctx.shuffle and n_batches > 1:
+            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64, copy=False)
+        return None
+
 
 HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight below this
 
@@ -322,6 +333,37 @@ def _on_histogram(ctx: Context) -> bool:
     if ctx.cap is None and values.shape[0] < HISTOGRAM_MIN_SAMPLES:
         return False
     return PD.applies(values, math.floor(ctx.budget), ctx.sizes.integral)
+
+
+def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
+    """The uncapped plan of whole sizes in ``[1, budget]`` (a whole budget of at most
+    :data:`~fitbatch._kernels.packing_depth.MAX_BUDGET`, at least :data:`HISTOGRAM_MIN_SAMPLES`
+    samples) as the ``"large"`` rule's patterns on the histogram
+    (:func:`~fitbatch._kernels.packing_depth.quick_patterns`, kept across epochs), when they are
+    within :data:`~fitbatch._kernels.packing_depth.NEAR_BOUND` of ceil(tokens / budget); else
+    ``None`` (first fit then). Positions are drawn per epoch within each length (a counting sort
+    by length of the shuffled positions) and laid out pattern by pattern: no per-sample step
+    beyond the sort, and the sizes in batch order come from the patterns (nothing re-read).
+    """
+    n = len(ctx.sizes)
+    budget = ctx.budget
+    if ctx.cap is not None or n < HISTOGRAM_MIN_SAMPLES or not SK.keys_are_sizes(edges, ctx.sizes.integral):
+        return None
+    if budget != math.floor(budget) or not 1 <= budget <= PD.MAX_BUDGET:
+        return None
+    whole = int(budget)
+    present = np.flatnonzero(ctx.key_counts())  # keys are the sizes here
+    if present.size == 0 or present[0] < 1 or present[-1] > whole:
+        return None
+    counts = np.array(ctx.key_counts()[: whole + 1])
+    patterns = PD.quick_patterns(counts, whole)
+    if not PD.near_bound(patterns, counts, whole):
+        return None
+    rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+    by_length = _shuffled_by_level(n, rng, ctx.keys()[0], whole)
+    order, starts, laid = PD.lay_out(by_length, counts, patterns)
+    del by_length
+    return Result(order, starts, _tails(starts, np.zeros(1, np.int64), n), laid=laid)
 
 
 def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:
