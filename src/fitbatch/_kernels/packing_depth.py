@@ -216,6 +216,22 @@ def best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Patter
     return patterns
 
 
+def cached_best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Pattern]:
+    """:func:`best_patterns`, kept per histogram, budget and cap (the patterns do not depend on
+    the epoch: later epochs and plans of the same lengths only lay them out again).
+
+    >>> cached_best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3) == best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3)
+    True
+    """
+    c = np.ascontiguousarray(counts, dtype=np.int64)
+    return list(_best_patterns(c.tobytes(), int(budget), None if cap is None else int(cap)))
+
+
+@functools.lru_cache(maxsize=8)
+def _best_patterns(counts: bytes, budget: int, cap: int | None) -> tuple[Pattern, ...]:
+    return tuple(best_patterns(np.frombuffer(counts, dtype=np.int64).copy(), budget, cap))
+
+
 def near_bound(patterns: list[Pattern], counts: IntArray, budget: int, slack: float = 2e-4) -> bool:
     """Whether ``patterns`` use at most ``slack`` (:data:`NEAR_BOUND`) more batches than ceil(tokens / budget)
     (first-fit decreasing is kept otherwise: on wide length sets it packs tighter).

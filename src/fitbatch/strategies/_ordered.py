@@ -274,13 +274,10 @@ class Packed(_Pools):
             return _packed_on_histogram(ctx)
         if _on_histogram(ctx):  # a cap, or no cap where the fast path does not pay
             budget = int(math.floor(ctx.budget))
-            lengths = ctx.sizes.values.astype(np.int64)
-            counts = np.bincount(lengths, minlength=budget + 1)
-            patterns = PD.best_patterns(counts, budget, ctx.cap)
+            counts = np.bincount(ctx.sizes.values.astype(np.int64), minlength=budget + 1)
+            patterns = PD.cached_best_patterns(counts, budget, ctx.cap)
             if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
-                rng = ctx.rng("packed-histogram") if ctx.shuffle else None
-                order, starts = PD.assign(lengths, budget, patterns, rng)
-                return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
+                return _laid_out(ctx, counts, patterns, budget)
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
@@ -359,8 +356,18 @@ def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
     patterns = PD.quick_patterns(counts, whole)
     if not PD.near_bound(patterns, counts, whole):
         return None
+    return _laid_out(ctx, counts, patterns, whole)
+
+
+def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget: int) -> Result:
+    """The positions laid out as ``patterns`` (:func:`~fitbatch._kernels.packing_depth.lay_out`),
+    drawn per epoch within each length (a counting sort by length of the shuffled positions,
+    index order when not shuffled), the sizes in batch order carried for the measures."""
+    n = len(ctx.sizes)
     rng = ctx.rng("packed-histogram") if ctx.shuffle else None
-    by_length = _shuffled_by_level(n, rng, ctx.keys()[0], whole)
+    keys, edges = ctx.keys()
+    level = keys if SK.keys_are_sizes(edges, ctx.sizes.integral) else ctx.sizes.values.astype(np.int64)
+    by_length = _shuffled_by_level(n, rng, level, budget)
     order, starts, laid = PD.lay_out(by_length, counts, patterns)
     del by_length
     return Result(order, starts, _tails(starts, np.zeros(1, np.int64), n), laid=laid)
