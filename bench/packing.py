@@ -5,6 +5,7 @@ Run from the repository root:
     python bench/packing.py              # 1M samples per real set, three budgets (about 20 s)
     python bench/packing.py --n 200000
     python bench/packing.py --wikipedia    # Krell et al. 2021's Wikipedia-512 histogram, 16.3M sequences
+    python bench/packing.py --wikipedia --first-call  # its first plan in fresh interpreters (about a minute)
 
 ``--wikipedia`` rebuilds the sequence-length histogram Krell et al. (2021, "Efficient Sequence
 Packing without Cross-contamination") published for their Wikipedia pre-training data from its
@@ -130,13 +131,52 @@ def wikipedia(repeat: int) -> None:
         print(f"| {name} | {packs:,} | {packs / bound:.5f} | | |")
 
 
+FIRST_CALL = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from packing import wikipedia_lengths
+sizes = wikipedia_lengths()
+t0 = time.process_time()
+import fitbatch
+times = []
+for epoch in range(3):
+    c0 = time.process_time()
+    fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=epoch)
+    times.append(time.process_time() - c0)
+print(time.process_time() - t0, *times)
+"""
+
+
+def first_call() -> None:
+    """The first Wikipedia-512 plan of a fresh interpreter against the next two (CPU s), with
+    numba's cache as it is, with an empty one (a fresh install compiles), and without numba."""
+    import os
+    import subprocess
+    import tempfile
+
+    print("| process | first plan | second | third | first - best warm |")
+    print("|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as empty:
+        for label, extra in (("numba, cached machine code", {}), ("numba, empty cache (fresh install)", {"NUMBA_CACHE_DIR": empty}),
+                             ("FITBATCH_JIT=0 (numpy only)", {"FITBATCH_JIT": "0"})):
+            code = FIRST_CALL.format(bench=str(Path(__file__).resolve().parent))
+            out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **extra}, capture_output=True, text=True, check=True)
+            _, first, second, third = (float(x) for x in out.stdout.split())
+            print(f"| {label} | {first:.2f} | {second:.2f} | {third:.2f} | {first - min(second, third):+.2f} |",
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--budgets", type=float, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--wikipedia", action="store_true", help="pack Krell et al.'s Wikipedia-512 histogram instead")
     p.add_argument("--repeat", type=int, default=3, help="--wikipedia: best of this many plans")
+    p.add_argument("--first-call", action="store_true", help="--wikipedia: first plan of fresh interpreters against warm ones")
     args = p.parse_args(argv)
+    if args.wikipedia and args.first_call:
+        first_call()
+        return
     if args.wikipedia:
         wikipedia(args.repeat)
         return
