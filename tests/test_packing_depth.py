@@ -131,7 +131,7 @@ def test_lay_out_refuses_patterns_that_do_not_take_every_sample_once():
 
 def test_uncapped_packed_plans_the_quick_patterns_when_near_the_bound():
     # 100,000 token counts, short and long (too few per length for the histogram first fit, so
-    # every rule's patterns ran before, about 1 s; now the quick ones): the "large" rule leaves 20 loose batches at the end, first fit packs
+    # every rule's patterns run, and the quick ones beside them: the fewest are kept): the "large" rule leaves 20 loose batches at the end, first fit packs
     # their samples into 12, and the plan reaches the bound (first fit alone does too)
     rng = np.random.default_rng(0)
     sizes = np.concatenate([rng.integers(1, 128, 60_000), rng.integers(200, 513, 40_000)])

@@ -267,15 +267,18 @@ class Packed(_Pools):
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
-        quick = _quick_patterns(ctx, edges)  # no cap, lengths up to 1024: patterns on the histogram
-        if quick is not None:
-            return quick
-        if _histogram_applies(ctx, edges):  # no cap: first-fit on the histogram (fast)
-            return _packed_on_histogram(ctx)
+        if _histogram_applies(ctx, edges):  # no cap, many samples per size: on the histogram
+            # the "large" rule's patterns (lengths up to 1024, near the bound), else first fit
+            quick = _quick_patterns(ctx, edges)
+            return quick if quick is not None else _packed_on_histogram(ctx)
         if _on_histogram(ctx):  # a cap, or no cap where the fast path does not pay
             budget = int(math.floor(ctx.budget))
             counts = np.bincount(ctx.sizes.values.astype(np.int64), minlength=budget + 1)
             patterns = PD.cached_best_patterns(counts, budget, ctx.cap)
+            if ctx.cap is None:  # every rule's, or the quick ones' (their loose ends re-packed)
+                quick_patterns = PD.quick_patterns(counts, budget)
+                if PD._batches(quick_patterns) < PD._batches(patterns):
+                    patterns = quick_patterns
             if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
                 return _laid_out(ctx, counts, patterns, budget)
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
@@ -334,8 +337,8 @@ def _on_histogram(ctx: Context) -> bool:
 
 def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
     """The uncapped plan of whole sizes in ``[1, budget]`` (a whole budget of at most
-    :data:`~fitbatch._kernels.packing_depth.MAX_BUDGET`, at least :data:`HISTOGRAM_MIN_SAMPLES`
-    samples) as the ``"large"`` rule's patterns on the histogram
+    :data:`~fitbatch._kernels.packing_depth.MAX_BUDGET`, where :func:`_histogram_applies`: many
+    samples per size) as the ``"large"`` rule's patterns on the histogram
     (:func:`~fitbatch._kernels.packing_depth.quick_patterns`, kept across epochs), when they are
     within :data:`~fitbatch._kernels.packing_depth.NEAR_BOUND` of ceil(tokens / budget); else
     ``None`` (first fit then). Positions are drawn per epoch within each length (a counting sort
