@@ -154,3 +154,26 @@ def test_uncapped_packed_plans_the_quick_patterns_when_near_the_bound():
     fixed = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False)
     check_plan(fixed, sizes, 512, fitbatch.SumCost())
     assert fixed.to_lists() == fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False).to_lists()
+
+
+@pytest.mark.parametrize(("seed", "distinct"), [(5, 30), (6, 12)])
+def test_many_samples_per_size_pack_on_the_quick_patterns_or_first_fit_whichever_is_fewer(seed, distinct):
+    # 70,000 samples over a few lengths: the histogram path applies; the quick patterns are far
+    # from ceil(tokens / budget) (many lengths over half the budget) but kept if fewer than first fit
+    from fitbatch._kernels.histogram import histogram_plan
+
+    rng = np.random.default_rng(seed)
+    values = rng.choice(np.arange(1, 513), distinct, replace=False)
+    sizes = rng.choice(values, 70_000).astype(np.float64)
+    counts = np.bincount(sizes.astype(np.int64), minlength=513)
+    quick = PD._batches(PD.quick_patterns(counts, 512))
+    first_fit = int(histogram_plan(np.sort(sizes)[::-1].astype(np.uint16), 512.0)[1].size)
+    plan = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    check_plan(plan, sizes, 512, fitbatch.SumCost())
+    assert len(plan) == min(quick, first_fit)
+    again = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    assert plan.to_lists() == again.to_lists()
+    other = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=1)
+    assert len(other) == len(plan) and other.to_lists() != plan.to_lists()
+    fixed = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False)
+    check_plan(fixed, sizes, 512, fitbatch.SumCost())

@@ -340,8 +340,8 @@ def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
     :data:`~fitbatch._kernels.packing_depth.MAX_BUDGET`, where :func:`_histogram_applies`: many
     samples per size) as the ``"large"`` rule's patterns on the histogram
     (:func:`~fitbatch._kernels.packing_depth.quick_patterns`, kept across epochs), when they are
-    within :data:`~fitbatch._kernels.packing_depth.NEAR_BOUND` of ceil(tokens / budget); else
-    ``None`` (first fit then). Positions are drawn per epoch within each length (a counting sort
+    within :data:`~fitbatch._kernels.packing_depth.NEAR_BOUND` of ceil(tokens / budget) or take
+    fewer batches than the histogram first fit; else ``None`` (first fit then). Positions are drawn per epoch within each length (a counting sort
     by length of the shuffled positions) and laid out pattern by pattern: no per-sample step
     beyond the sort, and the sizes in batch order come from the patterns (nothing re-read).
     """
@@ -357,9 +357,19 @@ def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
         return None
     counts = np.array(ctx.key_counts()[: whole + 1])
     patterns = PD.quick_patterns(counts, whole)
-    if not PD.near_bound(patterns, counts, whole):
+    if not PD.near_bound(patterns, counts, whole) and PD._batches(patterns) >= _first_fit_count(counts, whole):
         return None
     return _laid_out(ctx, counts, patterns, whole)
+
+
+def _first_fit_count(counts: IntArray, budget: int) -> int:
+    """Batches of the histogram first fit of ``counts`` (samples per whole size) at ``budget``.
+
+    >>> _first_fit_count(np.array([0, 2, 0, 0, 0, 0, 0, 0, 2]), 9)
+    2
+    """
+    sizes = np.arange(counts.size - 1, -1, -1, dtype=np.uint16)
+    return int(histogram.histogram_plan(np.repeat(sizes, counts[::-1]), float(budget))[1].size)
 
 
 def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget: int) -> Result:
