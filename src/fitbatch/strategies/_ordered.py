@@ -4,6 +4,7 @@ and packed (bin packing within pools)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -368,8 +369,15 @@ def _first_fit_count(counts: IntArray, budget: int) -> int:
     >>> _first_fit_count(np.array([0, 2, 0, 0, 0, 0, 0, 0, 2]), 9)
     2
     """
-    sizes = np.arange(counts.size - 1, -1, -1, dtype=np.uint16)
-    return int(histogram.histogram_plan(np.repeat(sizes, counts[::-1]), float(budget))[1].size)
+    return _first_fit_count_of(np.ascontiguousarray(counts, dtype=np.int64).tobytes(), int(budget))
+
+
+@functools.lru_cache(maxsize=8)
+def _first_fit_count_of(counts: bytes, budget: int) -> int:
+    """:func:`_first_fit_count`, kept per histogram (later epochs skip it)."""
+    c = np.frombuffer(counts, dtype=np.int64)
+    sizes = np.arange(c.size - 1, -1, -1, dtype=np.uint16)
+    return int(histogram.histogram_plan(np.repeat(sizes, c[::-1]), float(budget))[1].size)
 
 
 def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget: int) -> Result:
