@@ -25,6 +25,7 @@ from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
 from fitbatch.steps._count import settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
+from fitbatch.steps._refine import refine
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +173,13 @@ def partition(
         rank_of_group = plan.split_ranks(world)
         order, alone, bound = plan.micro_rows(rank_of_group, world)
         m, bins = settle(order, alone, plan.units, int(bound.max()), plan, agree=None)
+        bins = refine(bins, rank_of_group[plan.group], plan.units, plan.budget, plan.model, pooled=False, world=world)
         return plan.result(*by_rank(bins, m, rank_of_group[plan.group[plan.kept]], plan.unit_of[plan.kept]), m, ranks, world, gather=None)
     # else one pool of world * m bins, dealt to the micro-steps heaviest first, `world` at a time
     order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
     m, bins = settle(order, alone, plan.units, -(-int(bound[0]) // world), plan, agree=None, width=world)
+    bins = refine(bins, np.zeros(plan.units.weight.size, dtype=np.int64), plan.units, plan.budget, plan.model,
+                  pooled=True, world=world)
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
