@@ -57,8 +57,8 @@ class Bins:
     def padded(self, m: int) -> Bins:
         """These bins, with empty ones after them up to ``m`` a row."""
         extra = np.zeros((self.load.shape[0], m - self.load.shape[1]))
-        return Bins(*(np.hstack([a, extra]) for a in (self.load, self.count, self.longest, self.total)),
-                    self.bin_of, self.failed)
+        load, count, longest, total = (np.hstack([a, extra]) for a in (self.load, self.count, self.longest, self.total))
+        return Bins(load, count, longest, total, self.bin_of, self.failed)
 
 
 def pack(
