@@ -3,20 +3,29 @@
 The bins of a step are laid out as micro-steps by sorting (:func:`steps_of`): for a pool of
 ``world * m`` bins, the heaviest ``world`` make micro-step 0, and so on; for ``world`` rows of
 ``m`` bins (one row per rank, units kept on their rank), each row's ``j``-th heaviest bin runs in
-micro-step ``j``. Either layout is the best one for the bins' loads, so the step's time only
-depends on the loads. Each pass of :func:`refine` pairs the slowest bin of every micro-step
-(its *critical* bin) with another bin of the same row that has *slack* (room below its own
-micro-step's slowest one), and moves one unit from the critical bin to it, or swaps a unit of
-each, choosing the exchange that lowers the critical bin most without lifting the other bin
-over its micro-step's slowest (or, in the same micro-step, over the critical bin's new load).
-An exchange is made only if both bins still cost at most the budget under the cost model. So
-no micro-step's slowest bin gets slower, and the next pass lays the bins out again (never
-worse): the step's time never rises. Passes stop when none lowers it, or after ``passes``.
+micro-step ``j``. Either layout is the best one for the bins' loads (sorted groups minimise a sum
+of group maxima), so the step's time only depends on the loads.
+
+Each pass of :func:`refine` pairs bins of a row: a *giving* bin (the slowest of its micro-step,
+or one with little *slack*, room below its micro-step's slowest bin) with a *taking* bin of much
+slack, and makes up to ``ROUNDS`` exchanges per pair: one unit of the giving bin for none, one,
+or two units of the taking bin, the one that lowers the giving bin most without lifting the
+taking bin over its micro-step's slowest (or, within one micro-step, over the giving bin's new
+load). An exchange is made only if both bins still cost at most the budget under the cost
+model (their count, longest and total recomputed; the longest kept as an upper bound once a bin
+changed within the pass). So no micro-step's slowest bin gets slower, and the next pass lays
+the bins out again (never worse): the step's time never rises. Wide passes (many pairs) and
+narrow ones (each micro-step's slowest bin, trying one of its heavy units for two lighter ones:
+that moves the convex part of a workload such as ``L**2`` at about the same tokens, when no bin
+has room for more) alternate until two passes in a row gain under ``GAIN``, the step is within
+``CLOSE`` of its mean, or after ``PASSES``. Deterministic: no randomness, the same step gives the
+same exchanges.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel
 from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
@@ -24,14 +33,23 @@ from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
 #: at most this many passes (each a few numpy calls over the units of the paired bins)
 PASSES = 24
 #: a pass that lowers the step time by less than this fraction gains nothing
-GAIN = 1e-5
+GAIN = 1e-6
+#: a narrow pass tries each of the giving bin's this many heaviest units for two of the other's
+PAIRED = 4
+#: rounds of exchanges in a pass (one per pair a round, each unit moved at most once a pass)
+ROUNDS = 4
+#: a step within this fraction of its mean (perfect balance) is not refined further
+CLOSE = 5e-5
+#: a wide pass pairs this fraction (1 / WIDE) of a row's bins, least slack first, with as many of most slack
+WIDE = 4
 
 
 def steps_of(load: FloatArray, pooled: bool, world: int) -> IntArray:
     """The micro-step of each bin of ``load`` (``(rows, nb)``), laid out as the step runs them."""
+    rows, nb = load.shape
     heaviest = np.argsort(-load, axis=1, kind="stable")
     pos = np.empty_like(heaviest)
-    np.put_along_axis(pos, heaviest, np.arange(load.shape[1])[None, :], axis=1)
+    pos[np.arange(rows)[:, None], heaviest] = np.arange(nb)
     return pos // world if pooled else pos
 
 
@@ -67,27 +85,28 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     flat = np.full(bins.bin_of.size, -1, dtype=np.int64)
     flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
-    stalled, before = 0, step_time(load.reshape(rows, nb), pooled, world)
-    for t in range(passes):  # wide and narrow pairings in turn, until two passes in a row gain ~nothing
-        _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled, world, t % 2 == 0)
-        now = step_time(load.reshape(rows, nb), pooled, world)
-        stalled = stalled + 1 if now > before * (1 - GAIN) else 0
-        if stalled == 2:
+    ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
+    times = []
+    for t in range(passes):  # the pairings in turn, until two passes in a row gain ~nothing
+        times.append(_one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled,
+                               world, t % 2 == 0))
+        if times[-1] <= ideal or t >= 2 and times[-1] > times[-3] * (1 - GAIN):
             break
-        before = now
     bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
     bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
     bins.bin_of[placed] = flat[placed] % nb
     return bins
 
 
-def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, wide: bool) -> tuple[IntArray, IntArray,
-                                                                                                 FloatArray, FloatArray]:
-    """(giving bin, taking bin, the most weight it may pass, the best to pass) of each pair.
+def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, wide: bool) -> tuple[
+        IntArray, IntArray, FloatArray, FloatArray, float]:
+    """(giving bin, taking bin, the most weight it may pass, the best to pass) of each pair,
+    and the step time of ``load``.
 
-    In each row, the givers (``wide``: the half of the bins with the least slack, room below
-    their micro-step's slowest bin; else each micro-step's slowest bin, heaviest first) are
-    paired in order with the other bins, most slack first."""
+    In each row, the givers (``wide``: the ``1 / WIDE`` of the bins with the least slack, room
+    below their micro-step's slowest bin; else each micro-step's slowest bin, heaviest first)
+    are paired in order with the other bins, most slack first. A pair's taking bin may rise to
+    its micro-step's slowest (or, in the giver's micro-step, to below the giver's new load)."""
     row = np.arange(load.size) // nb
     step = steps_of(load.reshape(rows, nb), pooled, world).ravel()
     slowest = np.zeros(int(step.max()) + 1)
@@ -95,11 +114,11 @@ def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, wide:
     slack = slowest[step] - load
     if wide:
         order = np.lexsort((-load, slack, row)).reshape(rows, nb)
-        half = nb // 2
+        half = max(1, nb // WIDE)
         give, take = order[:, :half].ravel(), order[:, ::-1][:, :half].ravel()
     else:
         by_step = np.lexsort((-load, step))
-        give = by_step[np.r_[True, step[by_step][1:] != step[by_step][:-1]]]
+        give = by_step[_firsts(step[by_step])]
         give = give[np.lexsort((-load[give], row[give]))]
         free = np.ones(load.size, dtype=bool)
         free[give] = False
@@ -113,25 +132,37 @@ def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, wide:
     give, take = give[ok], take[ok]
     same = step[give] == step[take]
     room = np.where(same, load[give] - load[take], slack[take])
-    return give, take, room, np.where(same, room / 2, room)
+    return give, take, room, np.where(same, room / 2, room), float(slowest.sum())
+
+
+def _firsts(key: IntArray) -> NDArray[np.bool_]:
+    """Where a sorted ``key`` starts a run of equal values."""
+    out = np.ones(key.size, dtype=bool)
+    np.not_equal(key[1:], key[:-1], out=out[1:])
+    return out
 
 
 def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
               placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
-              world: int, wide: bool) -> bool:
-    """One exchange per pair of bins (:func:`_pairs`); whether any was made."""
-    h, l_, room, best = _pairs(load, rows, nb, pooled, world, wide)
+              world: int, wide: bool) -> float:
+    """One exchange per pair of bins (:func:`_pairs`); the step time before it.
+
+    An exchange passes one unit of the giving bin for none, one or (in a narrow pass, for
+    one of the giving bin's ``PAIRED`` heaviest units) two units of the taking bin: one for
+    two of about its size moves the convex part of a workload (``L**2``) off the giving bin
+    at about the same tokens, when neither bin has room for more.
+    """
+    h, l_, room, best, now = _pairs(load, rows, nb, pooled, world, wide)
     if h.size == 0:
-        return False
+        return now
     pair_of = np.full(load.size, -1, dtype=np.int64)
     pair_of[h], pair_of[l_] = np.arange(h.size), np.arange(h.size)
     u = placed[pair_of[flat[placed]] >= 0]
     pair = pair_of[flat[u]]
-    give = flat[u] == h[pair]  # in the critical bin
+    give = flat[u] == h[pair]
     w = units.weight[u]
-    # longest but one of each paired bin, for the longest after a unit leaves
-    top_id = np.full(load.size, -1, dtype=np.int64)
-    second = longest  # a model blind to the longest size: the old longest is as good as any
+    top_id = np.full(load.size, -1, dtype=np.int64)  # the unit of each bin's longest size
+    second = longest  # the bin's longest without it (a model blind to it: the old longest)
     if model.uses_max:
         top_id, second = _second_longest(u, flat, units, load.size)
     # every unit of a pair by (pair, weight): the key's integer part is twice the pair, its
@@ -142,51 +173,90 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     take, g = take[np.argsort(key[take])], g[np.argsort(key[g])]
     t_key, gp, gw = key[take], pair[g], w[g]
     take, g = u[take], u[g]
+    n_take = np.bincount(pair_of[flat[take]], minlength=h.size)
+    hi = np.cumsum(n_take)
+    lo = hi - n_take
     at = np.searchsorted(t_key, 2.0 * gp + np.maximum(gw - best[gp], 0.0) / scale)  # delta <= best from here
-    hi_b = np.cumsum(np.bincount(pair_of[flat[take]], minlength=h.size))
-    lo_b = hi_b - np.bincount(pair_of[flat[take]], minlength=h.size)
-    lo_b, hi_b = lo_b[gp], hi_b[gp]
+    none = np.full(g.size, -1, dtype=np.int64)
     last = max(take.size - 1, 0)
-    cands_u = [g, g, g]
-    cands_v = [np.full(g.size, -1, dtype=np.int64),
-               np.where(at < hi_b, take[np.minimum(at, last)], -2) if take.size else np.full(g.size, -2),
-               np.where(at - 1 >= lo_b, take[np.clip(at - 1, 0, last)], -2) if take.size else np.full(g.size, -2)]
-    cu, cv = np.concatenate(cands_u), np.concatenate(cands_v)
-    cp = np.concatenate([gp, gp, gp])
-    keep = cv != -2
-    cu, cv, cp = cu[keep], cv[keep], cp[keep]
-    swap = cv >= 0
-    v = np.maximum(cv, 0)
-    wv = np.where(swap, units.weight[v], 0.0)
-    delta = units.weight[cu] - wv
-    same_step = best[cp] < room[cp]
-    fits = (delta > 0) & np.where(same_step, delta < room[cp], delta <= room[cp])
-    score = np.minimum(delta, 2 * best[cp] - delta)
-    hb, lb = h[cp], l_[cp]
-    cv_, cl_, ct_ = (np.where(swap, a[v], 0.0) for a in (units.count, units.longest, units.total))
-    h_count = count[hb] - units.count[cu] + cv_
-    h_total = total[hb] - units.total[cu] + ct_
-    h_long = np.maximum(np.where(top_id[hb] == cu, second[hb], longest[hb]), cl_)
-    l_count = count[lb] + units.count[cu] - cv_
-    l_total = total[lb] + units.total[cu] - ct_
-    l_keep = np.where(swap & (top_id[lb] == v), second[lb], longest[lb])
-    l_long = np.maximum(l_keep, units.longest[cu])
-    costs = model.evaluate(np.r_[h_count, l_count], np.r_[h_long, l_long], np.r_[h_total, l_total])
-    fits &= (costs[: cu.size] <= budget) & (costs[cu.size :] <= budget)
-    if not fits.any():
-        return False
-    idx = np.flatnonzero(fits)
-    idx = idx[np.lexsort((-score[idx], cp[idx]))]
-    idx = idx[np.r_[True, cp[idx][1:] != cp[idx][:-1]]]  # the best exchange of each pair
-    hb, lb, d = hb[idx], lb[idx], delta[idx]
-    load[hb] -= d
-    load[lb] += d
-    count[hb], total[hb], longest[hb] = h_count[idx], h_total[idx], h_long[idx]
-    count[lb], total[lb], longest[lb] = l_count[idx], l_total[idx], l_long[idx]
-    flat[cu[idx]] = lb
-    sw = swap[idx]
-    flat[v[idx][sw]] = hb[sw]
-    return True
+    cu = [g, g, g]
+    cv = [none, np.where(at < hi[gp], take[np.minimum(at, last)], -2) if take.size else none - 1,
+          np.where(at - 1 >= lo[gp], take[np.clip(at - 1, 0, last)], -2) if take.size else none - 1]
+    cv2 = [none, none, none]
+    if not wide and take.size:  # one for two: the PAIRED heaviest given units, each partner unit
+        n_give = np.bincount(gp, minlength=h.size)
+        heavy = np.arange(g.size) >= np.cumsum(n_give)[gp] - PAIRED
+        hu, hp = g[heavy], gp[heavy]
+        reps = n_take[hp]
+        if reps.sum():
+            ramp = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+            u1, p1 = np.repeat(hu, reps), np.repeat(hp, reps)
+            i1 = lo[p1] + ramp
+            need = units.weight[u1] - best[p1] - units.weight[take[i1]]
+            i2 = np.searchsorted(t_key, 2.0 * p1 + np.maximum(need, 0.0) / scale)
+            i2 = np.where(i2 == i1, i2 + 1, i2)
+            ok = i2 < hi[p1]
+            cu.append(u1[ok])
+            cv.append(take[i1[ok]])
+            cv2.append(take[i2[ok]])
+    cu_, cv_a, cv2_a = np.concatenate(cu), np.concatenate(cv), np.concatenate(cv2)
+    cp = pair_of[flat[cu_]]
+    keep = cv_a != -2
+    cu_, cv_a, cv2_a, cp = cu_[keep], cv_a[keep], cv2_a[keep], cp[keep]
+    one, two = cv_a >= 0, cv2_a >= 0
+    v1, v2 = np.maximum(cv_a, 0), np.maximum(cv2_a, 0)
+
+    def got(a: FloatArray) -> FloatArray:  # what the giving bin receives
+        return np.where(one, a[v1], 0.0) + np.where(two, a[v2], 0.0)
+
+    delta = units.weight[cu_] - got(units.weight)
+    same_step = best < room  # per pair: both bins in one micro-step
+    fits = (delta > 0) & np.where(same_step[cp], delta < room[cp], delta <= room[cp])
+    in_count, in_total = got(units.count), got(units.total)
+    in_long = np.maximum(np.where(one, units.longest[v1], 0.0), np.where(two, units.longest[v2], 0.0))
+    cand = [a[fits] for a in (cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long)]
+    used = np.zeros(units.weight.size, dtype=bool)  # units moved in this pass
+    touched = np.zeros(load.size, dtype=bool)  # bins changed in this pass (their longest kept as an upper bound)
+    for _ in range(ROUNDS):  # invariant: each taking bin <= its step's slowest at the pass's start
+        cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long = cand
+        ok = ~used[cu_] & ~(one & used[v1]) & ~(two & used[v2])
+        ok &= np.where(same_step[cp], delta < room[cp], delta <= room[cp])
+        if not ok.any():
+            break
+        cand = [a[ok] for a in cand]
+        cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long = cand
+        hb, lb = h[cp], l_[cp]
+        h_count = count[hb] - units.count[cu_] + in_count
+        h_total = total[hb] - units.total[cu_] + in_total
+        h_long = np.maximum(np.where((top_id[hb] == cu_) & ~touched[hb], second[hb], longest[hb]), in_long)
+        l_count = count[lb] + units.count[cu_] - in_count
+        l_total = total[lb] + units.total[cu_] - in_total
+        # two leaving the taking bin, or a bin changed: its longest is kept (an upper bound)
+        l_keep = np.where(one & ~two & (top_id[lb] == v1) & ~touched[lb], second[lb], longest[lb])
+        l_long = np.maximum(l_keep, units.longest[cu_])
+        costs = model.evaluate(np.concatenate([h_count, l_count]), np.concatenate([h_long, l_long]),
+                               np.concatenate([h_total, l_total]))
+        idx = np.flatnonzero((costs[: cu_.size] <= budget) & (costs[cu_.size :] <= budget))
+        if idx.size == 0:
+            break
+        score = np.minimum(delta[idx], 2 * best[cp[idx]] - delta[idx])
+        idx = idx[np.lexsort((-score, cp[idx]))]
+        idx = idx[_firsts(cp[idx])]  # the best exchange of each pair
+        hb, lb, d, p = hb[idx], lb[idx], delta[idx], cp[idx]
+        load[hb] -= d
+        load[lb] += d
+        count[hb], total[hb], longest[hb] = h_count[idx], h_total[idx], h_long[idx]
+        count[lb], total[lb], longest[lb] = l_count[idx], l_total[idx], l_long[idx]
+        flat[cu_[idx]] = lb
+        flat[v1[idx][one[idx]]] = hb[one[idx]]
+        flat[v2[idx][two[idx]]] = hb[two[idx]]
+        used[cu_[idx]] = True
+        used[v1[idx][one[idx]]] = True
+        used[v2[idx][two[idx]]] = True
+        touched[hb] = touched[lb] = True
+        room[p] -= np.where(same_step[p], 2 * d, d)  # the taking bin's room left, and the best to pass
+        best[p] = np.where(same_step[p], room[p] / 2, room[p])
+    return now
 
 
 def _second_longest(u: IntArray, flat: IntArray, units: Units, n_bins: int) -> tuple[IntArray, FloatArray]:
@@ -194,7 +264,8 @@ def _second_longest(u: IntArray, flat: IntArray, units: Units, n_bins: int) -> t
     of the bin without it (0 if it is alone)."""
     by_len = u[np.lexsort((units.longest[u], flat[u]))]
     fb = flat[by_len]
-    last = np.r_[fb[1:] != fb[:-1], True]
+    last = np.ones(fb.size, dtype=bool)
+    np.not_equal(fb[1:], fb[:-1], out=last[:-1])
     top_id = np.full(n_bins, -1, dtype=np.int64)
     top_id[fb[last]] = by_len[last]
     second = np.zeros(n_bins)
