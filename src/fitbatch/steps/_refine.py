@@ -18,7 +18,11 @@ the bins out again (never worse): the step's time never rises. Wide passes (many
 narrow ones (each micro-step's slowest bin, trying one of its heavy units for two lighter ones:
 that moves the convex part of a workload such as ``L**2`` at about the same tokens, when no bin
 has room for more) alternate until two passes in a row gain under ``GAIN``, the step is within
-``CLOSE`` of its mean, or after ``PASSES``. Deterministic: no randomness, the same step gives the
+``CLOSE`` of its mean, or after ``PASSES``. On steps of at most ``BALANCED_UP_TO`` units, balance
+passes come first, while each gains ``GAIN_B``: the heavier half of a row's bins paired with the
+lighter half, each pair's heavier bin only getting lighter (not bound to the micro-steps'
+slowest bins, so a balance pass is undone if the step got slower); few units a bin make the
+greedy's bins coarse, and these passes even them out fast. Deterministic: no randomness, the same step gives the
 same exchanges.
 """
 
@@ -40,6 +44,10 @@ PAIRED = 4
 ROUNDS = 4
 #: a step within this fraction of its mean (perfect balance) is not refined further
 CLOSE = 5e-5
+#: balance passes (heaviest bins with lightest, kept only if the step got faster) first, for at most this many units
+BALANCED_UP_TO = 16384
+#: ... while a balance pass gains at least this fraction
+GAIN_B = 1e-5
 #: a wide pass pairs this fraction (1 / WIDE) of a row's bins, least slack first, with as many of most slack
 WIDE = 4
 
@@ -64,7 +72,7 @@ def step_time(load: FloatArray, pooled: bool, world: int) -> float:
 
 
 def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model: CostModel, *, pooled: bool,
-           world: int, passes: int = PASSES) -> Bins:
+           world: int, passes: int | None = None) -> Bins:
     """Lower the step time of ``bins`` in place (see the module's docstring) and return them.
 
     Args:
@@ -86,11 +94,22 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
-    times = []
-    for t in range(passes):  # the pairings in turn, until two passes in a row gain ~nothing
+    times: list[float] = []
+    balance = placed.size <= BALANCED_UP_TO
+    for _ in range(PASSES if passes is None else passes):  # balance passes while they gain, then the others
+        if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
+            kept = [a.copy() for a in (load, count, longest, total, flat)]
+            before = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled,
+                               world, "balance")
+            after = step_time(load.reshape(rows, nb), pooled, world)
+            if after > before:
+                for a, b in zip((load, count, longest, total, flat), kept):
+                    a[:] = b
+            balance = after < before * (1 - GAIN_B) and after > ideal
+            continue
         times.append(_one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled,
-                               world, t % 2 == 0))
-        if times[-1] <= ideal or t >= 2 and times[-1] > times[-3] * (1 - GAIN):
+                               world, ("wide", "narrow")[len(times) % 2]))
+        if times[-1] <= ideal or len(times) >= 3 and times[-1] > times[-3] * (1 - GAIN):
             break
     bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
     bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
@@ -98,21 +117,31 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     return bins
 
 
-def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, wide: bool) -> tuple[
+def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode: str) -> tuple[
         IntArray, IntArray, FloatArray, FloatArray, float]:
     """(giving bin, taking bin, the most weight it may pass, the best to pass) of each pair,
     and the step time of ``load``.
 
-    In each row, the givers (``wide``: the ``1 / WIDE`` of the bins with the least slack, room
-    below their micro-step's slowest bin; else each micro-step's slowest bin, heaviest first)
-    are paired in order with the other bins, most slack first. A pair's taking bin may rise to
-    its micro-step's slowest (or, in the giver's micro-step, to below the giver's new load)."""
+    In each row, the givers (``"wide"``: the ``1 / WIDE`` of the bins with the least slack, room
+    below their micro-step's slowest bin; ``"narrow"``: each micro-step's slowest bin, heaviest
+    first) are paired in order with the other bins, most slack first. A pair's taking bin may
+    rise to its micro-step's slowest (or, in the giver's micro-step, to below the giver's new
+    load). ``"balance"``: the heavier half with the lighter half, heaviest with lightest, the
+    taking bin staying below the giving bin's new load."""
     row = np.arange(load.size) // nb
     step = steps_of(load.reshape(rows, nb), pooled, world).ravel()
     slowest = np.zeros(int(step.max()) + 1)
     np.maximum.at(slowest, step, load)
     slack = slowest[step] - load
-    if wide:
+    if mode == "balance":  # heaviest with lightest: a pair's heavier bin only gets lighter
+        order = np.lexsort((-load, row)).reshape(rows, nb)
+        half = nb // 2
+        give, take = order[:, :half].ravel(), order[:, ::-1][:, :half].ravel()
+        ok = load[give] > load[take]
+        give, take = give[ok], take[ok]
+        room = load[give] - load[take]
+        return give, take, room, room / 2, float(slowest.sum())
+    if mode == "wide":
         order = np.lexsort((-load, slack, row)).reshape(rows, nb)
         half = max(1, nb // WIDE)
         give, take = order[:, :half].ravel(), order[:, ::-1][:, :half].ravel()
@@ -144,7 +173,7 @@ def _firsts(key: IntArray) -> NDArray[np.bool_]:
 
 def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
               placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
-              world: int, wide: bool) -> float:
+              world: int, mode: str) -> float:
     """One exchange per pair of bins (:func:`_pairs`); the step time before it.
 
     An exchange passes one unit of the giving bin for none, one or (in a narrow pass, for
@@ -152,7 +181,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     two of about its size moves the convex part of a workload (``L**2``) off the giving bin
     at about the same tokens, when neither bin has room for more.
     """
-    h, l_, room, best, now = _pairs(load, rows, nb, pooled, world, wide)
+    h, l_, room, best, now = _pairs(load, rows, nb, pooled, world, mode)
     if h.size == 0:
         return now
     pair_of = np.full(load.size, -1, dtype=np.int64)
@@ -183,7 +212,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     cv = [none, np.where(at < hi[gp], take[np.minimum(at, last)], -2) if take.size else none - 1,
           np.where(at - 1 >= lo[gp], take[np.clip(at - 1, 0, last)], -2) if take.size else none - 1]
     cv2 = [none, none, none]
-    if not wide and take.size:  # one for two: the PAIRED heaviest given units, each partner unit
+    if mode == "narrow" and take.size:  # one for two: the PAIRED heaviest given units, each partner unit
         n_give = np.bincount(gp, minlength=h.size)
         heavy = np.arange(g.size) >= np.cumsum(n_give)[gp] - PAIRED
         hu, hp = g[heavy], gp[heavy]
