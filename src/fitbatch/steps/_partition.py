@@ -191,6 +191,11 @@ def partition(
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
+#: the packing into the fewest micro-batches is tried when the forced count's step is this much
+#: slower than its mean (a spread of the work; below it, the other packing cannot gain more)
+SPREAD = 1e-3
+
+
 def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_unit: IntArray, world: int, *,
               pooled: bool) -> tuple[int, Bins]:
     """The micro-batch count and the refined bins (``pooled``: one row of ``world * m``).
@@ -202,7 +207,8 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     """
     width = world if pooled else 1
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
-    if m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
+    slow = step_time(bins.load, pooled, world) * world > bins.load.sum() * (1 + SPREAD) if m else False
+    if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
         least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
                               width=width)
         if least < m:

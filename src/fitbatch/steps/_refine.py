@@ -18,12 +18,15 @@ the bins out again (never worse): the step's time never rises. Wide passes (many
 narrow ones (each micro-step's slowest bin, trying one of its heavy units for two lighter ones:
 that moves the convex part of a workload such as ``L**2`` at about the same tokens, when no bin
 has room for more) alternate until two passes in a row gain under ``GAIN``, the step is within
-``CLOSE`` of its mean, or after ``PASSES``. On steps of at most ``BALANCED_UP_TO`` units, balance
+``CLOSE`` of its mean, or at the budget: a pass costs a few dozen numpy calls plus work on the
+paired bins' units, so small steps get a few passes (one per 256 units, at least
+``PASSES_SMALL``, at most ``PASSES``) and large ones passes until they worked on ``VISITS``
+units, about what the packing costs. On steps of at most ``BALANCED_UP_TO`` units, balance
 passes come first, while each gains ``GAIN_B``: the heavier half of a row's bins paired with the
 lighter half, each pair's heavier bin only getting lighter (not bound to the micro-steps'
 slowest bins, so a balance pass is undone if the step got slower); few units a bin make the
-greedy's bins coarse, and these passes even them out fast. Deterministic: no randomness, the same step gives the
-same exchanges.
+greedy's bins coarse, and these passes even them out fast. Deterministic: no randomness, the
+same step gives the same exchanges.
 """
 
 from __future__ import annotations
@@ -34,8 +37,12 @@ from numpy.typing import NDArray
 from fitbatch.costs import CostModel
 from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
 
-#: at most this many passes (each a few numpy calls over the units of the paired bins)
+#: at most this many passes (each a few numpy calls over the units of the paired bins), and on
+#: steps of fewer than 256 * PASSES units one pass per 256 units, but at least PASSES_SMALL
 PASSES = 24
+PASSES_SMALL = 4
+#: passes stop once they have worked on this many units (summed over passes)
+VISITS = 65536
 #: a pass that lowers the step time by less than this fraction gains nothing
 GAIN = 1e-6
 #: a narrow pass tries each of the giving bin's this many heaviest units for two of the other's
@@ -96,20 +103,28 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
     times: list[float] = []
     balance = placed.size <= BALANCED_UP_TO
-    for _ in range(PASSES if passes is None else passes):  # balance passes while they gain, then the others
+    # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
+    # small steps, at most VISITS units' work on large ones (the packing's cost, about)
+    most = min(PASSES, max(PASSES_SMALL, placed.size // 256)) if passes is None else passes
+    work = 0
+    for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = [a.copy() for a in (load, count, longest, total, flat)]
-            before = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled,
-                               world, "balance")
+            before, done = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb,
+                                     pooled, world, "balance")
             after = step_time(load.reshape(rows, nb), pooled, world)
             if after > before:
                 for a, b in zip((load, count, longest, total, flat), kept):
                     a[:] = b
             balance = after < before * (1 - GAIN_B) and after > ideal
-            continue
-        times.append(_one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled,
-                               world, ("wide", "narrow")[len(times) % 2]))
-        if times[-1] <= ideal or len(times) >= 3 and times[-1] > times[-3] * (1 - GAIN):
+        else:
+            now, done = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb,
+                                  pooled, world, ("wide", "narrow")[len(times) % 2])
+            times.append(now)
+            if now <= ideal or len(times) >= 3 and now > times[-3] * (1 - GAIN):
+                break
+        work += done
+        if work >= VISITS:
             break
     bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
     bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
@@ -173,8 +188,9 @@ def _firsts(key: IntArray) -> NDArray[np.bool_]:
 
 def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
               placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
-              world: int, mode: str) -> float:
-    """One exchange per pair of bins (:func:`_pairs`); the step time before it.
+              world: int, mode: str) -> tuple[float, int]:
+    """Exchanges between the pairs of bins of :func:`_pairs`; the step time before them, and
+    the units of the paired bins (the pass's work).
 
     An exchange passes one unit of the giving bin for none, one or (in a narrow pass, for
     one of the giving bin's ``PAIRED`` heaviest units) two units of the taking bin: one for
@@ -183,7 +199,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     """
     h, l_, room, best, now = _pairs(load, rows, nb, pooled, world, mode)
     if h.size == 0:
-        return now
+        return now, 0
     pair_of = np.full(load.size, -1, dtype=np.int64)
     pair_of[h], pair_of[l_] = np.arange(h.size), np.arange(h.size)
     u = placed[pair_of[flat[placed]] >= 0]
@@ -285,7 +301,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
         touched[hb] = touched[lb] = True
         room[p] -= np.where(same_step[p], 2 * d, d)  # the taking bin's room left, and the best to pass
         best[p] = np.where(same_step[p], room[p] / 2, room[p])
-    return now
+    return now, u.size
 
 
 def _second_longest(u: IntArray, flat: IntArray, units: Units, n_bins: int) -> tuple[IntArray, FloatArray]:
