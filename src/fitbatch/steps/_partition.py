@@ -392,7 +392,7 @@ class _Plan:
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
         live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
         w = self.units.weight[live]
-        heavy = np.argsort(-w, kind="stable")
+        heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
         ids, w = live[heavy], w[heavy]
         big = self.big[ids]
         normal = np.cumsum(~big)

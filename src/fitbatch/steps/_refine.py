@@ -42,7 +42,7 @@ from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
 PASSES = 24
 PASSES_SMALL = 4
 #: passes stop once they have worked on this many units (summed over passes)
-VISITS = 65536
+VISITS = 32768
 #: a pass that lowers the step time by less than this fraction gains nothing
 GAIN = 1e-6
 #: a narrow pass tries each of the giving bin's this many heaviest units for two of the other's
@@ -101,6 +101,7 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
+    ext = tuple(np.append(a, 0.0) for a in (units.weight, units.count, units.longest, units.total))
     times: list[float] = []
     balance = placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
@@ -111,7 +112,7 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = [a.copy() for a in (load, count, longest, total, flat)]
             before, done = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb,
-                                     pooled, world, "balance")
+                                     pooled, world, "balance", ext)
             after = step_time(load.reshape(rows, nb), pooled, world)
             if after > before:
                 for a, b in zip((load, count, longest, total, flat), kept):
@@ -119,7 +120,7 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
             balance = after < before * (1 - GAIN_B) and after > ideal
         else:
             now, done = _one_pass(load, count, longest, total, flat, placed, units, budget, model, rows, nb,
-                                  pooled, world, ("wide", "narrow")[len(times) % 2])
+                                  pooled, world, ("wide", "narrow")[len(times) % 2], ext)
             times.append(now)
             if now <= ideal or len(times) >= 3 and now > times[-3] * (1 - GAIN):
                 break
@@ -133,9 +134,9 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
 
 
 def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode: str) -> tuple[
-        IntArray, IntArray, FloatArray, FloatArray, float]:
-    """(giving bin, taking bin, the most weight it may pass, the best to pass) of each pair,
-    and the step time of ``load``.
+        IntArray, IntArray, FloatArray, FloatArray, NDArray[np.bool_], float]:
+    """(giving bin, taking bin, the most weight it may pass, the best to pass, whether both run
+    in one micro-step) of each pair, and the step time of ``load``.
 
     In each row, the givers (``"wide"``: the ``1 / WIDE`` of the bins with the least slack, room
     below their micro-step's slowest bin; ``"narrow"``: each micro-step's slowest bin, heaviest
@@ -155,7 +156,8 @@ def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode:
         ok = load[give] > load[take]
         give, take = give[ok], take[ok]
         room = load[give] - load[take]
-        return give, take, room, room / 2, float(slowest.sum())
+        same = np.ones(give.size, dtype=bool)
+        return give, take, np.nextafter(room, 0.0), room / 2, same, float(slowest.sum())
     if mode == "wide":
         order = np.lexsort((-load, slack, row)).reshape(rows, nb)
         half = max(1, nb // WIDE)
@@ -176,7 +178,8 @@ def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode:
     give, take = give[ok], take[ok]
     same = step[give] == step[take]
     room = np.where(same, load[give] - load[take], slack[take])
-    return give, take, room, np.where(same, room / 2, room), float(slowest.sum())
+    best = np.where(same, room / 2, room)
+    return give, take, np.where(same, np.nextafter(room, 0.0), room), best, same, float(slowest.sum())
 
 
 def _firsts(key: IntArray) -> NDArray[np.bool_]:
@@ -188,7 +191,7 @@ def _firsts(key: IntArray) -> NDArray[np.bool_]:
 
 def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
               placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
-              world: int, mode: str) -> tuple[float, int]:
+              world: int, mode: str, ext: tuple[FloatArray, ...]) -> tuple[float, int]:
     """Exchanges between the pairs of bins of :func:`_pairs`; the step time before them, and
     the units of the paired bins (the pass's work).
 
@@ -197,7 +200,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     two of about its size moves the convex part of a workload (``L**2``) off the giving bin
     at about the same tokens, when neither bin has room for more.
     """
-    h, l_, room, best, now = _pairs(load, rows, nb, pooled, world, mode)
+    h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode)
     if h.size == 0:
         return now, 0
     pair_of = np.full(load.size, -1, dtype=np.int64)
@@ -222,12 +225,12 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     hi = np.cumsum(n_take)
     lo = hi - n_take
     at = np.searchsorted(t_key, 2.0 * gp + np.maximum(gw - best[gp], 0.0) / scale)  # delta <= best from here
-    none = np.full(g.size, -1, dtype=np.int64)
+    above, below = at < hi[gp], at > lo[gp]  # a partner unit at `at`, one before it
     last = max(take.size - 1, 0)
-    cu = [g, g, g]
-    cv = [none, np.where(at < hi[gp], take[np.minimum(at, last)], -2) if take.size else none - 1,
-          np.where(at - 1 >= lo[gp], take[np.clip(at - 1, 0, last)], -2) if take.size else none - 1]
-    cv2 = [none, none, none]
+    cu = [g, g[above], g[below]]  # the given unit for: none, the one at `at`, the one before
+    cv = [np.full(g.size, -1, dtype=np.int64), take[np.minimum(at[above], last)], take[at[below] - 1]]
+    cv2 = [np.full(g.size + int(above.sum()) + int(below.sum()), -1, dtype=np.int64)]
+    cps = [gp, gp[above], gp[below]]
     if mode == "narrow" and take.size:  # one for two: the PAIRED heaviest given units, each partner unit
         n_give = np.bincount(gp, minlength=h.size)
         heavy = np.arange(g.size) >= np.cumsum(n_give)[gp] - PAIRED
@@ -244,32 +247,24 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
             cu.append(u1[ok])
             cv.append(take[i1[ok]])
             cv2.append(take[i2[ok]])
-    cu_, cv_a, cv2_a = np.concatenate(cu), np.concatenate(cv), np.concatenate(cv2)
-    cp = pair_of[flat[cu_]]
-    keep = cv_a != -2
-    cu_, cv_a, cv2_a, cp = cu_[keep], cv_a[keep], cv2_a[keep], cp[keep]
-    one, two = cv_a >= 0, cv2_a >= 0
-    v1, v2 = np.maximum(cv_a, 0), np.maximum(cv2_a, 0)
-
-    def got(a: FloatArray) -> FloatArray:  # what the giving bin receives
-        return np.where(one, a[v1], 0.0) + np.where(two, a[v2], 0.0)
-
-    delta = units.weight[cu_] - got(units.weight)
-    same_step = best < room  # per pair: both bins in one micro-step
-    fits = (delta > 0) & np.where(same_step[cp], delta < room[cp], delta <= room[cp])
-    in_count, in_total = got(units.count), got(units.total)
-    in_long = np.maximum(np.where(one, units.longest[v1], 0.0), np.where(two, units.longest[v2], 0.0))
-    cand = [a[fits] for a in (cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long)]
-    used = np.zeros(units.weight.size, dtype=bool)  # units moved in this pass
+            cps.append(p1[ok])
+    cu_, v1, v2, cp_ = (np.concatenate(x) for x in (cu, cv, cv2, cps))
+    wx, cx, lx, tx = ext  # the units' arrays with a 0 after them: index -1 is "no unit"
+    delta = wx[cu_] - wx[v1] - wx[v2]
+    fits = (delta > 0) & (delta <= room[cp_])
+    cand = [a[fits] for a in (cu_, v1, v2, cp_, delta)]
+    cu_, v1, v2, cp_, delta = cand
+    cand += [cx[v1] + cx[v2], tx[v1] + tx[v2], np.maximum(lx[v1], lx[v2])]
+    used = np.zeros(units.weight.size + 1, dtype=bool)  # units moved in this pass (and "no unit": never)
     touched = np.zeros(load.size, dtype=bool)  # bins changed in this pass (their longest kept as an upper bound)
     for _ in range(ROUNDS):  # invariant: each taking bin <= its step's slowest at the pass's start
-        cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long = cand
-        ok = ~used[cu_] & ~(one & used[v1]) & ~(two & used[v2])
-        ok &= np.where(same_step[cp], delta < room[cp], delta <= room[cp])
+        cu_, v1, v2, cp, delta, in_count, in_total, in_long = cand
+        ok = ~(used[cu_] | used[v1] | used[v2]) & (delta <= room[cp])
         if not ok.any():
             break
         cand = [a[ok] for a in cand]
-        cu_, v1, v2, one, two, cp, delta, in_count, in_total, in_long = cand
+        cu_, v1, v2, cp, delta, in_count, in_total, in_long = cand
+        one, two = v1 >= 0, v2 >= 0
         hb, lb = h[cp], l_[cp]
         h_count = count[hb] - units.count[cu_] + in_count
         h_total = total[hb] - units.total[cu_] + in_total
@@ -286,7 +281,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
             break
         score = np.minimum(delta[idx], 2 * best[cp[idx]] - delta[idx])
         idx = idx[np.lexsort((-score, cp[idx]))]
-        idx = idx[_firsts(cp[idx])]  # the best exchange of each pair
+        idx = idx[_firsts(np.asarray(cp[idx], dtype=np.int64))]  # the best exchange of each pair
         hb, lb, d, p = hb[idx], lb[idx], delta[idx], cp[idx]
         load[hb] -= d
         load[lb] += d
@@ -295,12 +290,11 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
         flat[cu_[idx]] = lb
         flat[v1[idx][one[idx]]] = hb[one[idx]]
         flat[v2[idx][two[idx]]] = hb[two[idx]]
-        used[cu_[idx]] = True
-        used[v1[idx][one[idx]]] = True
-        used[v2[idx][two[idx]]] = True
+        used[cu_[idx]] = used[v1[idx]] = used[v2[idx]] = True
+        used[-1] = False
         touched[hb] = touched[lb] = True
-        room[p] -= np.where(same_step[p], 2 * d, d)  # the taking bin's room left, and the best to pass
-        best[p] = np.where(same_step[p], room[p] / 2, room[p])
+        room[p] -= np.where(same[p], 2 * d, d)  # the taking bin's room left, and the best to pass
+        best[p] = np.where(same[p], room[p] / 2, room[p])
     return now, u.size
 
 
