@@ -194,6 +194,8 @@ def partition(
 #: the packing into the fewest micro-batches is tried when the forced count's step is this much
 #: slower than its mean (a spread of the work; below it, the other packing cannot gain more)
 SPREAD = 1e-3
+#: one more micro-step is tried when the refined step is still this much slower than its mean
+MORE = 5e-5
 
 
 def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_unit: IntArray, world: int, *,
@@ -215,7 +217,22 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             fewer = fewer.padded(m * width)
             if step_time(fewer.load, pooled, world) < step_time(bins.load, pooled, world):
                 bins = fewer
-    return m, refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+    bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+    ideal = bins.load.sum() / world
+    if m and step_time(bins.load, pooled, world) > ideal * (1 + MORE) and m <= _round_up(max(bound, plan.floor, 1), plan.step):
+        # still spread after refining at the least count: micro-batches full to the cap leave no
+        # room to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
+        more = m + plan.step
+        got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
+        if got == more:
+            wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+            if step_time(wider.load, pooled, world) < step_time(bins.load, pooled, world):
+                return more, wider
+    return m, bins
+
+
+def _round_up(m: int, step: int) -> int:
+    return -(-m // step) * step
 
 
 # --------------------------------------------------------------------------- the plan of a step
