@@ -242,14 +242,53 @@ def remembered(ctx: Context, settings: tuple[Any, ...], compute: Callable[[], An
     value = memo.get(settings)
     if value is not None:
         return value
-    value = compute()
-    for item in value if isinstance(value, tuple) else (value,):
-        if isinstance(item, np.ndarray):
-            item.setflags(write=False)
+    shared = _shared_key(ctx, settings)
+    value = None if shared is None else _SHARED.get(shared)
+    if value is None:
+        value = compute()
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, np.ndarray):
+                item.setflags(write=False)
+        if shared is not None:
+            _SHARED[shared] = value
+            while len(_SHARED) > SHARED:
+                _SHARED.pop(next(iter(_SHARED)), None)
     memo[settings] = value
     while len(memo) > REMEMBERED:
         memo.pop(next(iter(memo)), None)
     return value
+
+
+# ... and kept in the process for the SHARED latest (settings, data) pairs, keyed by the data they
+# depend on, so that plans of the same data given afresh (an array planned every epoch, not one
+# Sizes) skip them too: a level fit and a sorted batch count depend on the size-key histogram
+# alone (the count only where every size is its own key), the lattice ranks on the keys in
+# sample order (sets of at most LATTICE_SHARED samples). The key holds the data's bytes, not a
+# digest of them: equal keys are equal data.
+SHARED = 16
+LATTICE_SHARED = 1 << 16
+_SHARED: dict[tuple[Any, ...], Any] = {}
+
+
+def _shared_key(ctx: Context, settings: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    what = settings[0]
+    if what == "level fit" or (what == "sorted count" and SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral)):
+        return (settings, ctx.sizes.cached("histogram bytes", lambda: _histogram_bytes(ctx)))
+    if what == "lattice ranks" and len(ctx.sizes) <= LATTICE_SHARED:
+        return (settings, ctx.keys()[0].tobytes())
+    return None
+
+
+def _histogram_bytes(ctx: Context) -> bytes:
+    """The size-key histogram as bytes: the keys present, their counts and (unless every size
+    is its own key) their upper edges."""
+    counts = ctx.key_counts()
+    edges = ctx.keys()[1]
+    present = np.flatnonzero(counts)
+    parts = [present.astype(np.uint16).tobytes(), counts[present].tobytes()]
+    if not SK.keys_are_sizes(edges, ctx.sizes.integral):  # a key's edge and the one below it (a fit reads both)
+        parts += [edges[present].tobytes(), edges[np.maximum(present - 1, 0)].tobytes()]
+    return b"".join(parts)
 
 
 def _mixed_order(ctx: Context, level: NDArray[Any], top: int, purpose: str, lattice: bool) -> IntArray:
