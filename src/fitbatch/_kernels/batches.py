@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -207,33 +207,42 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
     return _as_starts(out)
 
 
+def _runs(seg_starts: IntArray, n: int, level: NDArray[Any]) -> tuple[IntArray, NDArray[np.bool_]]:
+    """The first position of every run of one level inside a segment (ascending), and which
+    runs start a segment."""
+    change = np.flatnonzero(level[1:] != level[:-1])  # one bool per position, no int64 copies
+    change += 1
+    if seg_starts.size == 1 and seg_starts[0] == 0:  # one segment: its start, then the changes
+        cuts = np.concatenate([seg_starts, change])
+    else:
+        cuts = np.union1d(change, seg_starts)
+    is_seg = np.zeros(cuts.size, dtype=bool)
+    is_seg[np.searchsorted(cuts, seg_starts)] = True
+    return cuts, is_seg
+
+
 def _walk_table(
-    seg_starts: IntArray, n: int, level: NDArray[Any], tab: Sequence[int] | Mapping[int, int], cut_tab: Sequence[int] | Mapping[int, int]
+    seg_starts: IntArray, n: int, cuts: IntArray, is_seg: NDArray[np.bool_], tab: Sequence[int], cut_tab: Sequence[int]
 ) -> IntArray:
-    """The common walk: a batch starting at level k holds ``tab[k]`` positions, cut back to
-    ``cut_tab[k]`` unless it reaches the end of its segment (the last batch is not cut).
+    """The common walk over the runs of one level (:func:`_runs`): a batch starting in run
+    ``r`` holds ``tab[r]`` positions, cut back to ``cut_tab[r]`` unless it reaches the end of
+    its segment (the last batch is not cut).
 
     Positions of one level form runs (levels are non-increasing in a segment), and inside a
     run every batch has the same length, so each run is stepped through with one ``range``.
     """
-    change = np.flatnonzero(level[1:] != level[:-1]) + 1  # one bool per position, no int64 copies
-    cuts = np.union1d(change, seg_starts)
     run_end = np.append(cuts[1:], n).tolist()
     seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")].tolist()
-    is_seg = np.zeros(cuts.size, dtype=bool)
-    is_seg[np.searchsorted(cuts, seg_starts)] = True
-    lv = np.ascontiguousarray(level).data
     out, i = array("q"), 0
     extend = out.extend
-    # Invariant: i is the next batch start (>= the current run's first position).
-    for a, b, new_seg, end in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end):
+    # Invariant: i is the next batch start (>= the current run's first position, so a batch
+    # starting in [a, b) starts at run r's level).
+    for a, b, new_seg, end, length, c in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end, tab, cut_tab):
         if new_seg:
             i = a
         if i >= b:
             continue
-        k = lv[i]
-        c = cut_tab[k]
-        stop = min(b, end - tab[k])  # a batch starting at or after `stop` reaches the segment end
+        stop = min(b, end - length)  # a batch starting at or after `stop` reaches the segment end
         if i < stop:
             extend(range(i, stop, c))
             i += c * (-(-(stop - i) // c))
@@ -264,16 +273,15 @@ def descending_starts(
     n = level.size
     if n == 0:
         return np.zeros(0, np.int64)
-    # Small plans: the table for the levels present only (a full one costs ~2 ms for 65,536 keys).
-    used = np.unique(level) if n < edges.size else None
-    table = level_counts(edges if used is None else edges[used], budget, cost, cap)
+    # the table for the runs of one level only (a full one costs ~2 ms for 65,536 keys)
+    table = None if cost.max_count(edges[:1], budget) is None else _runs(seg_starts, n, level)
     if table is not None:
-        counts = table.tolist()
-        cut = [c - c % multiple if c >= multiple else c for c in counts] if multiple > 1 else counts
-        if used is None:
-            return _walk_table(seg_starts, n, level, counts, cut)
-        keys = used.tolist()
-        return _walk_table(seg_starts, n, level, dict(zip(keys, counts)), dict(zip(keys, cut)))
+        cuts, is_seg = table
+        counts = level_counts(edges[level[np.minimum(cuts, n - 1)]], budget, cost, cap)  # (an empty last segment starts at n)
+        if counts is not None:
+            tab = counts.tolist()
+            cut = [c - c % multiple if c >= multiple else c for c in tab] if multiple > 1 else tab
+            return _walk_table(seg_starts, n, cuts, is_seg, tab, cut)
     # the cost uses the sum: one length per position, searched
     to_end = segment_ends(seg_starts, n)
     to_end -= np.arange(n, dtype=np.int64)
