@@ -326,8 +326,13 @@ def _pooled_order(
             return compiled, seg_starts
         base = SK.stable_argsort_u16(draws)  # _random_positions, from the same draws
         del draws
+    elif not ctx.shuffle:  # in index order: the sort's positions are the order (no second array of n)
+        order = SK.sort_within_segments(np.uint16(SK.KEY_LEVELS - 1) - keys, pool_size)
+        if laid_keys is not None:
+            np.take(keys, order, out=laid_keys)
+        return order, seg_starts
     else:
-        base = _random_positions(n, ctx.rng("pools")) if ctx.shuffle else np.arange(n, dtype=np.int64)
+        base = _random_positions(n, ctx.rng("pools"))
     down = np.uint16(SK.KEY_LEVELS - 1) - keys[base]
     order = _gather_into(base, SK.sort_within_segments(down, pool_size))
     if laid_keys is not None:
