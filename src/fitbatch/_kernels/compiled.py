@@ -43,8 +43,11 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
     count: float,
     mx: float,
     sm: float,
+    order: np.ndarray,
+    use_order: bool,
 ) -> tuple[np.ndarray, float, float, float]:
-    """Starts of the greedy in order; (count, max, sum) is the batch open before position 0."""
+    """Starts of the greedy in order; (count, max, sum) is the batch open before position 0.
+    With ``use_order`` position ``t`` holds ``sizes[order[t]]`` (read in place, not gathered)."""
     n = sizes.shape[0]
     # batch starts, grown as needed (batches hold many samples): room for a whole chunk of
     # positions is made before the chunk, so the scan itself never checks
@@ -57,7 +60,7 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
             grown[:k] = starts[:k]
             starts = grown
         for t in range(c0, c1):
-            x = sizes[t]
+            x = sizes[order[t]] if use_order else sizes[t]
             new_count = count + 1.0
             new_max = mx if mx >= x else x
             if mx != mx or x != x:  # NaN propagates as in np.maximum
@@ -240,34 +243,33 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
 
     That is one sort by (``top - level``, draw, position): a counting sort by level (positions
-    in order, so ties stay by position), then inside each level a two-pass radix sort of
-    ``draw * 2**32 + position`` by the draw's low byte and its high byte (both stable).
+    in order, so ties stay by position), then inside each level a two-pass radix sort of the
+    positions by the draw's low byte and its high byte (both stable). The positions are 32-bit
+    and live in the int64 output itself (its two halves), widened in place at the end: one
+    array of n int64 in all.
     """
     n = draws.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    half = out.view(np.uint32)  # a = half[:n], b = half[n:]
+    a, b = half[:n], half[n:]
     bounds = np.zeros(top + 2, dtype=np.int64)
     for i in range(n):
         bounds[top - level[i] + 1] += 1
     for d in range(top + 1):
         bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
     at = bounds[:-1].copy()
-    a = np.empty(n, dtype=np.uint64)
-    shift = np.uint64(32)
     for i in range(n):
         d = top - level[i]
         p = at[d]
         at[d] = p + 1
-        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
-    b = np.empty(n, dtype=np.uint64)
+        a[p] = i
     count = np.empty(256, dtype=np.int64)
     for d in range(top + 1):
         s, e = bounds[d], bounds[d + 1]
         if e - s > 1:
-            _byte_pass(a, b, s, e, np.uint64(32), count)
-            _byte_pass(b, a, s, e, np.uint64(40), count)
-    out = b.view(np.int64)
-    positions = np.uint64(0xFFFFFFFF)
-    for j in range(n):
-        out[j] = np.int64(a[j] & positions)
+            _draw_pass(a, b, s, e, draws, 0, count)
+            _draw_pass(b, a, s, e, draws, 8, count)
+    _widen(out, half, n)
     return out
 
 
@@ -279,73 +281,81 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
     ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions);
     ``laid_keys`` (of n, else empty) receives the keys in that order.
 
-    The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
-    by position), then a pass by its low byte inside each of those runs; each pool then takes
-    two passes by the bytes of ``65535 - key``, cache-sized like the runs.
+    The shuffle is a two-pass radix sort of the positions (in order, so ties stay by position)
+    by the draw's low byte, then its high byte; each pool then takes two passes by the bytes of
+    ``65535 - key``. The 32-bit positions live in the int64 output itself (its two halves),
+    widened in place at the end: one array of n int64 in all.
     """
     n = draws.shape[0]
-    bounds = np.zeros(257, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    half = out.view(np.uint32)
+    a, b = half[:n], half[n:]
     for i in range(n):
-        bounds[(draws[i] >> 8) + 1] += 1
-    for d in range(256):
-        bounds[d + 1] += bounds[d]
-    at = bounds[:-1].copy()
-    a = np.empty(n, dtype=np.uint64)
-    shift = np.uint64(32)
-    for i in range(n):
-        d = draws[i] >> 8
-        p = at[d]
-        at[d] = p + 1
-        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
-    b = np.empty(n, dtype=np.uint64)
+        b[i] = i
     count = np.empty(256, dtype=np.int64)
-    for d in range(256):
-        if bounds[d + 1] - bounds[d] > 1:
-            _byte_pass(a, b, bounds[d], bounds[d + 1], shift, count)
-        else:
-            for j in range(bounds[d], bounds[d + 1]):
-                b[j] = a[j]
-    # b holds the shuffled positions (low 32 bits): re-key them by 65535 - key, pool by pool
-    positions = np.uint64(0xFFFFFFFF)
-    for j in range(n):
-        i = b[j] & positions
-        b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+    _draw_pass(b, a, 0, n, draws, 0, count)
+    _draw_pass(a, b, 0, n, draws, 8, count)
     for s in range(0, n, pool):
         e = min(n, s + pool)
-        _byte_pass(b, a, s, e, np.uint64(32), count)
-        _byte_pass(a, b, s, e, np.uint64(40), count)
-    out = a.view(np.int64)
+        _key_pass(b, a, s, e, keys, 0, count)
+        _key_pass(a, b, s, e, keys, 8, count)
+    for j in range(n):
+        a[j] = b[j]
     if laid_keys.shape[0] == n:
         for j in range(n):
-            c = b[j]
-            out[j] = np.int64(c & positions)
-            laid_keys[j] = 65535 - (c >> shift)
-    else:
-        for j in range(n):
-            out[j] = np.int64(b[j] & positions)
+            laid_keys[j] = keys[a[j]]
+    _widen(out, half, n)
     return out
 
 
 @njit(cache=True, nogil=True)
-def _byte_pass(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
+def _draw_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, draws: np.ndarray, shift: int, count: np.ndarray
 ) -> None:
-    """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
-    byte = np.uint64(255)
+    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of their draw into ``dst[s:e]``."""
     count[:] = 0
     for j in range(s, e):
-        count[(src[j] >> shift) & byte] += 1
+        count[(draws[src[j]] >> shift) & 255] += 1
     acc = s
     for k in range(256):
         c = count[k]
         count[k] = acc
         acc += c
     for j in range(s, e):
-        c = src[j]
-        q = (c >> shift) & byte
+        i = src[j]
+        q = (draws[i] >> shift) & 255
         p = count[q]
         count[q] = p + 1
-        dst[p] = c
+        dst[p] = i
+
+
+@njit(cache=True, nogil=True)
+def _key_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, keys: np.ndarray, shift: int, count: np.ndarray
+) -> None:
+    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of ``65535 - key`` into ``dst[s:e]``."""
+    count[:] = 0
+    for j in range(s, e):
+        count[((65535 - keys[src[j]]) >> shift) & 255] += 1
+    acc = s
+    for k in range(256):
+        c = count[k]
+        count[k] = acc
+        acc += c
+    for j in range(s, e):
+        i = src[j]
+        q = ((65535 - keys[i]) >> shift) & 255
+        p = count[q]
+        count[q] = p + 1
+        dst[p] = i
+
+
+@njit(cache=True, nogil=True)
+def _widen(out: np.ndarray, half: np.ndarray, n: int) -> None:  # pragma: no cover - compiled
+    """``out[j] = half[j]`` for every j, in place (``half`` views ``out``): from the end, so that
+    writing ``out[j]`` (``half[2j:2j + 2]``) never overwrites an unread ``half[i]``, ``i < j``."""
+    for j in range(n - 1, -1, -1):
+        out[j] = np.int64(half[j])
 
 
 @njit(cache=True, nogil=True)

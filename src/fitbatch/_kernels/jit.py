@@ -157,7 +157,7 @@ def _warm(module: ModuleType) -> None:
     """Compile (or load from numba's cache) every loop now, so that a long stream does not
     pay the compiler's time and memory at some later batch."""
     one, params = np.ones(2), np.zeros(4)
-    module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
+    module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0, _NO_ORDER, False)
     module.prefix_sum_starts(one, 1.0, 2)
     rows = np.ones((2, 1))
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
@@ -198,6 +198,13 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
     return None
 
 
+def _uncount(work: int) -> None:
+    """Take back ``work`` samples counted by a call that found no compiled loops and is retried."""
+    global _work
+    if _mode() != "off":
+        _work -= work
+
+
 def _exact(module: ModuleType | None, sizes: FloatArray, sums: bool) -> ModuleType | None:
     """``module`` for a loop whose result may differ from numpy's in the last rounding (running
     sums of fractional sizes: ``sums`` and sizes not all whole) only when it was asked for at a
@@ -228,20 +235,31 @@ def greedy(
     count: int,
     max_size: Any,
     sum_size: Any,
+    order: IntArray | None = None,
 ) -> tuple[IntArray, tuple[int, float, float]] | None:
-    """Greedy starts in order and the open batch at the end, or ``None`` when not compiled."""
+    """Greedy starts in order and the open batch at the end, or ``None`` when not compiled.
+
+    With ``order`` (1-D sizes only) the sequence is ``sizes[order]``, read through the order
+    (no gathered copy of the sizes).
+    """
     if sizes.ndim != 1:
+        if order is not None:
+            return None
         return _greedy_rows(sizes, budget, cost, cap, force, count, max_size, sum_size)
     params = _cost_params(cost)
-    module = _kernels(sizes.shape[0]) if params is not None else None
+    n = sizes.shape[0] if order is None else order.shape[0]
+    module = _kernels(n) if params is not None else None
     module = _exact(module, sizes, type(cost) is not PaddedCost)
     if module is None or params is None:
+        if order is not None and params is not None:
+            _uncount(n)  # the caller gathers the sizes and asks again: these samples count once
         return None
     values = np.ascontiguousarray(sizes, dtype=np.float64)
     flags = _NO_FORCE if force is None else np.ascontiguousarray(force, dtype=np.bool_)
+    index = _NO_ORDER if order is None else np.ascontiguousarray(order, dtype=np.int64)
     starts, c, m, s = module.greedy(
         values, float(budget), params[0], params[1], float(cap), flags, force is not None,
-        float(count), float(max_size), float(sum_size),
+        float(count), float(max_size), float(sum_size), index, order is not None,
     )
     return starts, (int(c), m, s)
 
