@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -222,7 +222,7 @@ def _runs(seg_starts: IntArray, n: int, level: NDArray[Any]) -> tuple[IntArray, 
 
 
 def _walk_table(
-    seg_starts: IntArray, n: int, cuts: IntArray, is_seg: NDArray[np.bool_], tab: Sequence[int], cut_tab: Sequence[int]
+    seg_starts: IntArray, n: int, cuts: IntArray, is_seg: NDArray[np.bool_], tab: IntArray, cut_tab: IntArray
 ) -> IntArray:
     """The common walk over the runs of one level (:func:`_runs`): a batch starting in run
     ``r`` holds ``tab[r]`` positions, cut back to ``cut_tab[r]`` unless it reaches the end of
@@ -230,26 +230,35 @@ def _walk_table(
 
     Positions of one level form runs (levels are non-increasing in a segment), and inside a
     run every batch has the same length, so each run is stepped through with one ``range``.
+    The runs are read :data:`WALK_BLOCK` at a time (Python lists of a block, not of every run).
     """
-    run_end = np.append(cuts[1:], n).tolist()
-    seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")].tolist()
+    run_end = np.append(cuts[1:], n)
+    seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")]
     out, i = array("q"), 0
     extend = out.extend
-    # Invariant: i is the next batch start (>= the current run's first position, so a batch
-    # starting in [a, b) starts at run r's level).
-    for a, b, new_seg, end, length, c in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end, tab, cut_tab):
-        if new_seg:
-            i = a
-        if i >= b:
-            continue
-        stop = min(b, end - length)  # a batch starting at or after `stop` reaches the segment end
-        if i < stop:
-            extend(range(i, stop, c))
-            i += c * (-(-(stop - i) // c))
-        if i < b:
-            out.append(i)
-            i = end
+    for r0 in range(0, cuts.size, WALK_BLOCK):
+        r1 = r0 + WALK_BLOCK
+        # Invariant: i is the next batch start (>= the current run's first position, so a
+        # batch starting in [a, b) starts at run r's level).
+        for a, b, new_seg, end, length, c in zip(
+            cuts[r0:r1].tolist(), run_end[r0:r1].tolist(), is_seg[r0:r1].tolist(), seg_end[r0:r1].tolist(),
+            tab[r0:r1].tolist(), cut_tab[r0:r1].tolist(),
+        ):
+            if new_seg:
+                i = a
+            if i >= b:
+                continue
+            stop = min(b, end - length)  # a batch starting at or after `stop` reaches the segment end
+            if i < stop:
+                extend(range(i, stop, c))
+                i += c * (-(-(stop - i) // c))
+            if i < b:
+                out.append(i)
+                i = end
     return _as_starts(out)
+
+
+WALK_BLOCK = 1 << 15  # runs of one level walked per block
 
 
 def descending_starts(
@@ -279,9 +288,8 @@ def descending_starts(
         cuts, is_seg = table
         counts = level_counts(edges[level[np.minimum(cuts, n - 1)]], budget, cost, cap)  # (an empty last segment starts at n)
         if counts is not None:
-            tab = counts.tolist()
-            cut = [c - c % multiple if c >= multiple else c for c in tab] if multiple > 1 else tab
-            return _walk_table(seg_starts, n, cuts, is_seg, tab, cut)
+            cut = np.where(counts >= multiple, counts - counts % multiple, counts) if multiple > 1 else counts
+            return _walk_table(seg_starts, n, cuts, is_seg, counts, cut)
     # the cost uses the sum: one length per position, searched
     to_end = segment_ends(seg_starts, n)
     to_end -= np.arange(n, dtype=np.int64)

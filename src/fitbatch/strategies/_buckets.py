@@ -108,8 +108,9 @@ class Buckets(Strategy):
                 ctx.sizes.values.ndim,
             )
         # samples per bucket from samples per key: 2**16 additions, not n
-        counts = np.zeros(top.size, dtype=np.int64)
-        np.add.at(counts, lut.astype(np.int64), ctx.key_counts())
+        per_key = ctx.key_counts()
+        present = np.flatnonzero(per_key)  # (a weighted bincount over the keys present: no ufunc.at)
+        counts = np.bincount(lut[present], weights=per_key[present], minlength=top.size).astype(np.int64)
         return lut[keys], top, counts, few
 
     def plan(self, ctx: Context) -> Result:
