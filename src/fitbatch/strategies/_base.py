@@ -119,7 +119,7 @@ class Strategy(ABC):
     def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
         """A permutation of the planned batches, or None to keep them as planned."""
         if ctx.shuffle and n_batches > 1:
-            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64)
+            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64, copy=False)
         return None
 
 
