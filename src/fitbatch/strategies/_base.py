@@ -275,7 +275,9 @@ def remembered(ctx: Context, settings: tuple[Any, ...], compute: Callable[[], An
 # Sizes) skip them too: a level fit and a sorted batch count depend on the size-key histogram
 # alone (the count only where every size is its own key), the lattice ranks on the keys in
 # sample order (sets of at most LATTICE_SHARED samples). The key holds the data's bytes, not a
-# digest of them: equal keys are equal data.
+# digest of them: equal keys are equal data. Sets of at most LATTICE_SHARED whole sizes below
+# 2**16 (each its own key: the keys are the sizes) are keyed by their keys in sample order,
+# which take less time to read than a histogram does to count.
 SHARED = 16
 LATTICE_SHARED = 1 << 16
 _SHARED: dict[tuple[Any, ...], Any] = {}
@@ -283,10 +285,12 @@ _SHARED: dict[tuple[Any, ...], Any] = {}
 
 def _shared_key(ctx: Context, settings: tuple[Any, ...]) -> tuple[Any, ...] | None:
     what = settings[0]
-    if what == "level fit" or (what == "sorted count" and SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral)):
+    small = len(ctx.sizes) <= LATTICE_SHARED
+    whole = SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral)
+    if small and (whole or what == "lattice ranks"):  # the keys in order: cheaper than their histogram
+        return (settings, ctx.sizes.cached("key bytes", lambda: ctx.keys()[0].tobytes()))
+    if what in ("level fit", "level shift") or (what == "sorted count" and whole):
         return (settings, ctx.sizes.cached("histogram bytes", lambda: _histogram_bytes(ctx)))
-    if what == "lattice ranks" and len(ctx.sizes) <= LATTICE_SHARED:
-        return (settings, ctx.keys()[0].tobytes())
     return None
 
 

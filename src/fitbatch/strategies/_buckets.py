@@ -107,11 +107,14 @@ class Buckets(Strategy):
                 self.min_batches,
                 ctx.sizes.values.ndim,
             )
+        ids = lut[keys]
+        if keys.size < SK.KEY_LEVELS:  # fewer samples than keys: counted directly
+            return ids, top, np.bincount(ids, minlength=top.size).astype(np.int64, copy=False), few
         # samples per bucket from samples per key: 2**16 additions, not n
         per_key = ctx.key_counts()
         present = np.flatnonzero(per_key)  # (a weighted bincount over the keys present: no ufunc.at)
         counts = np.bincount(lut[present], weights=per_key[present], minlength=top.size).astype(np.int64)
-        return lut[keys], top, counts, few
+        return ids, top, counts, few
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
