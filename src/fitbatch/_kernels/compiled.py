@@ -477,28 +477,6 @@ def _byte_pass(  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _byte_pass(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
-) -> None:
-    """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
-    byte = np.uint64(255)
-    count[:] = 0
-    for j in range(s, e):
-        count[(src[j] >> shift) & byte] += 1
-    acc = s
-    for k in range(256):
-        c = count[k]
-        count[k] = acc
-        acc += c
-    for j in range(s, e):
-        c = src[j]
-        q = (c >> shift) & byte
-        p = count[q]
-        count[q] = p + 1
-        dst[p] = c
-
-
-@njit(cache=True, nogil=True)
 def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
     """The room tree of :func:`_first_fit_batches` with twice the leaves (the new ones hold no room)."""
     grown = np.full(4 * size, -np.inf)
