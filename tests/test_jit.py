@@ -427,3 +427,22 @@ def test_both_compiled_shuffles_match_numpy(compact_at, monkeypatch):
         assert compiled_keys.tolist() == plain_keys.tolist()
     plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), level, 40))
     assert compiled.tolist() == plain.tolist()
+
+
+def test_compiled_walk_over_runs_matches_python():
+    """The compiled walk over runs of one level gives the Python walk's starts (many segments,
+    cut-back batches, an empty last segment)."""
+    from fitbatch._kernels import batches as K
+
+    rng = np.random.default_rng(11)
+    for multiple in (1, 3):
+        n = 5_000
+        seg = np.append(np.sort(rng.choice(np.arange(1, n), 40, replace=False)), n)
+        seg = np.concatenate([[0], seg]).astype(np.int64)
+        level = np.concatenate([np.sort(rng.integers(0, 50, b - a))[::-1] for a, b in zip(seg[:-1], seg[1:])]).astype(np.uint16)
+        edges = np.linspace(1.0, 400.0, 50)
+        sizes = edges[level]
+        plain, compiled = both(
+            lambda lv=level, e=edges, x=sizes, sg=seg, m=multiple: K.descending_starts(lv, e, x, sg, 2000.0, COSTS["padded"], multiple=m)
+        )
+        assert compiled.tolist() == plain.tolist()

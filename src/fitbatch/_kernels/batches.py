@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch._kernels import jit as _jit
 from fitbatch._kernels.greedy import OpenBatch as OpenBatch  # the any-order greedy, re-exported
 from fitbatch._kernels.greedy import greedy_starts as greedy_starts
 from fitbatch.costs import CostModel, SumCost
@@ -210,12 +211,15 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
 def _runs(seg_starts: IntArray, n: int, level: NDArray[Any]) -> tuple[IntArray, NDArray[np.bool_]]:
     """The first position of every run of one level inside a segment (ascending), and which
     runs start a segment."""
-    change = np.flatnonzero(level[1:] != level[:-1])  # one bool per position, no int64 copies
-    change += 1
     if seg_starts.size == 1 and seg_starts[0] == 0:  # one segment: its start, then the changes
+        change = np.flatnonzero(level[1:] != level[:-1])  # one bool per position, no int64 copies
+        change += 1
         cuts = np.concatenate([seg_starts, change])
-    else:
-        cuts = np.union1d(change, seg_starts)
+    else:  # the level changes and the segment starts, marked on one bool per position (no sort)
+        mark = np.zeros(n + 1, dtype=bool)
+        np.not_equal(level[1:], level[:-1], out=mark[1:n])
+        mark[seg_starts] = True
+        cuts = np.flatnonzero(mark)
     is_seg = np.zeros(cuts.size, dtype=bool)
     is_seg[np.searchsorted(cuts, seg_starts)] = True
     return cuts, is_seg
@@ -234,6 +238,9 @@ def _walk_table(
     """
     run_end = np.append(cuts[1:], n)
     seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")]
+    compiled = _jit.walk_runs(cuts, run_end, is_seg, seg_end, tab, cut_tab)
+    if compiled is not None:
+        return compiled
     out, i = array("q"), 0
     extend = out.extend
     for r0 in range(0, cuts.size, WALK_BLOCK):

@@ -477,6 +477,38 @@ def _byte_pass(  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def walk_runs(  # pragma: no cover - compiled; checked against the Python walk in tests/test_jit.py
+    cuts: np.ndarray, run_end: np.ndarray, is_seg: np.ndarray, seg_end: np.ndarray, tab: np.ndarray, cut_tab: np.ndarray
+) -> np.ndarray:
+    """The walk of :func:`fitbatch._kernels.batches._walk_table` over the runs of one level
+    (the same integer steps): the batch starts."""
+    out = np.empty(16 + cuts.shape[0], dtype=np.int64)  # grown as needed (not one slot per position)
+    k = 0
+    i = 0
+    for r in range(cuts.shape[0]):
+        a, b, end, length, c = cuts[r], run_end[r], seg_end[r], tab[r], cut_tab[r]
+        if is_seg[r]:
+            i = a
+        if i >= b:
+            continue
+        stop = min(b, end - length)
+        more = 1 + (stop - i + c - 1) // c if i < stop else 1  # starts this run adds, at most
+        if k + more > out.shape[0]:
+            grown = np.empty(max(2 * out.shape[0], k + more), dtype=np.int64)
+            grown[:k] = out[:k]
+            out = grown
+        while i < stop:
+            out[k] = i
+            k += 1
+            i += c
+        if i < b:
+            out[k] = i
+            k += 1
+            i = end
+    return out[:k].copy()
+
+
+@njit(cache=True, nogil=True)
 def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
     """The room tree of :func:`_first_fit_batches` with twice the leaves (the new ones hold no room)."""
     grown = np.full(4 * size, -np.inf)

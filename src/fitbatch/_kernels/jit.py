@@ -167,6 +167,8 @@ def _warm(module: ModuleType) -> None:
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
+    ints = np.zeros(1, np.int64)
+    module.walk_runs(ints, ints + 1, np.ones(1, np.bool_), ints + 1, ints + 1, ints + 1)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
     module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2, np.empty(2, np.int32))
     draws = np.zeros(2, np.uint16)
@@ -365,6 +367,21 @@ def batch_reduce(sizes: FloatArray, order: IntArray | None, offsets: IntArray) -
         np.ascontiguousarray(sizes, dtype=np.float64), index, order is not None, np.ascontiguousarray(offsets, dtype=np.int64)
     )
     return (mx, sm) if exact else None
+
+
+def walk_runs(
+    cuts: IntArray, run_end: IntArray, is_seg: NDArray[np.bool_], seg_end: IntArray, tab: IntArray, cut_tab: IntArray
+) -> IntArray | None:
+    """:func:`fitbatch._kernels.batches._walk_table`'s walk compiled (integer steps: the same
+    starts), or ``None`` when not compiled."""
+    module = _kernels(0)
+    if module is None:
+        return None
+    result: IntArray = module.walk_runs(
+        *(np.ascontiguousarray(a, dtype=np.int64) for a in (cuts, run_end)), np.ascontiguousarray(is_seg, dtype=np.bool_),
+        *(np.ascontiguousarray(a, dtype=np.int64) for a in (seg_end, tab, cut_tab)),
+    )
+    return result
 
 
 def all_integral(sizes: FloatArray) -> bool:
