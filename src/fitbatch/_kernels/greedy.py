@@ -136,7 +136,9 @@ def greedy_starts(
     if compiled is not None:
         starts, (count, mx, sm) = compiled
         return starts, OpenBatch(count, np.asarray(mx), np.asarray(sm))
-    if n <= SCALAR_AT and sizes.ndim == 1 and type(cost) is PaddedCost:
+    # (not while numba loads in the background: a Python loop holding the GIL starves the
+    # loader's file reads, which then take seconds instead of about one)
+    if n <= SCALAR_AT and sizes.ndim == 1 and type(cost) is PaddedCost and not _jit.loading():
         return _padded_scalar(sizes, budget, capf, force, state)
     chunk = _chunk(n)
     head, at = np.zeros(0, np.int64), 0

@@ -145,6 +145,15 @@ def planning() -> Iterator[None]:
             _load_in_background()
 
 
+def loading() -> bool:
+    """Whether the background load is under way (started, not finished).
+
+    >>> loading() in (True, False)
+    True
+    """
+    return _thread is not None and not _tried
+
+
 def settle() -> ModuleType | None:
     """Wait for a background load under way (if any); the compiled module, or ``None``.
 
