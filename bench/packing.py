@@ -5,6 +5,7 @@ Run from the repository root:
     python bench/packing.py              # 1M samples per real set, three budgets (about 20 s)
     python bench/packing.py --n 200000
     python bench/packing.py --wikipedia    # Krell et al. 2021's Wikipedia-512 histogram, 16.3M sequences
+    python bench/packing.py --wikipedia --first-call  # its first plan in fresh interpreters (about a minute)
 
 ``--wikipedia`` rebuilds the sequence-length histogram Krell et al. (2021, "Efficient Sequence
 Packing without Cross-contamination") published for their Wikipedia pre-training data from its
@@ -33,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
+from fitbatch._kernels import packing_depth as PD  # noqa: E402
 from fitbatch._kernels.histogram import histogram_plan, placements  # noqa: E402
 from fitbatch._kernels.packing import first_fit_starts  # noqa: E402
-from fitbatch.strategies._base import Context, _pooled_layout  # noqa: E402
+from fitbatch.strategies._base import Context, _pooled_layout, _shuffled_by_level  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 
@@ -84,31 +86,86 @@ def wikipedia_lengths(seed: int = 0) -> np.ndarray:
 
 
 def wikipedia(repeat: int) -> None:
-    """Pack the Wikipedia-512 histogram: packs, the bound, time (best of ``repeat``, warm)."""
+    """Pack the Wikipedia-512 histogram: packs, the bound, time (best of ``repeat``, warm), and
+    the parts of the default plan timed alone."""
     sizes = wikipedia_lengths()
     bound = -(-int(sizes.sum()) // 512)
     best, cpu, plan = float("inf"), float("inf"), None
-    for _ in range(repeat):
+    for epoch in range(repeat):
         plan = None
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+        plan = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=epoch)
         best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
-    # the packing alone: the histogram's first fit and every sample's place (no shuffle, no measures)
+    assert plan is not None
+    counts = np.bincount(sizes, minlength=513)
+    # the parts alone: the patterns (uncached), the positions drawn within each length, the layout
+    c0 = time.process_time()
+    patterns = PD._repaired(PD.histogram_patterns(counts, 512, None, "large"), 512)
+    patterns_cpu = time.process_time() - c0
+    ctx = Context(fitbatch.as_sizes(sizes), 512.0, fitbatch.costs.resolve_cost("sum"), None, 1, True, 0, 0)
+    keys = ctx.keys()[0]
+    draw_cpu = lay_cpu = float("inf")
+    for _ in range(2):  # best of 2: the first touch of fresh memory costs the kernel up to ~0.7 s here
+        c0 = time.process_time()
+        by_length = _shuffled_by_level(sizes.size, ctx.rng("packed-histogram"), keys, 512)
+        draw_cpu = min(draw_cpu, time.process_time() - c0)
+        c0 = time.process_time()
+        laid_out = PD.lay_out(by_length, counts, patterns)
+        lay_cpu = min(lay_cpu, time.process_time() - c0)
+        del by_length, laid_out
+    # the histogram first fit (the default before) and every sample's place, alone
     laid = np.sort(sizes)[::-1].astype(np.uint16)
     c0 = time.process_time()
     parts, starts = histogram_plan(laid, 512.0)
     for _a, _b, _dest in placements(parts, starts, laid.size):
         pass
     pack_cpu = time.process_time() - c0
-    assert plan is not None
     print(f"Wikipedia-512 (Krell et al. 2021): {sizes.size:,} sequences, {int(sizes.sum()):,} tokens, bound {bound:,} packs\n")
     print("| packer | packs | vs bound | wall s | CPU s |")
     print("|---|---:|---:|---:|---:|")
-    print(f"| fitbatch packed, sum cost: plan_batches (shuffle, pack, indices, measures, batch order) | {len(plan):,} | "
+    print(f"| fitbatch packed, sum cost: plan_batches (draw, pack, indices, measures, batch order) | {len(plan):,} | "
           f"{len(plan) / bound:.5f} | {best:.2f} | {cpu:.2f} |")
-    print(f"| fitbatch: the histogram's first fit and every sample's place alone | {starts.size:,} | {starts.size / bound:.5f} | | {pack_cpu:.2f} |")
+    print(f"| - its patterns alone (\"large\" rule, loose ends re-packed; cached across calls) | {PD._batches(patterns):,} | | | {patterns_cpu:.2f} |")
+    print(f"| - positions drawn within each length (compiled counting sort) | | | | {draw_cpu:.2f} |")
+    print(f"| - laid out pattern by pattern (order, starts, sizes in batch order) | | | | {lay_cpu:.2f} |")
+    print(f"| fitbatch before: the histogram's first fit and every sample's place alone | {starts.size:,} | {starts.size / bound:.5f} | | {pack_cpu:.2f} |")
     for name, packs in PUBLISHED.items():
         print(f"| {name} | {packs:,} | {packs / bound:.5f} | | |")
+
+
+FIRST_CALL = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from packing import wikipedia_lengths
+sizes = wikipedia_lengths()
+t0 = time.process_time()
+import fitbatch
+times = []
+for epoch in range(3):
+    c0 = time.process_time()
+    fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=epoch)
+    times.append(time.process_time() - c0)
+print(time.process_time() - t0, *times)
+"""
+
+
+def first_call() -> None:
+    """The first Wikipedia-512 plan of a fresh interpreter against the next two (CPU s), with
+    numba's cache as it is, with an empty one (a fresh install compiles), and without numba."""
+    import os
+    import subprocess
+    import tempfile
+
+    print("| process | first plan | second | third | first - best warm |")
+    print("|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as empty:
+        for label, extra in (("numba, cached machine code", {}), ("numba, empty cache (fresh install)", {"NUMBA_CACHE_DIR": empty}),
+                             ("FITBATCH_JIT=0 (numpy only)", {"FITBATCH_JIT": "0"})):
+            code = FIRST_CALL.format(bench=str(Path(__file__).resolve().parent))
+            out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **extra}, capture_output=True, text=True, check=True)
+            _, first, second, third = (float(x) for x in out.stdout.split())
+            print(f"| {label} | {first:.2f} | {second:.2f} | {third:.2f} | {first - min(second, third):+.2f} |",
+                  flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,7 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budgets", type=float, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--wikipedia", action="store_true", help="pack Krell et al.'s Wikipedia-512 histogram instead")
     p.add_argument("--repeat", type=int, default=3, help="--wikipedia: best of this many plans")
+    p.add_argument("--first-call", action="store_true", help="--wikipedia: first plan of fresh interpreters against warm ones")
     args = p.parse_args(argv)
+    if args.wikipedia and args.first_call:
+        first_call()
+        return
     if args.wikipedia:
         wikipedia(args.repeat)
         return

@@ -10,8 +10,8 @@ licence there) is expanded to one length per sequence, shuffled (seed 0), and pl
 ``plan_batches(lengths, 512, cost="sum", strategy="packed", max_batch_size=k)``. Printed per cap:
 the packs of the histogram patterns (``best_patterns``) and their ratio to the bound
 ceil(tokens / 512), the packs the authors report at that depth where they report one, the packs
-of ``plan_batches`` (the patterns' under a cap; without one, the faster histogram first fit of
-``_kernels/histogram``), its time, the patterns' time alone, and for the ``--first-fit`` caps the
+of ``plan_batches`` (the patterns' under a cap; without one, the ``"large"`` rule's alone with its
+loose ends re-packed, ``quick_patterns``), its time, the patterns' time alone, and for the ``--first-fit`` caps the
 packs and time without this module (first-fit decreasing: over pools under a cap, on the
 histogram without one), in the same run.
 """
@@ -34,15 +34,17 @@ from fitbatch.strategies import _ordered  # noqa: E402
 
 
 def first_fit(lengths: np.ndarray, cap: int | None) -> tuple[int, float]:
-    """Packs and seconds of the path before the histogram: first-fit decreasing over pools."""
-    keep = _ordered._on_histogram
+    """Packs and seconds of the path before this module: first-fit decreasing (over pools under a
+    cap, on the histogram without one)."""
+    keep, quick = _ordered._on_histogram, _ordered._quick_patterns
     _ordered._on_histogram = lambda ctx: False
+    _ordered._quick_patterns = lambda ctx, edges: None
     try:
         t0 = time.perf_counter()
         plan = fitbatch.plan_batches(lengths, 512, cost="sum", strategy="packed", max_batch_size=cap)
         return len(plan), time.perf_counter() - t0
     finally:
-        _ordered._on_histogram = keep
+        _ordered._on_histogram, _ordered._quick_patterns = keep, quick
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         name, theirs = wiki.PUBLISHED.get(cap, ("", 0))
         ref = f"{name} {theirs:,} ({theirs / bound:.5f}x)" if theirs else "–"
         planned = len(plan)
-        assert k is None or packs == planned  # without a cap the fast histogram first fit plans
+        assert k is None or packs == planned  # without a cap the quick patterns plan (one rule)
         del plan
         before = "–"
         if cap in args.first_fit:

@@ -27,6 +27,8 @@ the micro-batch count a multiple of ``micro_multiple`` (verl's ``num_batches_div
 
 Columns: micro-steps; cap violations (micro-batches over ``cap``); lost or repeated sequences;
 step efficiency = (sum of workloads / W) / sum over micro-steps of the slowest rank's workload;
+bound = ``Partition.efficiency_bound``, the most any split under the cap can reach (the heaviest
+sequences each need a micro-step slower than their own workload, ``world`` of them at a time);
 plan time (best of ``--repeat``, ms; verl's 64k cells once).
 """
 
@@ -149,8 +151,8 @@ def main() -> None:
         sb = verl_module(args.verl_wheel, Path(tmp))
     print(f"# python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, cap {args.cap}")
     print("| set | N | W | mm | micro-steps fitbatch / verl | over cap f / v | lost f / v "
-          "| efficiency f / v | time ms f / v | speed-up |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| efficiency f / v | bound | time ms f / v | speed-up |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
         base = load(name)
         for n in args.n:
@@ -166,7 +168,7 @@ def main() -> None:
                     v = measure(v_batches, lengths, args.cap)
                     short = name.replace("cpython_stdlib_", "")
                     print(f"| {short} | {n} | {world} | {mm} | {f[0]} / {v[0]} | {f[1]} / {v[1]} | {f[2]} / {v[2]} "
-                          f"| {f[3]:.4f} / {v[3]:.4f} | {t_f * 1e3:.2f} / {t_v * 1e3:.1f} | {t_v / t_f:.0f}x |",
+                          f"| {f[3]:.4f} / {v[3]:.4f} | {part.efficiency_bound:.4f} | {t_f * 1e3:.2f} / {t_v * 1e3:.1f} | {t_v / t_f:.1f}x |",
                           flush=True)
 
 

@@ -44,9 +44,12 @@ class SamplerMachine(RuleBasedStateMachine):
         oversized=st.sampled_from(("single", "skip", "error")),
     )
     def setup(self, seed, n, world, strategy, policy, oversized):
+        self.begin(seed, n, world, strategy, policy, oversized)
+
+    def begin(self, seed, n, world, strategy, policy, oversized, **extra):
         rng = np.random.default_rng(seed)
         self.sizes = np.clip(np.ceil(rng.lognormal(math.log(10), 0.9, n)), 1, 60).astype(np.int64)
-        self.kw = {"seed": seed, "strategy": strategy, "policy": policy, "oversized": oversized}
+        self.kw = {"seed": seed, "strategy": strategy, "policy": policy, "oversized": oversized, **extra}
         self.epoch, self.world = 0, world
         try:
             self.ranks = self.build(world)
@@ -224,3 +227,29 @@ class SamplerMachine(RuleBasedStateMachine):
 # about 30 s on two cores; a longer search: max_examples=600, stateful_step_count=40, derandomize=False
 SamplerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestSamplerMachine = SamplerMachine.TestCase
+
+
+class WindowedSamplerMachine(SamplerMachine):
+    """The same job with the epoch planned in windows of 16-64 samples (several windows a epoch)."""
+
+    @initialize(
+        seed=st.integers(0, 2**16),
+        n=st.integers(40, 200),
+        world=st.integers(1, 4),
+        strategy=st.sampled_from(("sequential", "sorted", "pooled", "buckets", "packed")),
+        policy=st.sampled_from(("split", "drop")),
+        oversized=st.sampled_from(("single", "skip", "error")),
+        window=st.integers(16, 64),
+    )
+    def setup(self, seed, n, world, strategy, policy, oversized, window):
+        self.begin(seed, n, world, strategy, policy, oversized, window=window)
+
+    def world_event(self, state, world):
+        """The move's event names the window it happened in (the one running at the save), and
+        its step counts from that window's first."""
+        live = self.ranks[0]._current()
+        return {"step": state["step"] - live.first, "num_replicas": world, **self.ranks[0]._window_of_event(live)}
+
+
+WindowedSamplerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestWindowedSamplerMachine = WindowedSamplerMachine.TestCase

@@ -98,3 +98,82 @@ def test_without_a_cap_the_histogram_is_kept_only_near_the_bound():
     counts = np.bincount(loose.astype(np.int64), minlength=513)
     assert not PD.near_bound(PD.best_patterns(counts, 512, None), counts, 512)
     check_plan(fitbatch.plan_batches(loose, 512, cost="sum", strategy="packed"), loose, 512, fitbatch.SumCost())
+
+
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=400),
+    budget=st.integers(64, 100),
+    seed=st.integers(0, 3),
+)
+def test_quick_patterns_laid_out_place_every_index_once_within_budget(lengths, budget, seed):
+    sizes = np.asarray(lengths, dtype=np.int64)
+    counts = np.bincount(sizes, minlength=budget + 1)
+    patterns = PD.quick_patterns(counts, budget)
+    # the "large" rule's patterns, their loose batches packed again by first fit when it saves any
+    assert PD._batches(patterns) <= PD._batches(PD.histogram_patterns(counts, budget, None, "large"))
+    shuffled = np.random.default_rng(seed).permutation(sizes.size)
+    by_length = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
+    order, starts, laid = PD.lay_out(by_length, counts, patterns)
+    assert np.array_equal(np.sort(order), np.arange(sizes.size))
+    assert np.array_equal(laid, sizes[order].astype(np.float64))
+    batches = _batches(order, starts)
+    assert len(batches) == sum(t for t, _ in patterns)
+    assert all(b.size >= 1 and int(sizes[b].sum()) <= budget for b in batches)
+    # each batch holds its pattern's lengths
+    expected = [items for times, items in patterns for _ in range(times)]
+    assert [tuple(sorted(sizes[b].tolist(), reverse=True)) for b in batches] == expected
+
+
+def test_lay_out_refuses_patterns_that_do_not_take_every_sample_once():
+    with pytest.raises(ValueError, match="patterns"):
+        PD.lay_out(np.array([0, 1]), np.array([0, 0, 2]), [(1, (2,))])
+
+
+def test_uncapped_packed_plans_the_quick_patterns_when_near_the_bound():
+    # 100,000 token counts, short and long (too few per length for the histogram first fit, so
+    # every rule's patterns run, and the quick ones beside them: the fewest are kept): the "large" rule leaves 20 loose batches at the end, first fit packs
+    # their samples into 12, and the plan reaches the bound (first fit alone does too)
+    rng = np.random.default_rng(0)
+    sizes = np.concatenate([rng.integers(1, 128, 60_000), rng.integers(200, 513, 40_000)])
+    sizes = rng.permutation(sizes).astype(np.float64)
+    counts = np.bincount(sizes.astype(np.int64), minlength=513)
+    patterns = PD.quick_patterns(counts, 512)
+    assert PD._batches(PD.histogram_patterns(counts, 512, None, "large")) == 35_308
+    assert PD._batches(patterns) == 35_300 == -(-int(sizes.sum()) // 512)
+    plan = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    check_plan(plan, sizes, 512, fitbatch.SumCost())
+    assert len(plan) == sum(t for t, _ in patterns)
+    assert len(plan) <= -(-int(sizes.sum()) // 512) * (1 + PD.NEAR_BOUND)
+    again = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    assert plan.to_lists() == again.to_lists()
+    other = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=1)
+    assert len(other) == len(plan) and other.to_lists() != plan.to_lists()
+    # the same pattern batches hold other samples: partners change between epochs
+    pairs = {frozenset(b) for b in plan.to_lists() if len(b) == 2}
+    assert len(pairs & {frozenset(b) for b in other.to_lists() if len(b) == 2}) < 0.05 * len(pairs)
+    fixed = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False)
+    check_plan(fixed, sizes, 512, fitbatch.SumCost())
+    assert fixed.to_lists() == fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False).to_lists()
+
+
+@pytest.mark.parametrize(("seed", "distinct"), [(5, 30), (6, 12)])
+def test_many_samples_per_size_pack_on_the_quick_patterns_or_first_fit_whichever_is_fewer(seed, distinct):
+    # 70,000 samples over a few lengths: the histogram path applies; the quick patterns are far
+    # from ceil(tokens / budget) (many lengths over half the budget) but kept if fewer than first fit
+    from fitbatch._kernels.histogram import histogram_plan
+
+    rng = np.random.default_rng(seed)
+    values = rng.choice(np.arange(1, 513), distinct, replace=False)
+    sizes = rng.choice(values, 70_000).astype(np.float64)
+    counts = np.bincount(sizes.astype(np.int64), minlength=513)
+    quick = PD._batches(PD.quick_patterns(counts, 512))
+    first_fit = int(histogram_plan(np.sort(sizes)[::-1].astype(np.uint16), 512.0)[1].size)
+    plan = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    check_plan(plan, sizes, 512, fitbatch.SumCost())
+    assert len(plan) == min(quick, first_fit)
+    again = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed")
+    assert plan.to_lists() == again.to_lists()
+    other = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", epoch=1)
+    assert len(other) == len(plan) and other.to_lists() != plan.to_lists()
+    fixed = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False)
+    check_plan(fixed, sizes, 512, fitbatch.SumCost())

@@ -63,7 +63,7 @@ def test_seeded_epochs_differ_and_repeat(functions_16k: np.ndarray, strategy: st
     assert (plans[0].costs <= 16384).all()
     unseeded = [as_plan(run(sizes, budget=16384, strategy=strategy, epoch=e), sizes) for e in (0, 1)]
     assert repeat_rate(*unseeded) == 1.0  # the source in the same order: the same batches each epoch
-    # measured 0.32 (buckets) and 0.002 (sequential) on this set; a fresh draw each epoch
+    # measured 0.36 (buckets) and 0.002 (sequential) on this set; a fresh draw each epoch
     assert repeat_rate(*plans) < (0.5 if strategy == "buckets" else 0.05)
 
 
@@ -71,7 +71,7 @@ def test_seeded_buckets_pad_as_tightly_as_unseeded(functions_16k: np.ndarray) ->
     sizes = functions_16k
     seeded = as_plan(run(sizes, budget=16384, strategy="buckets", seed=0), sizes).stats()
     plain = as_plan(run(sizes, budget=16384, strategy="buckets"), sizes).stats()
-    assert seeded.padding_efficiency >= 0.95  # measured 0.9665 (unseeded 0.9689)
+    assert seeded.padding_efficiency >= 0.95  # measured 0.9730 (unseeded 0.9735)
     assert seeded.padding_efficiency >= plain.padding_efficiency - 0.01
     assert seeded.n_batches <= 1.02 * plain.n_batches
 

@@ -783,3 +783,16 @@ def test_sizeof_is_asked_once_per_item():
 
     batches = list(fitbatch.batch_stream(range(1000), sizeof=sizeof, budget=20, cost="sum", buffer_size=64))
     assert sorted(calls) == list(range(1000)) and sum(map(len, batches)) == 1000
+
+
+def test_an_evicted_bucket_is_filled_with_the_largest_items_below_within_the_floor():
+    # bucket (18, 20] holds 15 items (count 50) when the buffer of 16 overflows: it is evicted
+    # short of its count and takes the held 18 from the bucket below (>= 0.9 x 20), not the 17
+    sizes = [20] * 12 + [19] * 3 + [18, 17, 18, 5]
+    stream = batch_stream(
+        range(len(sizes)), sizeof=sizes.__getitem__, budget=1000,
+        strategy=fitbatch.Buckets(boundaries=[18.0, 20.0]), buffer_size=16,
+    )
+    batches = list(stream)
+    assert batches == [list(range(16)), [18, 16, 17]]  # the flush: smallest first
+    assert sorted(i for b in batches for i in b) == list(range(len(sizes)))

@@ -58,6 +58,7 @@ def main() -> None:
             step_loss_tokens=part.step_loss_tokens.tolist(),
             workload=part.workload.tolist(),
             efficiency=part.efficiency,
+            efficiency_bound=part.efficiency_bound,
             lower_bound=part.lower_bound,
             n_empty=part.n_empty,
             n_oversized=part.n_oversized,

@@ -35,15 +35,19 @@ ceil(tokens / 512)), 8,135,743 at 12 per batch and 8,150,461 at 3 (the authors' 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._kernels.batches import FloatArray, IntArray
+from fitbatch._kernels.histogram import histogram_first_fit, histogram_plan
 
 MAX_BUDGET = 1024  # above this a histogram has too many lengths for per-length convolutions
 NEAR_BOUND = 2e-4  # without a cap, the patterns are kept within this of ceil(tokens / budget)
 REWEIGHTS = 3  # passes that give the lengths left in loose batches priority as fillers
 RULES = ("large", "small")
+REPAIR_BATCHES = 1 << 17  # quick patterns: loose batches re-packed by first fit up to this many
 
 Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, longest first)
 
@@ -213,6 +217,22 @@ def best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Patter
     return patterns
 
 
+def cached_best_patterns(counts: IntArray, budget: int, cap: int | None) -> list[Pattern]:
+    """:func:`best_patterns`, kept per histogram, budget and cap (the patterns do not depend on
+    the epoch: later epochs and plans of the same lengths only lay them out again).
+
+    >>> cached_best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3) == best_patterns(np.array([0, 4, 0, 0, 2]), 5, 3)
+    True
+    """
+    c = np.ascontiguousarray(counts, dtype=np.int64)
+    return list(_best_patterns(c.tobytes(), int(budget), None if cap is None else int(cap)))
+
+
+@functools.lru_cache(maxsize=8)
+def _best_patterns(counts: bytes, budget: int, cap: int | None) -> tuple[Pattern, ...]:
+    return tuple(best_patterns(np.frombuffer(counts, dtype=np.int64).copy(), budget, cap))
+
+
 def near_bound(patterns: list[Pattern], counts: IntArray, budget: int, slack: float = 2e-4) -> bool:
     """Whether ``patterns`` use at most ``slack`` (:data:`NEAR_BOUND`) more batches than ceil(tokens / budget)
     (first-fit decreasing is kept otherwise: on wide length sets it packs tighter).
@@ -275,3 +295,125 @@ def assign(
     starts = np.zeros(per_batch.size, dtype=np.int64)
     np.cumsum(per_batch[:-1], out=starts[1:])
     return order, starts
+
+
+def quick_patterns(counts: IntArray, budget: int) -> list[Pattern]:
+    """The patterns of ``counts`` without a cap by the ``"large"`` rule alone (no other rule, no
+    reweighting): the uncapped default's packing, a few hundredths of a second on a histogram of
+    a few hundred lengths. On Wikipedia-512 it gives 8,135,857 batches (1.00018x the bound,
+    :func:`best_patterns`: 8,135,757 in about five times as long; first-fit decreasing:
+    8,138,483).
+
+    >>> quick_patterns(np.array([0, 2, 1, 0, 1]), 5)
+    [(1, (4, 1)), (1, (2, 1))]
+    """
+    c = np.ascontiguousarray(counts, dtype=np.int64)
+    return list(_quick_patterns(c.tobytes(), int(budget)))
+
+
+@functools.lru_cache(maxsize=8)
+def _quick_patterns(counts: bytes, budget: int) -> tuple[Pattern, ...]:
+    """:func:`quick_patterns` kept per histogram (the counts' bytes), so later epochs and plans of
+    the same lengths skip it."""
+    return tuple(_repaired(histogram_patterns(np.frombuffer(counts, dtype=np.int64), budget, None, "large"), budget))
+
+
+def _repaired(patterns: list[Pattern], budget: int) -> list[Pattern]:
+    """``patterns`` with the samples of their batches under ``budget`` packed again by
+    first-fit decreasing (:func:`fitbatch._kernels.histogram.histogram_first_fit`), when that
+    takes fewer batches. The ``"large"`` rule fills batches exactly while it can and leaves the
+    rest loose at the end; first fit can place those leftovers tighter (on sets of short and
+    long lengths measured: 20 loose batches to 12, the bound), in milliseconds (few samples).
+    Skipped over :data:`REPAIR_BATCHES` loose batches (lengths that rarely fill a batch exactly:
+    first fit then plans the whole set anyway where it does better).
+
+    >>> _repaired([(1, (6, 1)), (1, (5,)), (1, (4,)), (1, (2,))], 8)
+    [(1, (6, 2)), (1, (5, 1)), (1, (4,))]
+    """
+    tight = [p for p in patterns if sum(p[1]) >= budget]
+    loose = [p for p in patterns if sum(p[1]) < budget]
+    n_loose = sum(t for t, _ in loose)
+    if n_loose < 2 or n_loose > REPAIR_BATCHES:
+        return patterns
+    counts = np.zeros(budget + 1, dtype=np.int64)
+    for times, items in loose:
+        for x in items:
+            counts[x] += times
+    # longest first, by counts (no sort); first fit's count before its batches are laid out
+    laid = np.repeat(np.arange(budget, -1, -1, dtype=np.int64), counts[::-1])
+    if histogram_plan(laid, float(budget))[1].size >= n_loose:
+        return patterns
+    dest, starts = histogram_first_fit(laid, float(budget))
+    placed = np.empty_like(laid)
+    placed[dest] = laid
+    repacked: list[Pattern] = []
+    for batch in np.split(placed, starts[1:]):
+        items = tuple(sorted(batch.tolist(), reverse=True))
+        if repacked and repacked[-1][1] == items:
+            repacked[-1] = (repacked[-1][0] + 1, items)
+        else:
+            repacked.append((1, items))
+    return tight + repacked
+
+
+def lay_out(
+    by_length: IntArray, counts: IntArray, patterns: list[Pattern]
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """The positions laid out as ``patterns``: ``(order, starts, laid)``, the positions in batch
+    order, each batch's start and the lengths in that order. ``by_length`` holds the positions
+    sorted by descending length (in any order within a length: the draw of who goes where);
+    each pattern takes the next positions of each of its lengths, in blocks (no per-sample
+    Python step, no sort).
+
+    >>> sizes = np.array([5, 1, 3, 5, 2, 1])  # by descending length: 0 3 | 2 | 4 | 1 5
+    >>> by_length, counts = np.array([0, 3, 2, 4, 1, 5]), np.bincount(sizes)
+    >>> order, starts, laid = lay_out(by_length, counts, [(2, (5, 1)), (1, (3, 2))])
+    >>> order.tolist(), starts.tolist(), laid.tolist()
+    ([0, 1, 3, 5, 2, 4], [0, 2, 4], [5.0, 1.0, 5.0, 1.0, 3.0, 2.0])
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(by_length.size)
+    top = counts.size - 1
+    # by_length holds the longest first: length v starts after the counts of the longer ones
+    first = np.zeros(counts.size, dtype=np.int64)
+    desc = counts[::-1]
+    first[::-1] = np.cumsum(desc) - desc
+    taken = first.copy()
+    order = np.empty(n, dtype=np.int64)
+    laid = np.empty(n, dtype=np.float64)
+    n_batches = _batches(patterns)
+    starts = np.empty(n_batches, dtype=np.int64)
+    at, batch = 0, 0
+    for times, items in patterns:
+        width = len(items)
+        block = order[at : at + times * width].reshape(times, width)
+        laid[at : at + times * width].reshape(times, width)[:] = np.asarray(items, dtype=np.float64)
+        col = 0
+        for length, k in _runs_of(items):  # longest first
+            if length < 0 or length > top:
+                raise ValueError(f"patterns: length {length} is outside the counts' range [0, {top}]")
+            a = int(taken[length])
+            block[:, col : col + k] = by_length[a : a + times * k].reshape(times, k)
+            taken[length] = a + times * k
+            col += k
+        starts[batch : batch + times] = np.arange(at, at + times * width, width, dtype=np.int64)
+        at += times * width
+        batch += times
+    if at != n or not np.array_equal(taken - first, counts):
+        raise ValueError(f"patterns: they take {at} samples in all, not each of the {n} once")
+    return order, starts, laid
+
+
+def _runs_of(items: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``(length, how many)`` of a pattern's lengths (longest first, as patterns hold them).
+
+    >>> _runs_of((5, 5, 2))
+    [(5, 2), (2, 1)]
+    """
+    out: list[tuple[int, int]] = []
+    for x in items:
+        if out and out[-1][0] == x:
+            out[-1] = (x, out[-1][1] + 1)
+        else:
+            out.append((x, 1))
+    return out

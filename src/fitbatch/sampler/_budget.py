@@ -34,7 +34,7 @@ import hashlib
 import json
 import logging
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,7 +74,7 @@ from fitbatch.epoch._windows import CARRY_KEY, CENSUS, WINDOW_KEY, WINDOW_STEP_K
 from fitbatch.epoch._world import shared_seed, shared_world, world_info
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._planner import BatchPlan
-from fitbatch.sampler._protocol import PlanSampler, RankLayout, torch_class
+from fitbatch.sampler._protocol import PlanSampler, RankLayout, Segment, torch_class
 from fitbatch.sizes import SizesLike
 from fitbatch.strategies import Strategy
 
@@ -580,53 +580,24 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
 
     # ------------------------------------------------------------------ iteration and len()
 
-    def _generate(self) -> Iterator[tuple[int, list[int]]]:
-        # as the protocol's (the resume cursor taken on the first next()), window after window
-        row, self._start = self._start, 0
-        epoch, seen = self.epoch, None
-        live = self._at(row)
-        while True:
-            # Invariant: rows before `row` are handed out; a change of the window's layout
-            # (``_revision``) replaces only rows from the one handed out last, so `row` stays.
-            if seen != (self._revision, live.plan.index) and self.epoch == epoch:
-                seen = (self._revision, live.plan.index)
-                live = self._live if self._live is not None and self._live.plan.index == live.plan.index else live
-                plan, first = self._rank_batches(live)
-                order, bounds = plan.order, plan.offsets.tolist()
-                row = max(row, first)
-                self._position = row
-            if row >= live.end:
-                if live.last or self.epoch != epoch:
-                    return
-                live, seen = self._next(live), None
-                continue
-            k = row - first
-            batch = order[bounds[k] : bounds[k + 1]].tolist()
-            row += 1
-            self._position = row
-            yield row - 1, batch
+    def _segment_at(self, row: int) -> Segment:
+        return self._segment(self._at(row))
 
-    def _generate_world(self, world: int) -> Iterator[list[int]]:
-        """Every rank's batches, step by step (under accelerate's sharding; see the protocol)."""
-        start, self._start = self._start, 0
-        live = self._at(start)
-        row = start
-        while True:
-            plans = []
-            for rank in range(world):
-                view = copy.copy(self)  # the same sampler as rank `rank` runs it
-                view.rank = rank
-                plans.append(view._rank_batches(live))
-            first = plans[0][1]
-            for r in range(max(row, first), live.end):
-                self._position = r + 1
-                for plan, _ in plans:
-                    lo, hi = plan.offsets[r - first : r - first + 2].tolist()
-                    yield plan.order[lo:hi].tolist()
-            row = live.end
-            if live.last:
-                return
-            live = self._next(live)
+    def _segment_plan(self, seg: Segment) -> tuple[BatchPlan, Segment]:
+        live = seg.handle
+        if self._live is not None and self._live.plan.index == live.plan.index:  # as re-planned by a change
+            live = self._live
+        plan, first = self._rank_batches(live)
+        return plan, Segment(key=live.plan.index, first=first, end=live.end, last=live.last, handle=live)
+
+    def _segment_after(self, seg: Segment) -> Segment:
+        return self._segment(self._next(seg.handle))
+
+    @staticmethod
+    def _segment(live: Live) -> Segment:
+        """A window as iteration's segment (its rows from its first step; the plan's own first
+        row, after a change of world size, comes with :meth:`_segment_plan`)."""
+        return Segment(key=live.plan.index, first=live.first, end=live.end, last=live.last, handle=live)
 
     def _span(self) -> tuple[int, int]:
         """The steps of the epoch this rank runs (``len()``'s hook): planning in windows, the

@@ -92,6 +92,29 @@ class RankLayout:
         return cls(plan, plan.counts, plan.real_units, step_loss_units=plan.loss_units)
 
 
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A run of an epoch's rows that iteration lays out at once: the epoch (one segment), or a
+    window of a sampler that plans in windows.
+
+    >>> Segment(key=0, first=0, end=5, last=True).end
+    5
+
+    Attributes:
+        key: which segment (iteration watches each segment's layout for changes).
+        first: the row of the epoch at which row 0 of the segment's batches runs.
+        end: the row of the epoch after the segment's last batch.
+        last: whether no segment follows it.
+        handle: the sampler's own object for it (a window), or ``None``.
+    """
+
+    key: int
+    first: int
+    end: int
+    last: bool
+    handle: Any = None
+
+
 class EpochHook:
     """What a :class:`PlanSampler` shows as its ``sampler``: frameworks that look for
     ``loader.batch_sampler.sampler.set_epoch`` (Lightning every epoch, accelerate's loaders'
@@ -310,20 +333,23 @@ class PlanSampler:
         # The resume cursor is taken on the first next(), not in __iter__: a multi-worker
         # DataLoader calls iter() twice per epoch and only runs the second iterator.
         row, self._start = self._start, 0
-        epoch, seen = self.epoch, -1
+        epoch, seen = self.epoch, None
+        seg = self._segment_at(row)
         while True:
-            # Invariant: rows before `row` are handed out; a change of the epoch's layout
+            # Invariant: rows before `row` are handed out; a change of the segment's layout
             # (``_revision``) replaces only rows from the one handed out last, so `row` stays.
-            if seen != self._revision and self.epoch == epoch:
-                seen = self._revision
-                lay = self._layout(epoch)
-                order, bounds = lay.plan.order, lay.plan.offsets.tolist()
-                if row < lay.first:
-                    row = lay.first
+            if seen != (self._revision, seg.key) and self.epoch == epoch:
+                seen = (self._revision, seg.key)
+                plan, seg = self._segment_plan(seg)
+                order, bounds = plan.order, plan.offsets.tolist()
+                row = max(row, seg.first)
                 self._position = row
-            if row >= lay.end:
-                return
-            k = row - lay.first
+            if row >= seg.end:
+                if seg.last or self.epoch != epoch:
+                    return
+                seg, seen = self._segment_after(seg), None
+                continue
+            k = row - seg.first
             batch = order[bounds[k] : bounds[k + 1]].tolist()
             row += 1
             self._position = row
@@ -332,20 +358,45 @@ class PlanSampler:
     def _generate_world(self, world: int) -> Iterator[list[int]]:
         """Every rank's batches from the resume cursor on: step k yields rank 0's, rank 1's, ... batch k."""
         start, self._start = self._start, 0
-        lay = self._layout(self.epoch)  # fill the subclass's caches, which the views below share
-        plans = []
-        for rank in range(world):
-            view = copy.copy(self)  # the same sampler as rank `rank` runs it
-            view.rank = rank
-            plans.append(view._layout(self.epoch).plan)
-        # rows count from the epoch's start; row `first` is row 0 of the plans (after a resume
-        # on another world size, the rows before it ran on the old world)
-        for row in range(max(start, lay.first), lay.end):
-            self._position = row + 1
-            k = row - lay.first
-            for plan in plans:
-                lo, hi = plan.offsets[k : k + 2].tolist()
-                yield plan.order[lo:hi].tolist()
+        seg, row = self._segment_at(start), start
+        while True:
+            own, seg = self._segment_plan(seg)  # fills the subclass's caches, which the views share
+            plans = []
+            for rank in range(world):
+                if rank == self.rank:
+                    plans.append(own)
+                    continue
+                view = copy.copy(self)  # the same sampler as rank `rank` runs it
+                view.rank = rank
+                plans.append(view._segment_plan(seg)[0])
+            # rows count from the epoch's start; row `first` is row 0 of the plans (after a
+            # resume on another world size, the rows before it ran on the old world)
+            for r in range(max(row, seg.first), seg.end):
+                self._position = r + 1
+                k = r - seg.first
+                for plan in plans:
+                    lo, hi = plan.offsets[k : k + 2].tolist()
+                    yield plan.order[lo:hi].tolist()
+            row = seg.end
+            if seg.last:
+                return
+            seg = self._segment_after(seg)
+
+    # ------------------------------------------------------------------ segments (iteration's hooks)
+
+    def _segment_at(self, row: int) -> Segment:
+        """The segment of the current epoch that holds ``row`` (by default the epoch: one segment)."""
+        return Segment(key=0, first=0, end=0, last=True)
+
+    def _segment_plan(self, seg: Segment) -> tuple[BatchPlan, Segment]:
+        """This rank's batches of ``seg`` as laid out now, and the segment's rows now (a change
+        part-way, such as a new budget, may have re-planned it)."""
+        lay = self._layout(self.epoch)
+        return lay.plan, Segment(key=seg.key, first=lay.first, end=lay.end, last=True)
+
+    def _segment_after(self, seg: Segment) -> Segment:
+        """The segment after ``seg`` (not the last one)."""
+        raise NotImplementedError(f"{type(self).__name__} lays its epoch out as one segment")
 
     # ------------------------------------------------------------------ state envelope
 

@@ -54,6 +54,12 @@ class Bins:
         return cls(zeros, zeros.copy(), zeros.copy(), zeros.copy(), np.full(n_units, -1, np.int64),
                    np.zeros(rows, dtype=bool))
 
+    def padded(self, m: int) -> Bins:
+        """These bins, with empty ones after them up to ``m`` a row."""
+        extra = np.zeros((self.load.shape[0], m - self.load.shape[1]))
+        load, count, longest, total = (np.hstack([a, extra]) for a in (self.load, self.count, self.longest, self.total))
+        return Bins(load, count, longest, total, self.bin_of, self.failed)
+
 
 def pack(
     order: IntArray, units: Units, m: int, budget: float, model: CostModel | None, alone: IntArray | None = None

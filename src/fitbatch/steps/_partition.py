@@ -11,6 +11,7 @@ heaviest micro-batch of every rank, so the ranks of a micro-step carry similar w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
 from fitbatch.steps._count import settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
+from fitbatch.steps._refine import refine, step_time
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,14 @@ class Partition:
         workload: ``(world, n_micro)`` weight of each rank's micro-batch of each micro-step.
         efficiency: ideal time / time: ``sum(weights) / world`` over the sum, over micro-steps,
             of the slowest rank's weight (1.0: perfect balance).
+        efficiency_bound: an upper bound on the efficiency of any split of these sequences
+            under the cap, into any number of micro-steps: the units heavier than ``t`` need
+            at least as many micro-batches as they fill under the cap (each sequence over half
+            of it, or over the budget, one of its own), so at least that many over ``world``
+            micro-steps are slower than ``t``; summed over ``t``, a least time (and never below
+            ``sum(weights) / world``). Under 1 where a few heavy sequences outweigh the mean.
+            For :func:`~fitbatch.steps.partition_local`, from this rank's sequences (each in a
+            micro-step of its own on the rank).
         n_oversized: sequences (or groups) over the budget alone, each in a micro-batch of its own.
         skipped: indices skipped as over the budget (``oversized="skip"``).
         n_empty: empty micro-batches over all ranks.
@@ -80,6 +90,7 @@ class Partition:
     n_oversized: int
     skipped: IntArray
     n_empty: int
+    efficiency_bound: float = 1.0
 
     def __getitem__(self, rank: int) -> list[IntArray]:
         """Rank ``rank``'s micro-batches: views of ``order``."""
@@ -171,12 +182,40 @@ def partition(
     if plan.keep_groups_on_rank and world > 1:  # groups that may span micro-batches: ranks first
         rank_of_group = plan.split_ranks(world)
         order, alone, bound = plan.micro_rows(rank_of_group, world)
-        m, bins = settle(order, alone, plan.units, int(bound.max()), plan, agree=None)
+        m, bins = _balanced(plan, order, alone, int(bound.max()), rank_of_group[plan.group], world, pooled=False)
         return plan.result(*by_rank(bins, m, rank_of_group[plan.group[plan.kept]], plan.unit_of[plan.kept]), m, ranks, world, gather=None)
     # else one pool of world * m bins, dealt to the micro-steps heaviest first, `world` at a time
     order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
-    m, bins = settle(order, alone, plan.units, -(-int(bound[0]) // world), plan, agree=None, width=world)
+    m, bins = _balanced(plan, order, alone, -(-int(bound[0]) // world), np.zeros(plan.units.weight.size, dtype=np.int64),
+                        world, pooled=True)
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
+
+
+#: the packing into the fewest micro-batches is tried when the forced count's step is this much
+#: slower than its mean (a spread of the work; below it, the other packing cannot gain more)
+SPREAD = 1e-3
+
+
+def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_unit: IntArray, world: int, *,
+              pooled: bool) -> tuple[int, Bins]:
+    """The micro-batch count and the refined bins (``pooled``: one row of ``world * m``).
+
+    Where ``micro_multiple`` or ``min_micro`` raise the count above what the cap needs, the
+    packing into the fewest micro-batches, padded with empty ones, is the start if its step
+    runs faster (spreading the same work over more micro-steps adds the slowest rank's share
+    of each); the refinement may then move work into the empty ones.
+    """
+    width = world if pooled else 1
+    m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
+    slow = step_time(bins.load, pooled, world) * world > bins.load.sum() * (1 + SPREAD) if m else False
+    if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
+        least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
+                              width=width)
+        if least < m:
+            fewer = fewer.padded(m * width)
+            if step_time(fewer.load, pooled, world) < step_time(bins.load, pooled, world):
+                bins = fewer
+    return m, refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
 
 
 # --------------------------------------------------------------------------- the plan of a step
@@ -342,10 +381,36 @@ class _Plan:
             step_loss_tokens=local[2],
             workload=workload,
             efficiency=float(total / world / slowest) if slowest > 0 else 1.0,
+            efficiency_bound=self._efficiency_bound(world if gather is None else 1, float(total) / world),
             n_oversized=n_big,
             skipped=np.flatnonzero(~self.kept),
             n_empty=int((n_sizes == 0).sum()) if gather is None else int((shared[:, 0] == 0).sum()),
         )
+
+    def _efficiency_bound(self, per_step: int, mean: float) -> float:
+        """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
+        micro-batches run in a micro-step and ``mean`` is the ideal time."""
+        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+        w = self.units.weight[live]
+        heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
+        ids, w = live[heavy], w[heavy]
+        big = self.big[ids]
+        normal = np.cumsum(~big)
+        if self.model.superadditive:  # the prefix's bins, as _bound counts them
+            fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+            u, room = self.units, self.budget - fixed
+            extra = np.where(big, 0.0, np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids])
+                                                  - fixed, 0.0))
+            if room > 0:
+                need = np.maximum(np.ceil(np.cumsum(extra) / room * (1 - 1e-12)), np.cumsum(extra > room / 2))
+            else:
+                need = normal.astype(np.float64)
+        else:
+            need = np.zeros(w.size)
+        bins = np.cumsum(big) + np.maximum(need, normal > 0)
+        steps = np.ceil(bins / per_step)
+        least = float(((w - np.r_[w[1:], 0.0]) * steps).sum())
+        return mean / max(least, mean) if mean > 0 else 1.0
 
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""

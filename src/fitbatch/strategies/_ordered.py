@@ -4,6 +4,7 @@ and packed (bin packing within pools)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
@@ -27,6 +28,7 @@ from fitbatch.strategies._base import (
     _mixed_order,
     _pooled_layout,
     _pooled_order,
+    _shuffled_by_level,
     _tails,
     remembered,
     replan,
@@ -267,17 +269,20 @@ class Packed(_Pools):
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
-        if _histogram_applies(ctx, edges):  # no cap: first-fit on the histogram (fast)
-            return _packed_on_histogram(ctx)
+        if _histogram_applies(ctx, edges):  # no cap, many samples per size: on the histogram
+            # the "large" rule's patterns (lengths up to 1024, near the bound), else first fit
+            quick = _quick_patterns(ctx, edges)
+            return quick if quick is not None else _packed_on_histogram(ctx)
         if _on_histogram(ctx):  # a cap, or no cap where the fast path does not pay
             budget = int(math.floor(ctx.budget))
-            lengths = ctx.sizes.values.astype(np.int64)
-            counts = np.bincount(lengths, minlength=budget + 1)
-            patterns = PD.best_patterns(counts, budget, ctx.cap)
+            counts = np.bincount(ctx.sizes.values.astype(np.int64), minlength=budget + 1)
+            patterns = PD.cached_best_patterns(counts, budget, ctx.cap)
+            if ctx.cap is None:  # every rule's, or the quick ones' (their loose ends re-packed)
+                quick_patterns = PD.quick_patterns(counts, budget)
+                if PD._batches(quick_patterns) < PD._batches(patterns):
+                    patterns = quick_patterns
             if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
-                rng = ctx.rng("packed-histogram") if ctx.shuffle else None
-                order, starts = PD.assign(lengths, budget, patterns, rng)
-                return Result(order, starts, _tails(starts, np.zeros(1, np.int64), order.size))
+                return _laid_out(ctx, counts, patterns, budget)
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
@@ -308,6 +313,13 @@ class Packed(_Pools):
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
 
+    def batch_order(self, ctx: Context, n_batches: int) -> IntArray | None:
+        # the base class's permutation, without copying it (it is int64 already): millions of
+        # batches on a histogram plan
+        if ctx.shuffle and n_batches > 1:
+            return ctx.rng("batch-order").permutation(n_batches).astype(np.int64, copy=False)
+        return None
+
 
 HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight below this
 
@@ -323,6 +335,64 @@ def _on_histogram(ctx: Context) -> bool:
     if ctx.cap is None and values.shape[0] < HISTOGRAM_MIN_SAMPLES:
         return False
     return PD.applies(values, math.floor(ctx.budget), ctx.sizes.integral)
+
+
+def _quick_patterns(ctx: Context, edges: NDArray[np.float64]) -> Result | None:
+    """The uncapped plan of whole sizes in ``[1, budget]`` (a whole budget of at most
+    :data:`~fitbatch._kernels.packing_depth.MAX_BUDGET`, where :func:`_histogram_applies`: many
+    samples per size) as the ``"large"`` rule's patterns on the histogram
+    (:func:`~fitbatch._kernels.packing_depth.quick_patterns`, kept across epochs), when they are
+    within :data:`~fitbatch._kernels.packing_depth.NEAR_BOUND` of ceil(tokens / budget) or take
+    fewer batches than the histogram first fit; else ``None`` (first fit then). Positions are drawn per epoch within each length (a counting sort
+    by length of the shuffled positions) and laid out pattern by pattern: no per-sample step
+    beyond the sort, and the sizes in batch order come from the patterns (nothing re-read).
+    """
+    n = len(ctx.sizes)
+    budget = ctx.budget
+    if ctx.cap is not None or n < HISTOGRAM_MIN_SAMPLES or not SK.keys_are_sizes(edges, ctx.sizes.integral):
+        return None
+    if budget != math.floor(budget) or not 1 <= budget <= PD.MAX_BUDGET:
+        return None
+    whole = int(budget)
+    present = np.flatnonzero(ctx.key_counts())  # keys are the sizes here
+    if present.size == 0 or present[0] < 1 or present[-1] > whole:
+        return None
+    counts = np.array(ctx.key_counts()[: whole + 1])
+    patterns = PD.quick_patterns(counts, whole)
+    if not PD.near_bound(patterns, counts, whole) and PD._batches(patterns) >= _first_fit_count(counts, whole):
+        return None
+    return _laid_out(ctx, counts, patterns, whole)
+
+
+def _first_fit_count(counts: IntArray, budget: int) -> int:
+    """Batches of the histogram first fit of ``counts`` (samples per whole size) at ``budget``.
+
+    >>> _first_fit_count(np.array([0, 2, 0, 0, 0, 0, 0, 0, 2]), 9)
+    2
+    """
+    return _first_fit_count_of(np.ascontiguousarray(counts, dtype=np.int64).tobytes(), int(budget))
+
+
+@functools.lru_cache(maxsize=8)
+def _first_fit_count_of(counts: bytes, budget: int) -> int:
+    """:func:`_first_fit_count`, kept per histogram (later epochs skip it)."""
+    c = np.frombuffer(counts, dtype=np.int64)
+    sizes = np.arange(c.size - 1, -1, -1, dtype=np.uint16)
+    return int(histogram.histogram_plan(np.repeat(sizes, c[::-1]), float(budget))[1].size)
+
+
+def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget: int) -> Result:
+    """The positions laid out as ``patterns`` (:func:`~fitbatch._kernels.packing_depth.lay_out`),
+    drawn per epoch within each length (a counting sort by length of the shuffled positions,
+    index order when not shuffled), the sizes in batch order carried for the measures."""
+    n = len(ctx.sizes)
+    rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+    keys, edges = ctx.keys()
+    level = keys if SK.keys_are_sizes(edges, ctx.sizes.integral) else ctx.sizes.values.astype(np.int64)
+    by_length = _shuffled_by_level(n, rng, level, budget)
+    order, starts, laid = PD.lay_out(by_length, counts, patterns)
+    del by_length
+    return Result(order, starts, _tails(starts, np.zeros(1, np.int64), n), laid=laid)
 
 
 def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:
