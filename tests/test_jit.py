@@ -402,3 +402,47 @@ print(json.dumps({{"numba": "numba" in sys.modules, "loaded": _jit._module is no
 def test_numba_is_imported_only_for_large_work(n, mode, loaded):
     got = _in_fresh_process(PROBE.format(n=n), mode)
     assert got == {"numba": loaded, "loaded": loaded}
+
+
+@pytest.mark.parametrize("compact_at", [0, 1 << 40])
+def test_both_compiled_shuffles_match_numpy(compact_at, monkeypatch):
+    """The compiled shuffles for large sets (one int64 array, 32-bit positions in its halves) and
+    for smaller ones (two uint64 arrays) give numpy's stable orders, pools and levels alike."""
+    import fitbatch._kernels.jit as jit_module
+
+    monkeypatch.setattr(jit_module, "COMPACT_AT", compact_at)
+    n = 70_003
+    rng = np.random.default_rng(5)
+    sizes = np.minimum(rng.geometric(0.01, n), 5000).astype(np.float64)
+    level = np.minimum(rng.geometric(0.05, n) - 1, 40).astype(np.uint16)
+    ctx = Context(sizes=fitbatch.as_sizes(sizes), budget=1e4, cost=COSTS["sum"], cap=None, multiple=1,
+                  shuffle=True, seed=3, epoch=2)
+    for pool in (4096, n):
+        plain_keys, compiled_keys = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+        with jit("0"):
+            plain, _ = _pooled_order(ctx, pool, plain_keys)
+        with jit("1"):
+            compiled, _ = _pooled_order(ctx, pool, compiled_keys)
+        assert compiled.tolist() == plain.tolist()
+        assert compiled_keys.tolist() == plain_keys.tolist()
+    plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), level, 40))
+    assert compiled.tolist() == plain.tolist()
+
+
+def test_compiled_walk_over_runs_matches_python():
+    """The compiled walk over runs of one level gives the Python walk's starts (many segments,
+    cut-back batches, an empty last segment)."""
+    from fitbatch._kernels import batches as K
+
+    rng = np.random.default_rng(11)
+    for multiple in (1, 3):
+        n = 5_000
+        seg = np.append(np.sort(rng.choice(np.arange(1, n), 40, replace=False)), n)
+        seg = np.concatenate([[0], seg]).astype(np.int64)
+        level = np.concatenate([np.sort(rng.integers(0, 50, b - a))[::-1] for a, b in zip(seg[:-1], seg[1:])]).astype(np.uint16)
+        edges = np.linspace(1.0, 400.0, 50)
+        sizes = edges[level]
+        plain, compiled = both(
+            lambda lv=level, e=edges, x=sizes, sg=seg, m=multiple: K.descending_starts(lv, e, x, sg, 2000.0, COSTS["padded"], multiple=m)
+        )
+        assert compiled.tolist() == plain.tolist()

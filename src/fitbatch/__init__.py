@@ -23,32 +23,47 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from fitbatch.collate import (
-    PaddedBatch,
-    check_budget,
-    make_hf_collate,
-    make_pad_collate,
-    make_varlen_collate,
-    pad_collate,
-    varlen_collate,
-)
 from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
-from fitbatch.index import SizeIndex, build_size_index
-from fitbatch.memory import OOMGuard, calibrate
 from fitbatch.plan import BatchPlan, PlanStats, plan_batches
 from fitbatch.sizes import Sizes, as_sizes
-from fitbatch.steps import cp_shard, partition, partition_local
 from fitbatch.strategies import Buckets, Packed, Pooled, Sequential, Sorted
 
-if TYPE_CHECKING:  # loaded on first use below: they subclass or import torch
+if TYPE_CHECKING:  # loaded on first use below: a plan needs none of them (some import torch)
+    from fitbatch.collate import (
+        PaddedBatch,
+        check_budget,
+        make_hf_collate,
+        make_pad_collate,
+        make_varlen_collate,
+        pad_collate,
+        varlen_collate,
+    )
+    from fitbatch.index import SizeIndex, build_size_index
+    from fitbatch.memory import OOMGuard, calibrate
     from fitbatch.sampler import BudgetBatchSampler
+    from fitbatch.steps import cp_shard, partition, partition_local
     from fitbatch.streaming import batch_stream
 
 __version__ = "0.2.0"
 
+#: front-door names loaded on first use: ``import fitbatch`` imports only what a plan needs
 _LAZY = {
     "BudgetBatchSampler": "fitbatch.sampler",
+    "OOMGuard": "fitbatch.memory",
+    "PaddedBatch": "fitbatch.collate",
+    "SizeIndex": "fitbatch.index",
     "batch_stream": "fitbatch.streaming",
+    "build_size_index": "fitbatch.index",
+    "calibrate": "fitbatch.memory",
+    "check_budget": "fitbatch.collate",
+    "cp_shard": "fitbatch.steps",
+    "make_hf_collate": "fitbatch.collate",
+    "make_pad_collate": "fitbatch.collate",
+    "make_varlen_collate": "fitbatch.collate",
+    "pad_collate": "fitbatch.collate",
+    "partition": "fitbatch.steps",
+    "partition_local": "fitbatch.steps",
+    "varlen_collate": "fitbatch.collate",
 }
 
 #: names that left the front door in 0.2.0: where they live now (removed from here in 0.3.0)
@@ -122,11 +137,17 @@ def __getattr__(name: str) -> Any:
     if name in _PACKAGES:
         return importlib.import_module(f"fitbatch.{name}")
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # the next lookup is a plain attribute
+        return value
     if name in _MOVED:
         _moved(f"fitbatch.{name}", f"{_MOVED[name]}.{name}")
         return getattr(importlib.import_module(_MOVED[name]), name)
     raise AttributeError(f"module 'fitbatch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _PACKAGES)
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

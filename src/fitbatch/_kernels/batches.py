@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch._kernels import jit as _jit
 from fitbatch._kernels.greedy import OpenBatch as OpenBatch  # the any-order greedy, re-exported
 from fitbatch._kernels.greedy import greedy_starts as greedy_starts
 from fitbatch.costs import CostModel, SumCost
@@ -207,40 +208,64 @@ def _walk_counts(seg_starts: IntArray, n: int, counts: IntArray) -> IntArray:
     return _as_starts(out)
 
 
+def _runs(seg_starts: IntArray, n: int, level: NDArray[Any]) -> tuple[IntArray, NDArray[np.bool_]]:
+    """The first position of every run of one level inside a segment (ascending), and which
+    runs start a segment."""
+    if seg_starts.size == 1 and seg_starts[0] == 0:  # one segment: its start, then the changes
+        change = np.flatnonzero(level[1:] != level[:-1])  # one bool per position, no int64 copies
+        change += 1
+        cuts = np.concatenate([seg_starts, change])
+    else:  # the level changes and the segment starts, marked on one bool per position (no sort)
+        mark = np.zeros(n + 1, dtype=bool)
+        np.not_equal(level[1:], level[:-1], out=mark[1:n])
+        mark[seg_starts] = True
+        cuts = np.flatnonzero(mark)
+    is_seg = np.zeros(cuts.size, dtype=bool)
+    is_seg[np.searchsorted(cuts, seg_starts)] = True
+    return cuts, is_seg
+
+
 def _walk_table(
-    seg_starts: IntArray, n: int, level: NDArray[Any], tab: Sequence[int] | Mapping[int, int], cut_tab: Sequence[int] | Mapping[int, int]
+    seg_starts: IntArray, n: int, cuts: IntArray, is_seg: NDArray[np.bool_], tab: IntArray, cut_tab: IntArray
 ) -> IntArray:
-    """The common walk: a batch starting at level k holds ``tab[k]`` positions, cut back to
-    ``cut_tab[k]`` unless it reaches the end of its segment (the last batch is not cut).
+    """The common walk over the runs of one level (:func:`_runs`): a batch starting in run
+    ``r`` holds ``tab[r]`` positions, cut back to ``cut_tab[r]`` unless it reaches the end of
+    its segment (the last batch is not cut).
 
     Positions of one level form runs (levels are non-increasing in a segment), and inside a
     run every batch has the same length, so each run is stepped through with one ``range``.
+    The runs are read :data:`WALK_BLOCK` at a time (Python lists of a block, not of every run).
     """
-    change = np.flatnonzero(level[1:] != level[:-1]) + 1  # one bool per position, no int64 copies
-    cuts = np.union1d(change, seg_starts)
-    run_end = np.append(cuts[1:], n).tolist()
-    seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")].tolist()
-    is_seg = np.zeros(cuts.size, dtype=bool)
-    is_seg[np.searchsorted(cuts, seg_starts)] = True
-    lv = np.ascontiguousarray(level).data
+    run_end = np.append(cuts[1:], n)
+    seg_end = np.append(seg_starts, n)[np.searchsorted(seg_starts, cuts, side="right")]
+    compiled = _jit.walk_runs(cuts, run_end, is_seg, seg_end, tab, cut_tab)
+    if compiled is not None:
+        return compiled
     out, i = array("q"), 0
     extend = out.extend
-    # Invariant: i is the next batch start (>= the current run's first position).
-    for a, b, new_seg, end in zip(cuts.tolist(), run_end, is_seg.tolist(), seg_end):
-        if new_seg:
-            i = a
-        if i >= b:
-            continue
-        k = lv[i]
-        c = cut_tab[k]
-        stop = min(b, end - tab[k])  # a batch starting at or after `stop` reaches the segment end
-        if i < stop:
-            extend(range(i, stop, c))
-            i += c * (-(-(stop - i) // c))
-        if i < b:
-            out.append(i)
-            i = end
+    for r0 in range(0, cuts.size, WALK_BLOCK):
+        r1 = r0 + WALK_BLOCK
+        # Invariant: i is the next batch start (>= the current run's first position, so a
+        # batch starting in [a, b) starts at run r's level).
+        for a, b, new_seg, end, length, c in zip(
+            cuts[r0:r1].tolist(), run_end[r0:r1].tolist(), is_seg[r0:r1].tolist(), seg_end[r0:r1].tolist(),
+            tab[r0:r1].tolist(), cut_tab[r0:r1].tolist(),
+        ):
+            if new_seg:
+                i = a
+            if i >= b:
+                continue
+            stop = min(b, end - length)  # a batch starting at or after `stop` reaches the segment end
+            if i < stop:
+                extend(range(i, stop, c))
+                i += c * (-(-(stop - i) // c))
+            if i < b:
+                out.append(i)
+                i = end
     return _as_starts(out)
+
+
+WALK_BLOCK = 1 << 15  # runs of one level walked per block
 
 
 def descending_starts(
@@ -264,16 +289,14 @@ def descending_starts(
     n = level.size
     if n == 0:
         return np.zeros(0, np.int64)
-    # Small plans: the table for the levels present only (a full one costs ~2 ms for 65,536 keys).
-    used = np.unique(level) if n < edges.size else None
-    table = level_counts(edges if used is None else edges[used], budget, cost, cap)
+    # the table for the runs of one level only (a full one costs ~2 ms for 65,536 keys)
+    table = None if cost.max_count(edges[:1], budget) is None else _runs(seg_starts, n, level)
     if table is not None:
-        counts = table.tolist()
-        cut = [c - c % multiple if c >= multiple else c for c in counts] if multiple > 1 else counts
-        if used is None:
-            return _walk_table(seg_starts, n, level, counts, cut)
-        keys = used.tolist()
-        return _walk_table(seg_starts, n, level, dict(zip(keys, counts)), dict(zip(keys, cut)))
+        cuts, is_seg = table
+        counts = level_counts(edges[level[np.minimum(cuts, n - 1)]], budget, cost, cap)  # (an empty last segment starts at n)
+        if counts is not None:
+            cut = np.where(counts >= multiple, counts - counts % multiple, counts) if multiple > 1 else counts
+            return _walk_table(seg_starts, n, cuts, is_seg, counts, cut)
     # the cost uses the sum: one length per position, searched
     to_end = segment_ends(seg_starts, n)
     to_end -= np.arange(n, dtype=np.int64)

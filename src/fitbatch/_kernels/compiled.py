@@ -43,8 +43,11 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
     count: float,
     mx: float,
     sm: float,
+    order: np.ndarray,
+    use_order: bool,
 ) -> tuple[np.ndarray, float, float, float]:
-    """Starts of the greedy in order; (count, max, sum) is the batch open before position 0."""
+    """Starts of the greedy in order; (count, max, sum) is the batch open before position 0.
+    With ``use_order`` position ``t`` holds ``sizes[order[t]]`` (read in place, not gathered)."""
     n = sizes.shape[0]
     # batch starts, grown as needed (batches hold many samples): room for a whole chunk of
     # positions is made before the chunk, so the scan itself never checks
@@ -57,7 +60,7 @@ def greedy(  # pragma: no cover - compiled; checked against the numpy kernel in 
             grown[:k] = starts[:k]
             starts = grown
         for t in range(c0, c1):
-            x = sizes[t]
+            x = sizes[order[t]] if use_order else sizes[t]
             new_count = count + 1.0
             new_max = mx if mx >= x else x
             if mx != mx or x != x:  # NaN propagates as in np.maximum
@@ -240,6 +243,132 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
 
     That is one sort by (``top - level``, draw, position): a counting sort by level (positions
+    in order, so ties stay by position), then inside each level a two-pass radix sort of the
+    positions by the draw's low byte and its high byte (both stable). The positions are 32-bit
+    and live in the int64 output itself (its two halves), widened in place at the end: one
+    array of n int64 in all.
+    """
+    n = draws.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    half = out.view(np.uint32)  # a = half[:n], b = half[n:]
+    a, b = half[:n], half[n:]
+    bounds = np.zeros(top + 2, dtype=np.int64)
+    for i in range(n):
+        bounds[top - level[i] + 1] += 1
+    for d in range(top + 1):
+        bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
+    at = bounds[:-1].copy()
+    for i in range(n):
+        d = top - level[i]
+        p = at[d]
+        at[d] = p + 1
+        a[p] = i
+    count = np.empty(256, dtype=np.int64)
+    for d in range(top + 1):
+        s, e = bounds[d], bounds[d + 1]
+        if e - s > 1:
+            _draw_pass(a, b, s, e, draws, 0, count)
+            _draw_pass(b, a, s, e, draws, 8, count)
+    _widen(out, half, n)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, keys: np.ndarray, pool: int, laid_keys: np.ndarray
+) -> np.ndarray:
+    """Positions stably sorted by their 16-bit random draw (a shuffle), cut into pools of
+    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions);
+    ``laid_keys`` (of n, else empty) receives the keys in that order.
+
+    The shuffle is a two-pass radix sort of the positions (in order, so ties stay by position)
+    by the draw's low byte, then its high byte; each pool then takes two passes by the bytes of
+    ``65535 - key``. The 32-bit positions live in the int64 output itself (its two halves),
+    widened in place at the end: one array of n int64 in all.
+    """
+    n = draws.shape[0]
+    out = np.empty(n, dtype=np.int64)
+    half = out.view(np.uint32)
+    a, b = half[:n], half[n:]
+    for i in range(n):
+        b[i] = i
+    count = np.empty(256, dtype=np.int64)
+    _draw_pass(b, a, 0, n, draws, 0, count)
+    _draw_pass(a, b, 0, n, draws, 8, count)
+    for s in range(0, n, pool):
+        e = min(n, s + pool)
+        _key_pass(b, a, s, e, keys, 0, count)
+        _key_pass(a, b, s, e, keys, 8, count)
+    for j in range(n):
+        a[j] = b[j]
+    if laid_keys.shape[0] == n:
+        for j in range(n):
+            laid_keys[j] = keys[a[j]]
+    _widen(out, half, n)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _draw_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, draws: np.ndarray, shift: int, count: np.ndarray
+) -> None:
+    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of their draw into ``dst[s:e]``."""
+    count[:] = 0
+    for j in range(s, e):
+        count[(draws[src[j]] >> shift) & 255] += 1
+    acc = s
+    for k in range(256):
+        c = count[k]
+        count[k] = acc
+        acc += c
+    for j in range(s, e):
+        i = src[j]
+        q = (draws[i] >> shift) & 255
+        p = count[q]
+        count[q] = p + 1
+        dst[p] = i
+
+
+@njit(cache=True, nogil=True)
+def _key_pass(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, keys: np.ndarray, shift: int, count: np.ndarray
+) -> None:
+    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of ``65535 - key`` into ``dst[s:e]``."""
+    count[:] = 0
+    for j in range(s, e):
+        count[((65535 - keys[src[j]]) >> shift) & 255] += 1
+    acc = s
+    for k in range(256):
+        c = count[k]
+        count[k] = acc
+        acc += c
+    for j in range(s, e):
+        i = src[j]
+        q = ((65535 - keys[i]) >> shift) & 255
+        p = count[q]
+        count[q] = p + 1
+        dst[p] = i
+
+
+@njit(cache=True, nogil=True)
+def _widen(out: np.ndarray, half: np.ndarray, n: int) -> None:  # pragma: no cover - compiled
+    """``out[j] = half[j]`` for every j, in place (``half`` views ``out``): from the end, so that
+    writing ``out[j]`` (``half[2j:2j + 2]``) never overwrites an unread ``half[i]``, ``i < j``."""
+    for j in range(n - 1, -1, -1):
+        out[j] = np.int64(half[j])
+
+
+@njit(cache=True, nogil=True)
+def shuffle_by_level_wide(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+    draws: np.ndarray, level: np.ndarray, top: int
+) -> np.ndarray:
+    """:func:`shuffle_by_level` with two arrays of n uint64 (draw and position packed, read in
+    sequence): faster, 8 B a position more at the peak; for sets under ``jit.COMPACT_AT``.
+
+    Positions stably sorted by their 16-bit random draw (a shuffle), then stably by
+    descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
+
+    That is one sort by (``top - level``, draw, position): a counting sort by level (positions
     in order, so ties stay by position), then inside each level a two-pass radix sort of
     ``draw * 2**32 + position`` by the draw's low byte and its high byte (both stable).
     """
@@ -272,12 +401,11 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
 
 
 @njit(cache=True, nogil=True)
-def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
+def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
     draws: np.ndarray, keys: np.ndarray, pool: int, laid_keys: np.ndarray
 ) -> np.ndarray:
-    """Positions stably sorted by their 16-bit random draw (a shuffle), cut into pools of
-    ``pool``, each pool stably sorted by descending 16-bit ``keys`` (under ``2**32`` positions);
-    ``laid_keys`` (of n, else empty) receives the keys in that order.
+    """:func:`shuffle_in_pools` with two arrays of n uint64 (key and position packed, read in
+    sequence): faster, 8 B a position more at the peak; for sets under ``jit.COMPACT_AT``.
 
     The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
     by position), then a pass by its low byte inside each of those runs; each pool then takes
@@ -346,6 +474,38 @@ def _byte_pass(  # pragma: no cover - compiled
         p = count[q]
         count[q] = p + 1
         dst[p] = c
+
+
+@njit(cache=True, nogil=True)
+def walk_runs(  # pragma: no cover - compiled; checked against the Python walk in tests/test_jit.py
+    cuts: np.ndarray, run_end: np.ndarray, is_seg: np.ndarray, seg_end: np.ndarray, tab: np.ndarray, cut_tab: np.ndarray
+) -> np.ndarray:
+    """The walk of :func:`fitbatch._kernels.batches._walk_table` over the runs of one level
+    (the same integer steps): the batch starts."""
+    out = np.empty(16 + cuts.shape[0], dtype=np.int64)  # grown as needed (not one slot per position)
+    k = 0
+    i = 0
+    for r in range(cuts.shape[0]):
+        a, b, end, length, c = cuts[r], run_end[r], seg_end[r], tab[r], cut_tab[r]
+        if is_seg[r]:
+            i = a
+        if i >= b:
+            continue
+        stop = min(b, end - length)
+        more = 1 + (stop - i + c - 1) // c if i < stop else 1  # starts this run adds, at most
+        if k + more > out.shape[0]:
+            grown = np.empty(max(2 * out.shape[0], k + more), dtype=np.int64)
+            grown[:k] = out[:k]
+            out = grown
+        while i < stop:
+            out[k] = i
+            k += 1
+            i += c
+        if i < b:
+            out[k] = i
+            k += 1
+            i = end
+    return out[:k].copy()
 
 
 @njit(cache=True, nogil=True)

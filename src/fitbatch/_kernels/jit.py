@@ -60,6 +60,10 @@ WAIT_AT = 1 << 22
 # ~1 s once)
 FIRST_FIT_AT = 1 << 18
 
+# the compiled shuffles from this many positions hold one array of n int64 (32-bit positions in
+# its halves, read through: ~1.6x the time), below it two of uint64 (packed, read in sequence)
+COMPACT_AT = 1 << 21
+
 _module: ModuleType | None = None
 _tried = False  # the load finished (with or without the module)
 _work = 0
@@ -141,6 +145,15 @@ def planning() -> Iterator[None]:
             _load_in_background()
 
 
+def loading() -> bool:
+    """Whether the background load is under way (started, not finished).
+
+    >>> loading() in (True, False)
+    True
+    """
+    return _thread is not None and not _tried
+
+
 def settle() -> ModuleType | None:
     """Wait for a background load under way (if any); the compiled module, or ``None``.
 
@@ -157,18 +170,23 @@ def _warm(module: ModuleType) -> None:
     """Compile (or load from numba's cache) every loop now, so that a long stream does not
     pay the compiler's time and memory at some later batch."""
     one, params = np.ones(2), np.zeros(4)
-    module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0)
+    module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0, _NO_ORDER, False)
     module.prefix_sum_starts(one, 1.0, 2)
     rows = np.ones((2, 1))
     module.greedy_rows(rows, 1.0, np.zeros(1, np.int64), np.zeros((1, 4)), one[:1], np.inf, _NO_FORCE, False, 0.0, one[:1] * 0, one[:1] * 0)
     module.run_totals(one, np.array([0, 2], dtype=np.int64), 0, params, 1.0, 0, 0.0, 0.0, 0)
     module.all_integral(one)
+    ints = np.zeros(1, np.int64)
+    module.walk_runs(ints, ints + 1, np.ones(1, np.bool_), ints + 1, ints + 1, ints + 1)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
     module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2, np.empty(2, np.int32))
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
     module.shuffle_in_pools(draws, draws, 1, draws[:0])
+    module.shuffle_by_level_wide(draws, draws, 0)
+    module.shuffle_by_level_wide(draws, np.zeros(2, np.int64), 0)
+    module.shuffle_in_pools_wide(draws, draws, 1, draws[:0])
 
 
 def _kernels(work: int, wait: bool = False) -> ModuleType | None:
@@ -196,6 +214,13 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
         else:
             _load_in_background()
     return None
+
+
+def _uncount(work: int) -> None:
+    """Take back ``work`` samples counted by a call that found no compiled loops and is retried."""
+    global _work
+    if _mode() != "off":
+        _work -= work
 
 
 def _exact(module: ModuleType | None, sizes: FloatArray, sums: bool) -> ModuleType | None:
@@ -228,20 +253,31 @@ def greedy(
     count: int,
     max_size: Any,
     sum_size: Any,
+    order: IntArray | None = None,
 ) -> tuple[IntArray, tuple[int, float, float]] | None:
-    """Greedy starts in order and the open batch at the end, or ``None`` when not compiled."""
+    """Greedy starts in order and the open batch at the end, or ``None`` when not compiled.
+
+    With ``order`` (1-D sizes only) the sequence is ``sizes[order]``, read through the order
+    (no gathered copy of the sizes).
+    """
     if sizes.ndim != 1:
+        if order is not None:
+            return None
         return _greedy_rows(sizes, budget, cost, cap, force, count, max_size, sum_size)
     params = _cost_params(cost)
-    module = _kernels(sizes.shape[0]) if params is not None else None
+    n = sizes.shape[0] if order is None else order.shape[0]
+    module = _kernels(n) if params is not None else None
     module = _exact(module, sizes, type(cost) is not PaddedCost)
     if module is None or params is None:
+        if order is not None and params is not None:
+            _uncount(n)  # the caller gathers the sizes and asks again: these samples count once
         return None
     values = np.ascontiguousarray(sizes, dtype=np.float64)
     flags = _NO_FORCE if force is None else np.ascontiguousarray(force, dtype=np.bool_)
+    index = _NO_ORDER if order is None else np.ascontiguousarray(order, dtype=np.int64)
     starts, c, m, s = module.greedy(
         values, float(budget), params[0], params[1], float(cap), flags, force is not None,
-        float(count), float(max_size), float(sum_size),
+        float(count), float(max_size), float(sum_size), index, order is not None,
     )
     return starts, (int(c), m, s)
 
@@ -306,7 +342,8 @@ def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -
         return None
     if level.dtype != np.uint16:
         level = level.astype(np.int64, copy=False)
-    result: IntArray = module.shuffle_by_level(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
+    kernel = module.shuffle_by_level if draws.shape[0] >= COMPACT_AT else module.shuffle_by_level_wide
+    result: IntArray = kernel(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
     return result
 
 
@@ -322,9 +359,8 @@ def shuffle_in_pools(
     if module is None:
         return None
     laid = np.zeros(0, np.uint16) if laid_keys is None else laid_keys
-    result: IntArray = module.shuffle_in_pools(
-        np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))), laid
-    )
+    kernel = module.shuffle_in_pools if n >= COMPACT_AT else module.shuffle_in_pools_wide
+    result: IntArray = kernel(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))), laid)
     return result
 
 
@@ -340,6 +376,21 @@ def batch_reduce(sizes: FloatArray, order: IntArray | None, offsets: IntArray) -
         np.ascontiguousarray(sizes, dtype=np.float64), index, order is not None, np.ascontiguousarray(offsets, dtype=np.int64)
     )
     return (mx, sm) if exact else None
+
+
+def walk_runs(
+    cuts: IntArray, run_end: IntArray, is_seg: NDArray[np.bool_], seg_end: IntArray, tab: IntArray, cut_tab: IntArray
+) -> IntArray | None:
+    """:func:`fitbatch._kernels.batches._walk_table`'s walk compiled (integer steps: the same
+    starts), or ``None`` when not compiled."""
+    module = _kernels(0)
+    if module is None:
+        return None
+    result: IntArray = module.walk_runs(
+        *(np.ascontiguousarray(a, dtype=np.int64) for a in (cuts, run_end)), np.ascontiguousarray(is_seg, dtype=np.bool_),
+        *(np.ascontiguousarray(a, dtype=np.int64) for a in (seg_end, tab, cut_tab)),
+    )
+    return result
 
 
 def all_integral(sizes: FloatArray) -> bool:

@@ -13,13 +13,38 @@ bounded shapes (``max_shapes``), the fixed-batch-size baselines and the randomne
 
 from __future__ import annotations
 
-from fitbatch.plan._baseline import fixed_size_plan, largest_safe_batch_size
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fitbatch.plan._batch_plan import BatchPlan
-from fitbatch.plan._metrics import epoch_repeat_rate, position_size_correlation, repeat_rate
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._planner import plan_batches
 from fitbatch.plan._rules import OVERSIZED
 from fitbatch.plan._stats import PlanStats, lower_bound
+
+if TYPE_CHECKING:  # loaded on first use: a plan needs neither the baselines nor the metrics
+    from fitbatch.plan._baseline import fixed_size_plan, largest_safe_batch_size
+    from fitbatch.plan._metrics import epoch_repeat_rate, position_size_correlation, repeat_rate
+
+_LAZY = {
+    "epoch_repeat_rate": "fitbatch.plan._metrics",
+    "fixed_size_plan": "fitbatch.plan._baseline",
+    "largest_safe_batch_size": "fitbatch.plan._baseline",
+    "position_size_correlation": "fitbatch.plan._metrics",
+    "repeat_rate": "fitbatch.plan._metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fitbatch.plan' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "BatchPlan",

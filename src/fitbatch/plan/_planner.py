@@ -162,17 +162,18 @@ def plan_with(
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
-    # batch_ids: the kept batches in plan order, None for all of them as planned
-    batch_ids = None if not dropped_ids.size else np.delete(np.arange(counts.size, dtype=np.int64), dropped_ids)
-    perm = strategy.batch_order(ctx, counts.size - dropped_ids.size)
-    if perm is not None:
-        batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
+    n_batches = counts.size
     at = K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])
     del counts  # the plan counts its batches again (one array fewer at its peak)
     dropped = order[at]
     # the dropped samples' costs alone, in the order of dropped (as over the dataset's sizes)
     dropped_alone = float(model.sample_cost(kept.values[at if in_plan_order else dropped]).sum()) if dropped.size else 0.0
-    del kept, at
+    del kept, at  # (before the batch order is drawn: the sizes are not held beside it)
+    # batch_ids: the kept batches in plan order, None for all of them as planned
+    batch_ids = None if not dropped_ids.size else np.delete(np.arange(n_batches, dtype=np.int64), dropped_ids)
+    perm = strategy.batch_order(ctx, n_batches - dropped_ids.size)
+    if perm is not None:
+        batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
     if skipped.size:  # positions among the kept samples become dataset indices
         order, dropped = _dataset_indices(skipped, n_all, order, dropped, result.identity)
     if limits is not None:  # several limits: every limit's bound (a per-sample total is not one)

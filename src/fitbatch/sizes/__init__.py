@@ -23,14 +23,44 @@ array([3, 1])
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from fitbatch.sizes._coerce import Sizes, SizesLike, as_sizes
-from fitbatch.sizes._columns import from_array, from_dataset, from_tokenizer, to_numbers
-from fitbatch.sizes._files import CACHE_PREFIX, cache_path, from_files, list_files
-from fitbatch.sizes._readers import FILE_FORMATS, from_source
+
+if TYPE_CHECKING:  # the size sources load on first use: a plan needs only as_sizes
+    from fitbatch.sizes._columns import from_array, from_dataset, from_tokenizer, to_numbers
+    from fitbatch.sizes._files import CACHE_PREFIX, cache_path, from_files, list_files
+    from fitbatch.sizes._readers import FILE_FORMATS, from_source
 
 logger = logging.getLogger(__name__)  # the logger the size sources write to
+
+_LAZY = {
+    "CACHE_PREFIX": "fitbatch.sizes._files",
+    "FILE_FORMATS": "fitbatch.sizes._readers",
+    "cache_path": "fitbatch.sizes._files",
+    "from_array": "fitbatch.sizes._columns",
+    "from_dataset": "fitbatch.sizes._columns",
+    "from_files": "fitbatch.sizes._files",
+    "from_source": "fitbatch.sizes._readers",
+    "from_tokenizer": "fitbatch.sizes._columns",
+    "list_files": "fitbatch.sizes._files",
+    "to_numbers": "fitbatch.sizes._columns",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # hashlib and the file readers cost an import a plan never needs
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fitbatch.sizes' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "CACHE_PREFIX",

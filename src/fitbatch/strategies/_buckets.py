@@ -107,10 +107,14 @@ class Buckets(Strategy):
                 self.min_batches,
                 ctx.sizes.values.ndim,
             )
+        ids = lut[keys]
+        if keys.size < SK.KEY_LEVELS:  # fewer samples than keys: counted directly
+            return ids, top, np.bincount(ids, minlength=top.size).astype(np.int64, copy=False), few
         # samples per bucket from samples per key: 2**16 additions, not n
-        counts = np.zeros(top.size, dtype=np.int64)
-        np.add.at(counts, lut.astype(np.int64), ctx.key_counts())
-        return lut[keys], top, counts, few
+        per_key = ctx.key_counts()
+        present = np.flatnonzero(per_key)  # (a weighted bincount over the keys present: no ufunc.at)
+        counts = np.bincount(lut[present], weights=per_key[present], minlength=top.size).astype(np.int64)
+        return ids, top, counts, few
 
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)

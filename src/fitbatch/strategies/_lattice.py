@@ -169,6 +169,7 @@ def _distance(x: NDArray[np.int64], modulus: int) -> NDArray[np.float64]:
     return np.maximum(np.minimum(r, modulus - r), 1).astype(np.float64)
 
 
+@functools.lru_cache(maxsize=64)
 def prime_at_least(n: int) -> int:
     """The least prime ``>= n``.
 

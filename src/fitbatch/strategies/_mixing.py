@@ -113,7 +113,6 @@ def mixed_levels(
     of fewer than :data:`AUTO_MIN_BATCHES` batches). ``excess_scale`` scales the batches
     ``"auto"`` may spend (:func:`auto_excess`, :data:`AUTO_MAX_EXCESS`)."""
     keys, edges = ctx.keys()
-    hist = ctx.key_counts()
     settings = (
         "level fit",
         ctx.budget,
@@ -127,11 +126,16 @@ def mixed_levels(
         level_width,
         excess_scale,
     )
-    lut, tops, below = remembered(ctx, settings, lambda: _fit_levels(hist, edges, *settings[1:]))
+    lut, tops, below = remembered(ctx, settings, lambda: _fit_levels(ctx.key_counts(), edges, *settings[1:]))
     few = below == 0.0  # only few-batch levels move upward from the level below
     if not ctx.shuffle:
         return lut, tops, few
-    return (*shift_levels(keys, edges, lut, tops, level_shift(ctx.seed, ctx.epoch), below, hist), few)
+    shift = level_shift(ctx.seed, ctx.epoch)
+    # the epoch's levels: kept like the fit (they depend on it, the histogram and the shift)
+    moved = remembered(
+        ctx, ("level shift", *settings[1:], shift), lambda: shift_levels(keys, edges, lut, tops, shift, below, ctx.key_counts())
+    )
+    return (*moved, few)
 
 
 def level_shift(seed: int, epoch: int) -> float:

@@ -104,6 +104,7 @@ class Sorted(Strategy):
         n = len(ctx.sizes)
         order, _, levels = _pooled_layout(ctx, max(n, 1))
         result = _greedy(ctx, order, np.zeros(min(n, 1), np.int64), levels)
+        del levels  # not held while the order is reversed
         if self.descending or result.starts.size == 0:
             return result
         # Reversing the whole order reverses the batches and the samples inside each batch.
