@@ -137,14 +137,23 @@ def test_refine_keeps_a_padded_cap() -> None:
 
 
 def test_one_more_micro_step_where_full_micro_batches_cannot_balance() -> None:
-    """Micro-batches full to the cap leave no room to even the ranks out: with 5 micro-steps (the
-    least the cap allows) the step runs at 0.9805, with 6 at 0.9982, and partition takes 6 (one
-    more than the least, never two)."""
-    sizes = [5000, 4000, 8000, 7000, 5000, 2000, 3000, 7000, 8000, 8000, 8000, 1000, 4000]
+    """Micro-batches full to the cap leave no room to even the ranks out: 32,000 tokens on 2
+    ranks under a cap of 8,000 fill 2 micro-steps exactly, at 0.9889 of the step's mean; with 3
+    the step runs at 0.9978, and partition takes 3 (one more than the least, never two)."""
+    sizes = [4000, 4000, 4000, 1000, 1000, 4000, 3000, 1000, 2000, 4000, 3000, 1000]
     p = partition(sizes, 8000, world=2, weights=WORKLOAD)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(P, "MORE", math.inf)  # never one more
         least = partition(sizes, 8000, world=2, weights=WORKLOAD)
-    assert (least.n_micro, round(least.efficiency, 4)) == (5, 0.9805)
-    assert (p.n_micro, round(p.efficiency, 4)) == (6, 0.9982)
+    assert (least.n_micro, round(least.efficiency, 4)) == (2, 0.9889)
+    assert (p.n_micro, round(p.efficiency, 4)) == (3, 0.9978)
     check_partition(p, np.asarray(sizes), 8000.0, SumCost(), world=2, micro_multiple=1, weights=WORKLOAD, groups=None)
+
+
+def test_no_extra_micro_step_while_there_is_room_to_balance() -> None:
+    """The same tokens under a cap of 10,000 (micro-batches 80 % full): the least count stays."""
+    sizes = [4000, 4000, 4000, 1000, 1000, 4000, 3000, 1000, 2000, 4000, 3000, 1000]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(P, "MORE", math.inf)
+        least = partition(sizes, 10000, world=2, weights=WORKLOAD)
+    assert partition(sizes, 10000, world=2, weights=WORKLOAD).n_micro == least.n_micro

@@ -195,7 +195,9 @@ def partition(
 #: slower than its mean (a spread of the work; below it, the other packing cannot gain more)
 SPREAD = 1e-3
 #: one more micro-step is tried when the refined step is still this much slower than its mean
+#: and its micro-batches are on average this full of the budget (below, there is room to balance)
 MORE = 5e-5
+FULL = 0.98
 
 
 def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_unit: IntArray, world: int, *,
@@ -219,9 +221,10 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
                 bins = fewer
     bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
     ideal = bins.load.sum() / world
-    if m and step_time(bins.load, pooled, world) > ideal * (1 + MORE) and m <= _round_up(max(bound, plan.floor, 1), plan.step):
-        # still spread after refining at the least count: micro-batches full to the cap leave no
-        # room to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
+    if (m and step_time(bins.load, pooled, world) > ideal * (1 + MORE) and _fill(bins, plan) >= FULL
+            and m <= _round_up(max(bound, plan.floor, 1), plan.step)):
+        # still spread after refining at the least count, micro-batches full to the cap: no room
+        # to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
         more = m + plan.step
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
@@ -229,6 +232,12 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             if step_time(wider.load, pooled, world) < step_time(bins.load, pooled, world):
                 return more, wider
     return m, bins
+
+
+def _fill(bins: Bins, plan: _Plan) -> float:
+    """How full of the budget the step's micro-batches are, on average (their costs over the budget)."""
+    cost = plan.model.evaluate(bins.count.ravel(), bins.longest.ravel(), bins.total.ravel())
+    return float(np.minimum(cost, plan.budget).sum() / (cost.size * plan.budget)) if cost.size and plan.budget > 0 else 0.0
 
 
 def _round_up(m: int, step: int) -> int:
