@@ -72,7 +72,7 @@ def test_a_numba_that_fails_falls_back_to_numpy(monkeypatch, caplog):
     def broken(module):  # noqa: ANN001, ANN202
         raise RuntimeError("cannot cache function: no locator available")
 
-    monkeypatch.setattr(_jit, "_warm", broken)
+    monkeypatch.setattr(_jit, "_probe", broken)
     sizes = np.array([3.0, 4.0, 5.0, 1.0])
     with jit("1"), caplog.at_level("WARNING", logger="fitbatch._kernels.jit"):
         assert not _jit.enabled()

@@ -17,8 +17,9 @@ has planned ``LOAD_AT`` samples, after the plan that passed it (:func:`planning`
 never pay for the import, and a first plan of a million samples neither waits for it nor
 shares the processor with it (a plan is the same either way). A call of
 ``WAIT_AT`` samples or more, and sum-cost first fit from ``FIRST_FIT_AT`` (a Python loop there),
-wait for it. The first use compiles (a few seconds) and numba caches the machine code next to
-the module, so later processes load it. A plan never depends on when the background load
+wait for it, for the import only: a loop compiles on its first call (about a second each, the
+background thread compiles the others meanwhile) and numba caches the machine code next to the
+module, so later processes load it. A plan never depends on when the background load
 finishes: loops whose result could differ from numpy's in the last rounding (running sums of
 fractional sizes) use the compiled form only once it was asked for at a point fixed by the work
 (``WAIT_AT``, ``wait``, ``FITBATCH_JIT=1``, numba imported by the program).
@@ -108,7 +109,7 @@ def _import() -> ModuleType | None:
     try:
         from fitbatch._kernels import compiled as _jit_kernels
 
-        _warm(_jit_kernels)
+        _probe(_jit_kernels)
     except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, no cache directory, ...
         logger.warning("numba is installed but its loops could not be compiled (%s: %s); using numpy", type(exc).__name__, exc)
         return None
@@ -122,7 +123,7 @@ def _load_in_background() -> None:
         return
     with _lock:
         if _thread is None and not _tried:
-            _thread = threading.Thread(target=_load, name="fitbatch-numba", daemon=True)
+            _thread = threading.Thread(target=_load_and_warm, name="fitbatch-numba", daemon=True)
             _thread.start()
 
 
@@ -166,9 +167,31 @@ def settle() -> ModuleType | None:
     return _module
 
 
+def _probe(module: ModuleType) -> None:
+    """Compile (or load from numba's cache) one small loop: numba works with this numpy and
+    can cache here; the other loops compile on first use or in the background."""
+    module.all_integral(np.ones(1))
+
+
+def _load_and_warm() -> None:
+    """The background load: the module (under the lock: a plan that needs it waits for the
+    import only), then every loop compiled or loaded from numba's cache, outside the lock.
+
+    A plan that runs meanwhile uses the loops that are ready and compiles the one it calls
+    (numba's compiler lock serialises the two), so a synchronous load (``WAIT_AT``) pays
+    only for the loops it uses: on a fresh install, two of them for a histogram packing, not
+    all of them."""
+    module = _load()
+    if module is not None:
+        try:
+            _warm(module)
+        except Exception as exc:  # noqa: BLE001 - the loops compile again on first use
+            logger.debug("warming the compiled loops failed (%s: %s)", type(exc).__name__, exc)
+
+
 def _warm(module: ModuleType) -> None:
-    """Compile (or load from numba's cache) every loop now, so that a long stream does not
-    pay the compiler's time and memory at some later batch."""
+    """Compile (or load from numba's cache) every loop now (in the background thread), so
+    that a long stream does not pay the compiler's time and memory at some later batch."""
     one, params = np.ones(2), np.zeros(4)
     module.greedy(one, 1.0, 0, params, np.inf, _NO_FORCE, False, 0.0, 0.0, 0.0, _NO_ORDER, False)
     module.prefix_sum_starts(one, 1.0, 2)
