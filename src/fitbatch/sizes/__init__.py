@@ -15,6 +15,7 @@ validated like :func:`as_sizes`. Optional libraries (``fsspec``, ``pyarrow``, ``
 
 >>> as_sizes([3, 1, 2]).values
 array([3., 1., 2.])
+>>> from fitbatch.sizes import from_array, from_tokenizer  # (loaded on first use)
 >>> from_array([3, 1, 2])
 array([3, 1, 2])
 >>> from_tokenizer(["a b c", "d"], lambda batch: [t.split() for t in batch])
