@@ -23,6 +23,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from fitbatch._lazy import exports
 from fitbatch.costs import CostModel, Limits, PaddedCost, PaddedPolynomial, SumCost
 from fitbatch.plan import BatchPlan, PlanStats, plan_batches
 from fitbatch.sizes import Sizes, as_sizes
@@ -132,14 +133,15 @@ _PACKAGES = frozenset({
 })
 
 
+_lazy_getattr, _lazy_dir = exports(__name__, _LAZY, globals())
+
+
 def __getattr__(name: str) -> Any:
     # importing torch takes seconds: numpy-only users of the planner never pay for it
     if name in _PACKAGES:
         return importlib.import_module(f"fitbatch.{name}")
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # the next lookup is a plain attribute
-        return value
+        return _lazy_getattr(name)
     if name in _MOVED:
         _moved(f"fitbatch.{name}", f"{_MOVED[name]}.{name}")
         return getattr(importlib.import_module(_MOVED[name]), name)
@@ -147,7 +149,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | _PACKAGES)
+    return sorted(set(_lazy_dir()) | _PACKAGES)
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -267,8 +267,8 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     for d in range(top + 1):
         s, e = bounds[d], bounds[d + 1]
         if e - s > 1:
-            _draw_pass(a, b, s, e, draws, 0, count)
-            _draw_pass(b, a, s, e, draws, 8, count)
+            _byte_pass16(a, b, s, e, draws, 0, False, count)
+            _byte_pass16(b, a, s, e, draws, 8, False, count)
     _widen(out, half, n)
     return out
 
@@ -293,12 +293,12 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
     for i in range(n):
         b[i] = i
     count = np.empty(256, dtype=np.int64)
-    _draw_pass(b, a, 0, n, draws, 0, count)
-    _draw_pass(a, b, 0, n, draws, 8, count)
+    _byte_pass16(b, a, 0, n, draws, 0, False, count)
+    _byte_pass16(a, b, 0, n, draws, 8, False, count)
     for s in range(0, n, pool):
         e = min(n, s + pool)
-        _key_pass(b, a, s, e, keys, 0, count)
-        _key_pass(a, b, s, e, keys, 8, count)
+        _byte_pass16(b, a, s, e, keys, 0, True, count)
+        _byte_pass16(a, b, s, e, keys, 8, True, count)
     for j in range(n):
         a[j] = b[j]
     if laid_keys.shape[0] == n:
@@ -309,13 +309,17 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
 
 
 @njit(cache=True, nogil=True)
-def _draw_pass(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, s: int, e: int, draws: np.ndarray, shift: int, count: np.ndarray
+def _byte_pass16(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, values: np.ndarray, shift: int, descending: bool,
+    count: np.ndarray,
 ) -> None:
-    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of their draw into ``dst[s:e]``."""
+    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of their 16-bit value (of
+    ``65535 - value`` when ``descending``) into ``dst[s:e]``: one pass of a radix sort."""
+    flip = 65535 if descending else 0
+    sign = -1 if descending else 1
     count[:] = 0
     for j in range(s, e):
-        count[(draws[src[j]] >> shift) & 255] += 1
+        count[((flip + sign * np.int64(values[src[j]])) >> shift) & 255] += 1
     acc = s
     for k in range(256):
         c = count[k]
@@ -323,28 +327,7 @@ def _draw_pass(  # pragma: no cover - compiled
         acc += c
     for j in range(s, e):
         i = src[j]
-        q = (draws[i] >> shift) & 255
-        p = count[q]
-        count[q] = p + 1
-        dst[p] = i
-
-
-@njit(cache=True, nogil=True)
-def _key_pass(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, s: int, e: int, keys: np.ndarray, shift: int, count: np.ndarray
-) -> None:
-    """Positions ``src[s:e]`` stably sorted by the byte at ``shift`` of ``65535 - key`` into ``dst[s:e]``."""
-    count[:] = 0
-    for j in range(s, e):
-        count[((65535 - keys[src[j]]) >> shift) & 255] += 1
-    acc = s
-    for k in range(256):
-        c = count[k]
-        count[k] = acc
-        acc += c
-    for j in range(s, e):
-        i = src[j]
-        q = ((65535 - keys[i]) >> shift) & 255
+        q = ((flip + sign * np.int64(values[i])) >> shift) & 255
         p = count[q]
         count[q] = p + 1
         dst[p] = i

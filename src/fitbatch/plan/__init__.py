@@ -13,9 +13,9 @@ bounded shapes (``max_shapes``), the fixed-batch-size baselines and the randomne
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fitbatch._lazy import exports
 from fitbatch.plan._batch_plan import BatchPlan
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._planner import plan_batches
@@ -35,16 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fitbatch.plan' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = exports(__name__, _LAZY, globals())
 
 __all__ = [
     "BatchPlan",

@@ -24,10 +24,10 @@ array([3, 1])
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fitbatch._lazy import exports
 from fitbatch.sizes._coerce import Sizes, SizesLike, as_sizes
 
 if TYPE_CHECKING:  # the size sources load on first use: a plan needs only as_sizes
@@ -51,17 +51,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # hashlib and the file readers cost an import a plan never needs
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fitbatch.sizes' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = exports(__name__, _LAZY, globals())  # hashlib and the file readers cost an import a plan never needs
 
 __all__ = [
     "CACHE_PREFIX",
