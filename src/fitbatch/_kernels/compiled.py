@@ -309,6 +309,16 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
 
 
 @njit(cache=True, nogil=True)
+def _starts(count: np.ndarray, s: int) -> None:  # pragma: no cover - compiled
+    """A counting sort's 256 bucket counts turned, in place, into where each bucket starts from ``s``."""
+    acc = s
+    for k in range(256):
+        c = count[k]
+        count[k] = acc
+        acc += c
+
+
+@njit(cache=True, nogil=True)
 def _byte_pass16(  # pragma: no cover - compiled
     src: np.ndarray, dst: np.ndarray, s: int, e: int, values: np.ndarray, shift: int, descending: bool,
     count: np.ndarray,
@@ -320,11 +330,7 @@ def _byte_pass16(  # pragma: no cover - compiled
     count[:] = 0
     for j in range(s, e):
         count[((flip + sign * np.int64(values[src[j]])) >> shift) & 255] += 1
-    acc = s
-    for k in range(256):
-        c = count[k]
-        count[k] = acc
-        acc += c
+    _starts(count, s)
     for j in range(s, e):
         i = src[j]
         q = ((flip + sign * np.int64(values[i])) >> shift) & 255
@@ -446,11 +452,7 @@ def _byte_pass(  # pragma: no cover - compiled
     count[:] = 0
     for j in range(s, e):
         count[(src[j] >> shift) & byte] += 1
-    acc = s
-    for k in range(256):
-        c = count[k]
-        count[k] = acc
-        acc += c
+    _starts(count, s)
     for j in range(s, e):
         c = src[j]
         q = (c >> shift) & byte
