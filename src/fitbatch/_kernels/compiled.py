@@ -252,11 +252,7 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     out = np.empty(n, dtype=np.int64)
     half = out.view(np.uint32)  # a = half[:n], b = half[n:]
     a, b = half[:n], half[n:]
-    bounds = np.zeros(top + 2, dtype=np.int64)
-    for i in range(n):
-        bounds[top - level[i] + 1] += 1
-    for d in range(top + 1):
-        bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
+    bounds = _level_bounds(level, top)  # level d holds [bounds[d], bounds[d + 1]) (descending levels)
     at = bounds[:-1].copy()
     for i in range(n):
         d = top - level[i]
@@ -306,6 +302,18 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
             laid_keys[j] = keys[a[j]]
     _widen(out, half, n)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _level_bounds(level: np.ndarray, top: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Where each level's positions start in the descending order of levels (``top - level``),
+    and the end: ``top + 2`` bounds."""
+    bounds = np.zeros(top + 2, dtype=np.int64)
+    for i in range(level.shape[0]):
+        bounds[top - level[i] + 1] += 1
+    for d in range(top + 1):
+        bounds[d + 1] += bounds[d]
+    return bounds
 
 
 @njit(cache=True, nogil=True)
@@ -362,11 +370,7 @@ def shuffle_by_level_wide(  # pragma: no cover - compiled; checked against numpy
     ``draw * 2**32 + position`` by the draw's low byte and its high byte (both stable).
     """
     n = draws.shape[0]
-    bounds = np.zeros(top + 2, dtype=np.int64)
-    for i in range(n):
-        bounds[top - level[i] + 1] += 1
-    for d in range(top + 1):
-        bounds[d + 1] += bounds[d]  # level d holds [bounds[d], bounds[d + 1])
+    bounds = _level_bounds(level, top)  # level d holds [bounds[d], bounds[d + 1]) (descending levels)
     at = bounds[:-1].copy()
     a = np.empty(n, dtype=np.uint64)
     shift = np.uint64(32)
