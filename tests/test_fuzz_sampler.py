@@ -34,15 +34,19 @@ def round_trip(state):
     return json.loads(json.dumps(state))
 
 
+#: the jobs the machines start: the samples, the world, the options
+JOBS = {
+    "seed": st.integers(0, 2**16),
+    "n": st.integers(20, 160),
+    "world": st.integers(1, 4),
+    "strategy": st.sampled_from(("sequential", "sorted", "pooled", "buckets", "packed")),
+    "policy": st.sampled_from(("split", "drop")),
+    "oversized": st.sampled_from(("single", "skip", "error")),
+}
+
+
 class SamplerMachine(RuleBasedStateMachine):
-    @initialize(
-        seed=st.integers(0, 2**16),
-        n=st.integers(20, 160),
-        world=st.integers(1, 4),
-        strategy=st.sampled_from(("sequential", "sorted", "pooled", "buckets", "packed")),
-        policy=st.sampled_from(("split", "drop")),
-        oversized=st.sampled_from(("single", "skip", "error")),
-    )
+    @initialize(**JOBS)
     def setup(self, seed, n, world, strategy, policy, oversized):
         self.begin(seed, n, world, strategy, policy, oversized)
 
@@ -232,15 +236,7 @@ TestSamplerMachine = SamplerMachine.TestCase
 class WindowedSamplerMachine(SamplerMachine):
     """The same job with the epoch planned in windows of 16-64 samples (several windows a epoch)."""
 
-    @initialize(
-        seed=st.integers(0, 2**16),
-        n=st.integers(40, 200),
-        world=st.integers(1, 4),
-        strategy=st.sampled_from(("sequential", "sorted", "pooled", "buckets", "packed")),
-        policy=st.sampled_from(("split", "drop")),
-        oversized=st.sampled_from(("single", "skip", "error")),
-        window=st.integers(16, 64),
-    )
+    @initialize(**{**JOBS, "n": st.integers(40, 200)}, window=st.integers(16, 64))
     def setup(self, seed, n, world, strategy, policy, oversized, window):
         self.begin(seed, n, world, strategy, policy, oversized, window=window)
 
