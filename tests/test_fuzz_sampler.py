@@ -90,19 +90,23 @@ class SamplerMachine(RuleBasedStateMachine):
         lone_oversized = len(batch) == 1 and cost > budget and self.kw["oversized"] == "single"
         return cost <= budget or lone_oversized
 
-    def advance(self, its, k):
-        """Run k steps on every rank: the rows of batches, and whether the epoch ended."""
+    def advance(self, its, k, check=None):
+        """Run k steps on every rank: the rows of batches, and whether the epoch ended. With
+        ``check`` (the samplers of ``its``), every batch fits the budget its sampler planned it
+        with, checked as it is yielded (planning in windows, the window that yields it)."""
         rows = []
         for _ in range(k):
             row = [next(it, None) for it in its]
             assert len({b is None for b in row}) == 1, "ranks ran different numbers of steps"
             if row[0] is None:
                 return rows, True
+            for r, batch in enumerate(row if check is not None else ()):
+                assert self.fits(check[r], batch), f"batch over budget on rank {r}"
             rows.append(row)
         return rows, False
 
     def run_live(self, k):
-        rows, ended = self.advance(self.its, k)
+        rows, ended = self.advance(self.its, k, check=self.ranks)
         if self.ref_its is not None:  # the uninterrupted reference yields the same and ends alike
             assert self.advance(self.ref_its, len(rows) + ended) == (rows, ended)
         self.take(rows)
@@ -119,7 +123,6 @@ class SamplerMachine(RuleBasedStateMachine):
     def take(self, rows):
         for row in rows:
             for r, batch in enumerate(row):
-                assert self.fits(self.ranks[r], batch), f"batch over budget on rank {r}"
                 self.ran[r].append(batch)
                 self.consumed += batch
 
