@@ -120,6 +120,9 @@ def _deal_round(order: IntArray, done: IntArray, live: NDArray[np.bool_], n: Int
     bins as are lighter than the lightest one will be after its unit (what a one-at-a-time
     greedy would fill next), so a bin holding a heavy unit waits instead of taking one a round."""
     rows, m = bins.load.shape
+    if rows == 1:  # one pool (the step's partition without groups): the same round in 1-D
+        _deal_round_one(order[0], done, int(n[0]), units, bins, budget, model)
+        return
     r = np.arange(rows)[:, None]
     first = units.weight[np.maximum(order[np.arange(rows), np.minimum(done, order.shape[1] - 1)], 0)]
     low = bins.load.min(axis=1)
@@ -151,6 +154,35 @@ def _deal_round(order: IntArray, done: IntArray, live: NDArray[np.bool_], n: Int
     bad = valid & ~ok
     if bad.any():
         _place_rest(r[bad], u[bad], units, bins, budget, model)
+
+
+def _deal_round_one(order: IntArray, done: IntArray, n: int, units: Units, bins: Bins, budget: float,
+                    model: CostModel | None) -> None:
+    """:func:`_deal_round` of a single live row (``order`` its unit ids), with 1-D arrays:
+    the same decisions, a third of the numpy calls."""
+    load, m, k = bins.load[0], bins.load.shape[1], order.size
+    d = int(done[0])
+    first = units.weight[max(int(order[min(d, k - 1)]), 0)]
+    width = min(max(int((load < load.min() + first).sum()), 1) if first > 0 else m, n - d)
+    if width < m:  # only the `width` lightest bins take a unit: sort those alone
+        part = np.argpartition(load, width - 1)[:width]
+        lightest = part[np.argsort(load[part], kind="stable")]
+    else:
+        lightest = np.argsort(load, kind="stable")
+    u = order[np.minimum(d + np.arange(width), k - 1)]
+    u = np.where(u >= 0, u, 0)
+    done[0] = d + width
+    count = bins.count[0, lightest] + units.count[u]
+    longest = np.maximum(bins.longest[0, lightest], units.longest[u])
+    total = bins.total[0, lightest] + units.total[u]
+    ok = _cost(model, count, longest, total) <= budget
+    bb, uu = lightest[ok], u[ok]  # distinct bins: one unit per bin in a round
+    load[bb] += units.weight[uu]
+    bins.count[0, bb], bins.longest[0, bb], bins.total[0, bb] = count[ok], longest[ok], total[ok]
+    bins.bin_of[uu] = bb
+    if not ok.all():
+        bad = ~ok
+        _place_rest(np.zeros(int(bad.sum()), dtype=np.int64), u[bad], units, bins, budget, model)
 
 
 def _place_roomiest(rows: IntArray, unit: IntArray, units: Units, bins: Bins, budget: float,
