@@ -273,18 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device(args.device)
     capacity = parse_budget("8MiB" if args.tiny and device.type == "cpu" else args.capacity)
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        if capacity > 0.95 * total:
-            print(
-                f"capacity {capacity / GiB:.1f} GiB exceeds the device's {total / GiB:.1f} GiB",
-                file=sys.stderr,
-            )
-            return 2
-        torch.cuda.set_per_process_memory_fraction(capacity / total, device.index or 0)
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = "cpu (dry run: live-tensor tracker)"
+    name = mg.cap_device(device, capacity, "cpu (dry run: live-tensor tracker)")
+    if name is None:
+        return 2
     sizes = load(DATA).astype(np.int64)
     results: dict[str, Any] = {
         "device": name,

@@ -370,6 +370,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def cap_device(device: torch.device, capacity: float, cpu_name: str) -> str | None:
+    """Hold a CUDA device's allocator to ``capacity`` bytes; the device's name (``cpu_name`` on
+    CPU), or ``None`` (said on stderr) when the capacity exceeds 95 % of the device."""
+    if device.type != "cuda":
+        return cpu_name
+    total = torch.cuda.get_device_properties(device).total_memory
+    if capacity > 0.95 * total:
+        print(f"capacity {capacity / GiB:.1f} GiB exceeds this device's {total / GiB:.1f} GiB", file=sys.stderr)
+        return None
+    torch.cuda.set_per_process_memory_fraction(capacity / total, device.index or 0)
+    return torch.cuda.get_device_name(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -380,18 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     # --tiny on CUDA: 1 GiB leaves room for the context and the cuBLAS workspaces
     tiny_capacity = "8MiB" if tr.device.type == "cpu" else "1GiB"
     capacity = fitbatch.costs.parse_budget(tiny_capacity if args.tiny else args.capacity)
-    if tr.device.type == "cuda":
-        total = torch.cuda.get_device_properties(tr.device).total_memory
-        if capacity > 0.95 * total:
-            print(
-                f"capacity {capacity / GiB:.1f} GiB exceeds this device's {total / GiB:.1f} GiB",
-                file=sys.stderr,
-            )
-            return 2
-        torch.cuda.set_per_process_memory_fraction(capacity / total, tr.device.index or 0)
-        name = torch.cuda.get_device_name(tr.device)
-    else:
-        name = "cpu (dry run: live-tensor tracker, simulated OOM)"
+    name = cap_device(tr.device, capacity, "cpu (dry run: live-tensor tracker, simulated OOM)")
+    if name is None:
+        return 2
     sizes = load(DATA).astype(np.int64)
     results: dict = {
         "device": name,
