@@ -39,7 +39,7 @@ def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: Cap
     """
     step, model, budget = plan.step, plan.model, plan.budget
     rows = order.shape[0]
-    m = _round_up(max(bound, plan.floor), step)
+    m = round_up(max(bound, plan.floor), step)
     bins = pack(order, units, m * width, budget, model, alone) if m else Bins.empty(rows, 0, units.weight.size)
     packed = {r: (m, _row(bins, r)) for r in range(rows) if m and not bins.failed[r]}
 
@@ -93,5 +93,6 @@ def _adopt(out: Bins, r: int, src: Bins, order: IntArray, alone: IntArray) -> No
     out.failed[r] = False
 
 
-def _round_up(m: int, step: int) -> int:
+def round_up(m: int, step: int) -> int:
+    """``m`` rounded up to a multiple of ``step``."""
     return -(-m // step) * step

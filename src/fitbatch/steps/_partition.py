@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
-from fitbatch.steps._count import settle
+from fitbatch.steps._count import round_up, settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
 from fitbatch.steps._refine import refine, step_time
 
@@ -220,16 +220,16 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             if step_time(fewer.load, pooled, world) < step_time(bins.load, pooled, world):
                 bins = fewer
     bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-    ideal = bins.load.sum() / world
-    if (m and step_time(bins.load, pooled, world) > ideal * (1 + MORE) and _fill(bins, plan) >= FULL
-            and m <= _round_up(max(bound, plan.floor, 1), plan.step)):
+    now = step_time(bins.load, pooled, world)
+    if (m and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
+            and m <= round_up(max(bound, plan.floor, 1), plan.step)):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
         more = m + plan.step
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
             wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-            if step_time(wider.load, pooled, world) < step_time(bins.load, pooled, world):
+            if step_time(wider.load, pooled, world) < now:
                 return more, wider
     return m, bins
 
@@ -239,9 +239,6 @@ def _fill(bins: Bins, plan: _Plan) -> float:
     cost = plan.model.evaluate(bins.count.ravel(), bins.longest.ravel(), bins.total.ravel())
     return float(np.minimum(cost, plan.budget).sum() / (cost.size * plan.budget)) if cost.size and plan.budget > 0 else 0.0
 
-
-def _round_up(m: int, step: int) -> int:
-    return -(-m // step) * step
 
 
 # --------------------------------------------------------------------------- the plan of a step
@@ -444,7 +441,7 @@ class _Plan:
         n_big = int(self.big[live].sum())
         need = n_big + self._bound(live[~self.big[live]])
         m = max(-(-need // world), self.floor)
-        return -(-m // self.step) * self.step
+        return round_up(m, self.step)
 
 
 # --------------------------------------------------------------------------- micro-steps from bins
