@@ -588,16 +588,17 @@ class BudgetBatchSampler(PlanSampler, TorchBatchSampler):  # type: ignore[misc,v
         if self._live is not None and self._live.plan.index == live.plan.index:  # as re-planned by a change
             live = self._live
         plan, first = self._rank_batches(live)
-        return plan, Segment(key=live.plan.index, first=first, end=live.end, last=live.last, handle=live)
+        return plan, self._segment(live, first)
 
     def _segment_after(self, seg: Segment) -> Segment:
         return self._segment(self._next(seg.handle))
 
     @staticmethod
-    def _segment(live: Live) -> Segment:
-        """A window as iteration's segment (its rows from its first step; the plan's own first
-        row, after a change of world size, comes with :meth:`_segment_plan`)."""
-        return Segment(key=live.plan.index, first=live.first, end=live.end, last=live.last, handle=live)
+    def _segment(live: Live, first: int | None = None) -> Segment:
+        """A window as iteration's segment: its rows from ``first`` (this rank's plan's first
+        row, which after a change of world size may follow the window's first step)."""
+        return Segment(key=live.plan.index, first=live.first if first is None else first, end=live.end, last=live.last,
+                       handle=live)
 
     def _span(self) -> tuple[int, int]:
         """The steps of the epoch this rank runs (``len()``'s hook): planning in windows, the
