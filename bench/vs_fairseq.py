@@ -27,7 +27,8 @@ left out) under the padded cost (fairseq's ``max_tokens``: batch count x longest
 
 Sets: the two shared real sets and ``lognormal`` (made here: whole token counts, median 256,
 sigma 1.0, capped at the budget). Times are the best of ``--repeat`` rounds in which every cell
-runs once in turn (load from other work on the machine falls on all cells alike); "vs fairseq"
+runs once in turn (load from other work on the machine falls on all cells alike; with `--clock cpu`
+the calling thread's CPU time, the collector paused while a cell runs, as in timeit); "vs fairseq"
 is fairseq's time / fitbatch's (above 1: fitbatch is faster). With ``--epochs K`` the fitbatch cells are instead what a sampler pays per
 epoch: epochs 1..K of one ``Sizes`` (planned once at epoch 0 first), the mean per epoch, the best
 of 3 such runs (a ``Sizes`` keeps what does not depend on the epoch: size keys, level fits,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=0, help="fitbatch: mean per epoch over epochs 1..K of one Sizes")
     p.add_argument("--fairseq-built", help="a folder with data_utils_fast built by an earlier run (no rebuild)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                   help="cpu: time cells by this process's CPU time (fairer on a shared, loaded machine)")
+                   help="cpu: time cells by the calling thread's CPU time (fairer on a shared, loaded machine)")
     p.add_argument("--sets", nargs="+", default=list(SETS), help=f"of {', '.join(SETS)}")
     p.add_argument("--first-call", action="store_true",
                    help="instead: a fresh process per cell, import + first plan + batches (wall and CPU seconds)")
@@ -288,14 +289,23 @@ def alternating(cells: dict[str, Any], repeat: int, budget: int, epochs: int) ->
     times = {cell: float("inf") for cell in cells}
     counts = {cell: 0 for cell in cells}
     for _ in range(max(repeat, 1)):
+        gc.collect()  # between rounds, not before each cell (see below)
         for cell, fn in cells.items():
             if isinstance(fn, tuple):
                 seconds, batches = per_epoch(fn[0], budget, epochs, **fn[1])
-            elif CLOCK[0] == "cpu":  # this process's CPU time: what load from elsewhere changes least
-                gc.collect()
-                t0 = time.process_time()
-                batches = fn()
-                seconds = time.process_time() - t0
+            elif CLOCK[0] == "cpu":
+                # the calling thread's CPU time: what load from elsewhere changes least, and not
+                # numba's one-off background load (--first-call measures that). The collector is
+                # paused while a cell runs, as timeit does; a full collection just before each
+                # cell (this bench until speed4) walks every object of the process and leaves the
+                # caches cold: 20k cells then took 1.3-1.6x their time (fairseq's too)
+                gc.disable()
+                try:
+                    t0 = time.thread_time()
+                    batches = fn()
+                    seconds = time.thread_time() - t0
+                finally:
+                    gc.enable()
             else:
                 seconds, batches = best_time(fn, 1)
             times[cell] = min(times[cell], seconds)

@@ -33,7 +33,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -73,6 +73,10 @@ _thread: threading.Thread | None = None
 _eager = False  # asked for at a point fixed by the work (not by the background thread's timing)
 _planning = 0  # plans under way in this process (the background load starts after them)
 _wanted = False  # LOAD_AT passed while planning: load once the plan is done
+# loops a plan ran in numpy because numba had no machine code for them yet (a fresh install):
+# compiled in the background once the plan is done (name -> a call that compiles it)
+_later: dict[str, Callable[[ModuleType], Any]] = {}
+_compiling: set[str] = set()  # ... and those whose background compile has started
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
 _NO_ORDER = np.zeros(0, dtype=np.int64)
 
@@ -116,15 +120,31 @@ def _import() -> ModuleType | None:
     return _jit_kernels
 
 
-def _load_in_background() -> None:
-    """Start loading the compiled loops in a daemon thread (once)."""
+def _load_in_background(warm: bool = True) -> None:
+    """Start loading the compiled loops in a daemon thread (once); ``warm``: then compile or
+    load every loop there too."""
     global _thread
     if _thread is not None:  # started: the lock is the loader's until it is done
         return
     with _lock:
         if _thread is None and not _tried:
-            _thread = threading.Thread(target=_load_and_warm, name="fitbatch-numba", daemon=True)
+            _thread = threading.Thread(target=_load_and_warm if warm else _load, name="fitbatch-numba", daemon=True)
             _thread.start()
+
+
+def prefetch(work: int, at: int) -> None:
+    """A plan of ``work`` samples that waits for the compiled loops from ``at`` samples (a loop
+    it calls says so: ``WAIT_AT``, ``FIRST_FIT_AT``) starts loading them now, in the background,
+    so that numba's import (about 0.6 s once: the module, its compiler's registries, the cached
+    machine code) overlaps the plan's numpy steps before that loop instead of following them.
+    Only the import: as with a plan that waits, the loops compile (or load from numba's cache)
+    when first called, so that the plan never waits for a loop it does not call (on a fresh
+    install, a second or so each). A plan is the same either way.
+
+    >>> prefetch(0, WAIT_AT)  # a small plan: nothing starts
+    """
+    if work >= at and _mode() != "off" and not _tried:
+        _load_in_background(warm=False)
 
 
 @contextlib.contextmanager
@@ -144,6 +164,8 @@ def planning() -> Iterator[None]:
         if _wanted and not _planning:
             _wanted = False
             _load_in_background()
+        if _later and not _planning:
+            _compile_in_background()
 
 
 def loading() -> bool:
@@ -210,6 +232,43 @@ def _warm(module: ModuleType) -> None:
     module.shuffle_by_level_wide(draws, draws, 0)
     module.shuffle_by_level_wide(draws, np.zeros(2, np.int64), 0)
     module.shuffle_in_pools_wide(draws, draws, 1, draws[:0])
+
+
+def _cached(module: ModuleType, name: str, compile_it: Callable[[ModuleType], Any]) -> bool:
+    """Whether the loop ``name`` has machine code in this process or in numba's cache. If not
+    (a fresh install: a second or more of compiling), ``compile_it`` is kept for the background
+    compile after the plan (:func:`planning`) and the caller runs numpy this time; only loops
+    whose numpy form gives the same result call this (the stable sorts, exact reductions)."""
+    kernel = getattr(module, name)
+    if kernel.signatures:
+        return True
+    try:
+        cached = bool(kernel._cache._cache_file._load_index())  # numba's own check (index and source stamp)
+    except Exception:  # noqa: BLE001 - another numba's layout: compile on first use, as before
+        return True
+    if not cached and name not in _compiling:
+        _later.setdefault(name, compile_it)
+    return cached
+
+
+def _compile_in_background() -> None:
+    """Compile the loops :func:`_cached` set aside, in a daemon thread (numba's compiler lock
+    serialises it with a plan that compiles a loop meanwhile)."""
+    module = _module
+    todo = list(_later.items())
+    _later.clear()
+    _compiling.update(name for name, _ in todo)
+    if module is None or not todo:
+        return
+
+    def run() -> None:
+        for name, compile_it in todo:
+            try:
+                compile_it(module)
+            except Exception as exc:  # noqa: BLE001 - compiles again on first use
+                logger.debug("compiling %s failed (%s: %s)", name, type(exc).__name__, exc)
+
+    threading.Thread(target=run, name="fitbatch-numba-compile", daemon=True).start()
 
 
 def _kernels(work: int, wait: bool = False) -> ModuleType | None:
@@ -365,8 +424,11 @@ def shuffle_by_level(draws: NDArray[np.uint16], level: NDArray[Any], top: int) -
         return None
     if level.dtype != np.uint16:
         level = level.astype(np.int64, copy=False)
-    kernel = module.shuffle_by_level if draws.shape[0] >= COMPACT_AT else module.shuffle_by_level_wide
-    result: IntArray = kernel(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
+    name = "shuffle_by_level" if draws.shape[0] >= COMPACT_AT else "shuffle_by_level_wide"
+    kind = level.dtype
+    if not _cached(module, name, lambda m: getattr(m, name)(np.zeros(2, np.uint16), np.zeros(2, kind), 0)):
+        return None
+    result: IntArray = getattr(module, name)(np.ascontiguousarray(draws), np.ascontiguousarray(level), int(top))
     return result
 
 
@@ -382,8 +444,11 @@ def shuffle_in_pools(
     if module is None:
         return None
     laid = np.zeros(0, np.uint16) if laid_keys is None else laid_keys
-    kernel = module.shuffle_in_pools if n >= COMPACT_AT else module.shuffle_in_pools_wide
-    result: IntArray = kernel(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))), laid)
+    name = "shuffle_in_pools" if n >= COMPACT_AT else "shuffle_in_pools_wide"
+    draws16 = np.zeros(2, np.uint16)
+    if not _cached(module, name, lambda m: getattr(m, name)(draws16, draws16, 1, draws16[:0])):
+        return None
+    result: IntArray = getattr(module, name)(np.ascontiguousarray(draws), np.ascontiguousarray(keys), int(min(pool, max(n, 1))), laid)
     return result
 
 
@@ -392,13 +457,17 @@ def batch_reduce(sizes: FloatArray, order: IntArray | None, offsets: IntArray) -
     ``offsets``, whole-number 1-D sizes only, read in place; ``None`` when not compiled or
     when numpy's pairwise sums could differ (a sum of 2**53 or more, -0.0, an empty batch)."""
     module = _kernels(0) if sizes.ndim == 1 else None
-    if module is None:
+    if module is None or not _cached(module, "batch_reduce", _compile_batch_reduce):
         return None
     index = _NO_ORDER if order is None else np.ascontiguousarray(order, dtype=np.int64)
     mx, sm, exact = module.batch_reduce(
         np.ascontiguousarray(sizes, dtype=np.float64), index, order is not None, np.ascontiguousarray(offsets, dtype=np.int64)
     )
     return (mx, sm) if exact else None
+
+
+def _compile_batch_reduce(module: ModuleType) -> None:
+    module.batch_reduce(np.ones(2), _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
 
 
 def walk_runs(

@@ -19,6 +19,10 @@ from numpy.typing import NDArray
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 KEY_LEVELS = 1 << 16
+# the edges of keys that are the sizes themselves: one read-only array for every call (a new
+# one is 512 KiB of fresh pages, 0.1 ms, more than the rest of a 20k-sample key)
+_OWN_EDGES = np.arange(KEY_LEVELS, dtype=np.float64)
+_OWN_EDGES.flags.writeable = False
 
 
 def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], FloatArray]:
@@ -33,7 +37,7 @@ def size_keys(values: FloatArray, integral: bool) -> tuple[NDArray[np.uint16], F
         return np.zeros(0, np.uint16), np.zeros(KEY_LEVELS)
     vmax = float(values.max())
     if integral and vmax < KEY_LEVELS:
-        return values.astype(np.uint16), np.arange(KEY_LEVELS, dtype=np.float64)
+        return values.astype(np.uint16), _OWN_EDGES
     half = KEY_LEVELS // 2
     if integral and vmax < half + (half << 4):
         shift = max(0, int(math.ceil(math.log2((vmax - half + 1) / half))))

@@ -32,6 +32,8 @@ IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 # BatchPlan.__iter__ turns this many batches' heads and counts into Python ints at a time
 ITER_CHUNK = 1 << 16
+# plans of at most this many batches are iterated as slices of the order (see __iter__)
+SLICED_BATCHES = 2048
 
 
 @contextlib.contextmanager
@@ -311,7 +313,9 @@ class BatchPlan(Sequence[IntArray]):
         # batches at a time, so no list over all the batches is held while iterating (the
         # batches are still views of the order, made one at a time as they are asked for).
         order, heads, counts = self._base_order, self._heads, self.counts
-        if not order.flags.c_contiguous:
+        # a few batches: one slice each (a view per batch length would be made for about as
+        # many lengths as batches: 16 us against 71 for 113 batches of 20k samples)
+        if heads.size <= SLICED_BATCHES or not order.flags.c_contiguous:
             return (order[head : head + count] for head, count in zip(heads.tolist(), counts.tolist()))
         windows = _Windows(order)
 

@@ -205,7 +205,7 @@ def _gather_into(values: IntArray, index: IntArray) -> IntArray:
 def _random_positions(n: int, rng: np.random.Generator) -> IntArray:
     """A fast shuffle: stable radix sort by 16 random bits (ties keep index order)."""
     if n <= 1 << 16:
-        return rng.permutation(n).astype(np.int64)
+        return rng.permutation(n).astype(np.int64, copy=False)
     return SK.stable_argsort_u16(_draws(n, rng))
 
 

@@ -22,7 +22,7 @@ def fixed_counts(
     :class:`Fixed` and the sample-count steps of :mod:`fitbatch.schedule`.
     """
     if shuffle:
-        order = _rng.generator(seed, epoch, purpose).permutation(n).astype(np.int64)
+        order = _rng.generator(seed, epoch, purpose).permutation(n).astype(np.int64, copy=False)
     else:
         order = np.arange(n, dtype=np.int64)
     starts = (np.cumsum(counts) - counts).astype(np.int64)

@@ -91,7 +91,7 @@ def lattice_order(
     by_rank = ranked(keys, seed) if by_rank is None else by_rank
     modulus = prime_at_least(max(n, 5))
     a = multiplier(seed, epoch, modulus)
-    b = int(_rng.generator(seed, epoch, "lattice offset").integers(modulus))
+    b = offset(seed, epoch, modulus)
     slots = np.arange(n, dtype=np.int64)
     slots *= a
     slots += b
@@ -99,6 +99,16 @@ def lattice_order(
     laid = np.full(modulus, -1, dtype=np.int64)
     laid[slots] = by_rank  # a is invertible modulo a prime: the slots are distinct
     return laid[laid >= 0]
+
+
+@functools.lru_cache(maxsize=1024)
+def offset(seed: int, epoch: int, modulus: int) -> int:
+    """Epoch ``epoch``'s offset modulo ``modulus`` (kept per process, as the multipliers are).
+
+    >>> 0 <= offset(3, 1, 10007) < 10007
+    True
+    """
+    return int(_rng.generator(seed, epoch, "lattice offset").integers(modulus))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -34,6 +34,7 @@ cuts the shuffled order at the least total cost for the same batch count
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import TYPE_CHECKING, Any
@@ -146,8 +147,14 @@ def level_shift(seed: int, epoch: int) -> float:
     >>> 0 <= a < 1 and round((b - a) % 1.0, 6) == round(TURN, 6)
     True
     """
-    start = float(_rng.generator(seed, 0, "level-shift").random())
-    return (start + epoch * TURN) % 1.0
+    return (_shift_start(seed) + epoch * TURN) % 1.0
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_start(seed: int) -> float:
+    """The keyed start of :func:`level_shift` (kept: a generator costs more than the plan's
+    other per-epoch steps at 20k samples)."""
+    return float(_rng.generator(seed, 0, "level-shift").random())
 
 
 def shift_levels(

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import histogram
+from fitbatch._kernels import jit as _jit
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
@@ -70,7 +71,7 @@ class Sequential(Strategy):
     def plan(self, ctx: Context) -> Result:
         n = len(ctx.sizes)
         if ctx.shuffle:
-            order = ctx.rng("order").permutation(n).astype(np.int64)
+            order = ctx.rng("order").permutation(n).astype(np.int64, copy=False)
             return _greedy(ctx, order, np.zeros(min(n, 1), np.int64), None)
         return _greedy(
             ctx, np.arange(n, dtype=np.int64), np.zeros(min(n, 1), np.int64), None, identity=True
@@ -266,6 +267,9 @@ class Packed(_Pools):
     def plan(self, ctx: Context) -> Result:
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
+        # first fit (or the layout sorts of a histogram plan) waits for numba from this many
+        # samples: its import starts now, beside the shuffle and sorts before it
+        _jit.prefetch(len(ctx.sizes), _jit.FIRST_FIT_AT)
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
@@ -402,6 +406,9 @@ def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:
     if ctx.cap is not None or not SK.keys_are_sizes(edges, ctx.sizes.integral) or not ctx.budget < 2.0**52:
         return False
     n = len(ctx.sizes)
+    most = n // histogram.SAMPLES_PER_SIZE  # distinct sizes at which the histogram still pays
+    if not histogram.pays(n, 1) or np.unique(ctx.keys()[0][: 8 * (most + 1)]).size > most:
+        return False  # (a few keys show too many sizes: no histogram of 2**16 counts to fill)
     return histogram.pays(n, int(np.count_nonzero(ctx.key_counts())))
 
 
