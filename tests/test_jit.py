@@ -446,3 +446,45 @@ def test_compiled_walk_over_runs_matches_python():
             lambda lv=level, e=edges, x=sizes, sg=seg, m=multiple: K.descending_starts(lv, e, x, sg, 2000.0, COSTS["padded"], multiple=m)
         )
         assert compiled.tolist() == plain.tolist()
+
+
+class _NoMachineCode:
+    """A compiled loop as numba shows it on a fresh install: no signature, an empty cache index."""
+
+    signatures: list[object] = []
+
+    class _cache:  # noqa: N801 - numba's attribute names
+        class _cache_file:  # noqa: N801
+            @staticmethod
+            def _load_index() -> dict[object, object]:
+                return {}
+
+
+def test_a_loop_without_machine_code_runs_numpy_then_compiles_after_the_plan(monkeypatch):
+    """A fresh install: the loop is not compiled inside the plan (numpy's form, the same
+    result), but in the background once the plan is done; FITBATCH_JIT=1 compiles it at once."""
+    assert _jit.enabled()
+    monkeypatch.setattr(_jit, "_later", {})
+    monkeypatch.setattr(_jit, "_compiling", set())
+    fake, compiled = type("M", (), {"loop": _NoMachineCode()})(), []
+    with jit("1"):
+        assert _jit._cached(fake, "loop", compiled.append)
+    with jit("auto"):
+        with _jit.planning():
+            assert not _jit._cached(fake, "loop", compiled.append)
+            assert list(_jit._later) == ["loop"] and not compiled
+        _jit._compile_thread.join(60)
+        assert compiled == [_jit._module] and not _jit._later
+        assert not _jit._cached(fake, "loop", compiled.append) and not _jit._later  # compiling already
+
+
+@pytest.mark.parametrize("n", [70_001, 300_000])
+def test_plans_are_the_same_while_loops_wait_for_machine_code(n, monkeypatch):
+    sizes = np.minimum(np.random.default_rng(n).geometric(0.002, n), 16000)
+    with jit("0"):
+        plain = fitbatch.plan_batches(sizes, 16384, cost="sum", strategy="packed", epoch=1)
+    monkeypatch.setattr(_jit, "_cached", lambda module, name, compile_it: False)
+    with jit("auto"):
+        assert _jit.enabled()
+        fresh = fitbatch.plan_batches(sizes, 16384, cost="sum", strategy="packed", epoch=1)
+    assert np.array_equal(plain.order, fresh.order) and np.array_equal(plain.offsets, fresh.offsets)

@@ -77,6 +77,7 @@ _wanted = False  # LOAD_AT passed while planning: load once the plan is done
 # compiled in the background once the plan is done (name -> a call that compiles it)
 _later: dict[str, Callable[[ModuleType], Any]] = {}
 _compiling: set[str] = set()  # ... and those whose background compile has started
+_compile_thread: threading.Thread | None = None
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
 _NO_ORDER = np.zeros(0, dtype=np.int64)
 
@@ -238,9 +239,10 @@ def _cached(module: ModuleType, name: str, compile_it: Callable[[ModuleType], An
     """Whether the loop ``name`` has machine code in this process or in numba's cache. If not
     (a fresh install: a second or more of compiling), ``compile_it`` is kept for the background
     compile after the plan (:func:`planning`) and the caller runs numpy this time; only loops
-    whose numpy form gives the same result call this (the stable sorts, exact reductions)."""
+    whose numpy form gives the same result call this (the stable sorts, exact reductions).
+    With ``FITBATCH_JIT=1`` a loop is always compiled when called."""
     kernel = getattr(module, name)
-    if kernel.signatures:
+    if kernel.signatures or _mode() == "always":  # FITBATCH_JIT=1: compiled now, as asked
         return True
     try:
         cached = bool(kernel._cache._cache_file._load_index())  # numba's own check (index and source stamp)
@@ -268,7 +270,9 @@ def _compile_in_background() -> None:
             except Exception as exc:  # noqa: BLE001 - compiles again on first use
                 logger.debug("compiling %s failed (%s: %s)", name, type(exc).__name__, exc)
 
-    threading.Thread(target=run, name="fitbatch-numba-compile", daemon=True).start()
+    global _compile_thread
+    _compile_thread = threading.Thread(target=run, name="fitbatch-numba-compile", daemon=True)
+    _compile_thread.start()
 
 
 def _kernels(work: int, wait: bool = False) -> ModuleType | None:

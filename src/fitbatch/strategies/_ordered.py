@@ -407,8 +407,8 @@ def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:
         return False
     n = len(ctx.sizes)
     most = n // histogram.SAMPLES_PER_SIZE  # distinct sizes at which the histogram still pays
-    if not histogram.pays(n, 1) or np.unique(ctx.keys()[0][: 8 * (most + 1)]).size > most:
-        return False  # (a few keys show too many sizes: no histogram of 2**16 counts to fill)
+    if not histogram.pays(n, 1) or np.count_nonzero(np.bincount(ctx.keys()[0][: 32 * (most + 1)])) > most:
+        return False  # (a few keys show too many sizes: no histogram of every key to count)
     return histogram.pays(n, int(np.count_nonzero(ctx.key_counts())))
 
 
