@@ -402,8 +402,7 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
 
     The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
     by position), then a pass by its low byte inside each of those runs; each pool then takes
-    one counting pass by ``65535 - key`` when the keys span less than a pool (token counts
-    under a budget), else two passes by its bytes, cache-sized like the runs.
+    two passes by the bytes of ``65535 - key``, cache-sized like the runs.
     """
     n = draws.shape[0]
     bounds = np.zeros(257, dtype=np.int64)
@@ -429,22 +428,14 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
                 b[j] = a[j]
     # b holds the shuffled positions (low 32 bits): re-key them by 65535 - key, pool by pool
     positions = np.uint64(0xFFFFFFFF)
-    lo, hi = 65535, 0
     for j in range(n):
         i = b[j] & positions
-        k = keys[i]
-        b[j] = (np.uint64(65535 - k) << shift) | i
-        lo = min(lo, k)
-        hi = max(hi, k)
+        b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+    for s in range(0, n, pool):
+        e = min(n, s + pool)
+        _byte_pass(b, a, s, e, np.uint64(32), count)
+        _byte_pass(a, b, s, e, np.uint64(40), count)
     out = a.view(np.int64)
-    if n and hi - lo < pool:  # keys span less than a pool: one counting pass per pool, into a
-        _pools_by_key(b, a, n, pool, np.uint64(65535 - hi), hi - lo + 1)
-        b = a
-    else:  # a pass per byte of the key, cache-sized, back into b
-        for s in range(0, n, pool):
-            e = min(n, s + pool)
-            _byte_pass(b, a, s, e, np.uint64(32), count)
-            _byte_pass(a, b, s, e, np.uint64(40), count)
     if laid_keys.shape[0] == n:
         for j in range(n):
             c = b[j]
@@ -454,33 +445,6 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
         for j in range(n):
             out[j] = np.int64(b[j] & positions)
     return out
-
-
-@njit(cache=True, nogil=True)
-def _pools_by_key(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, n: int, pool: int, base: np.uint64, span: int
-) -> None:
-    """Every pool of ``src`` (``(65535 - key) << 32 | position``, ``65535 - key`` in
-    ``[base, base + span)``) stably sorted by its key field into ``dst``: one counting sort a
-    pool, ``span`` counts (the two byte passes' result in one)."""
-    shift = np.uint64(32)
-    count = np.empty(span, dtype=np.int64)
-    for s in range(0, n, pool):
-        e = min(n, s + pool)
-        count[:] = 0
-        for j in range(s, e):
-            count[(src[j] >> shift) - base] += 1
-        acc = s
-        for q in range(span):
-            c = count[q]
-            count[q] = acc
-            acc += c
-        for j in range(s, e):
-            c = src[j]
-            q = (c >> shift) - base
-            p = count[q]
-            count[q] = p + 1
-            dst[p] = c
 
 
 @njit(cache=True, nogil=True)
