@@ -212,10 +212,14 @@ def _screen(sizes: Sizes, model: CostModel, opts: PlanOptions) -> tuple[IntArray
     if opts.max_shapes is not None and values.ndim == 1:
         values = np.ceil(values)  # a shape has a whole length: a sample costs its length rounded up
     alone = model.sample_cost(values)
-    skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
-    # a sample over the budget (oversized="single") fills one batch alone: it counts as one
-    # budget's worth towards the lower bound, not as its whole cost
-    if not (alone.size and alone.max() <= opts.budget):  # (else the same costs: no new array of n)
+    # one pass tells that no sample is over the budget (max propagates NaN): nothing to screen
+    within = bool(alone.size and alone.max() <= opts.budget)
+    if within:
+        skipped, kept = np.zeros(0, np.int64), None
+    else:
+        skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
+        # a sample over the budget (oversized="single") fills one batch alone: it counts as one
+        # budget's worth towards the lower bound, not as its whole cost
         alone = np.minimum(alone, opts.budget)
     with np.errstate(over="ignore"):
         kept_alone = float(alone.sum()) - float(alone[skipped].sum())
