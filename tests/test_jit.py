@@ -389,18 +389,21 @@ import numpy as np
 from fitbatch import plan_batches
 from fitbatch._kernels import jit as _jit
 sizes = np.random.default_rng(0).integers(1, 50, {n}).astype(float)
-plan_batches(sizes, 200, strategy="sequential")
+for _ in range({plans}):
+    plan_batches(sizes, 200, strategy="sequential")
 _jit.settle()  # a background load under way finishes
 print(json.dumps({{"numba": "numba" in sys.modules, "loaded": _jit._module is not None}}))
 """
 
 
 @pytest.mark.parametrize(
-    ("n", "mode", "loaded"),
-    [(1000, None, False), (_jit.LOAD_AT + 1, None, True), (1000, "1", True), (_jit.LOAD_AT + 1, "0", False)],
+    ("n", "plans", "mode", "loaded"),
+    [(1000, 2, None, False), (_jit.LOAD_AT + 1, 1, None, False), (_jit.LOAD_AT + 1, 2, None, True),
+     (_jit.LOAD_AT // 2 + 1, 2, None, True), (1000, 1, "1", True), (_jit.LOAD_AT + 1, 2, "0", False)],
 )
-def test_numba_is_imported_only_for_large_work(n, mode, loaded):
-    got = _in_fresh_process(PROBE.format(n=n), mode)
+def test_numba_is_imported_only_for_large_work(n, plans, mode, loaded):
+    """Loaded after LOAD_AT samples over LOAD_PLANS plans (a single plan never waits for it)."""
+    got = _in_fresh_process(PROBE.format(n=n, plans=plans), mode)
     assert got == {"numba": loaded, "loaded": loaded}
 
 

@@ -13,9 +13,10 @@ Only the built-in cost models over 1-D sizes are compiled (:class:`~fitbatch.cos
 :class:`~fitbatch.costs.PaddedCost`, :class:`~fitbatch.costs.PaddedPolynomial`, exactly those
 classes: a subclass may change ``evaluate``), and :class:`~fitbatch.costs.Limits` over rows
 whose every column has one of them. numba starts loading in a background thread once a process
-has planned ``LOAD_AT`` samples, after the plan that passed it (:func:`planning`): small plans
-never pay for the import, and a first plan of a million samples neither waits for it nor
-shares the processor with it (a plan is the same either way). A call of
+has planned ``LOAD_AT`` samples in ``LOAD_PLANS`` plans or more, after the plan that passed both
+(:func:`planning`): small plans and a single plan never pay for the import, and a first plan of
+a million samples neither waits for it nor shares the processor with it (a plan is the same
+either way). A call of
 ``WAIT_AT`` samples or more, and sum-cost first fit from ``FIRST_FIT_AT`` (a Python loop there),
 wait for it, for the import only: a loop compiles on its first call (about a second each, the
 background thread compiles the others meanwhile) and numba caches the machine code next to the
@@ -54,6 +55,11 @@ FloatArray = NDArray[np.float64]
 # the compiled loops from then on (20k samples, CPU time on the shared sets: sequential 7-11 ms
 # in numpy, 2-3 ms compiled; packed with the sum cost 17-31 ms, 3-5 ms; pooled 14-18, 9-13 ms).
 LOAD_AT = 1 << 18
+# ... over this many plans at least: a process that plans once (a first plan of 1M samples) never
+# pays for the import, which would also share the processor with whatever follows the plan
+# (materialising 1.6M batches took 0.06-0.16 s instead of 0.03 beside it); one that plans again
+# loads it after its second plan
+LOAD_PLANS = 2
 # ... a plan of this many samples waits for it (its numpy loops take longer than the load)
 WAIT_AT = 1 << 22
 # ... and first-fit packing, about 2 us per sample in Python, waits for it from this many samples
@@ -73,6 +79,7 @@ _thread: threading.Thread | None = None
 _eager = False  # asked for at a point fixed by the work (not by the background thread's timing)
 _planning = 0  # plans under way in this process (the background load starts after them)
 _wanted = False  # LOAD_AT passed while planning: load once the plan is done
+_plans = 0  # plans finished in this process (outermost planning() blocks)
 # loops a plan ran in numpy because numba had no machine code for them yet (a fresh install):
 # compiled in the background once the plan is done (name -> a call that compiles it)
 _later: dict[str, Callable[[ModuleType], Any]] = {}
@@ -149,20 +156,23 @@ def prefetch(work: int, at: int) -> None:
 
 
 @contextlib.contextmanager
-def planning() -> Iterator[None]:
+def planning(counted: bool = True) -> Iterator[None]:
     """Around one plan: a background load the plan asks for starts when it is done, so that
     the first large plan of a process runs alone (its result does not depend on it).
+    ``counted=False``: part of a plan (its measures), not one more of the ``LOAD_PLANS``.
 
     >>> with planning():
     ...     pass
     """
-    global _planning, _wanted
+    global _planning, _wanted, _plans
     _planning += 1
     try:
         yield
     finally:
         _planning -= 1
-        if _wanted and not _planning:
+        if not _planning and counted:
+            _plans += 1
+        if _wanted and not _planning and _plans >= LOAD_PLANS:
             _wanted = False
             _load_in_background()
         if _later and not _planning:
@@ -295,6 +305,7 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
         return _module
     if _work >= LOAD_AT:
         global _wanted
+        # during a plan: after the plan that makes LOAD_PLANS; work outside plans (streams) loads it now
         if _planning:
             _wanted = True
         else:

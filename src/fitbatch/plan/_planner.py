@@ -158,7 +158,8 @@ def plan_with(
         kept = Sizes(laid, kept.integral, kept.columns)
     del laid
     result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None)
-    counts, costs, real, padded = measure_batches(kept, model, None if in_plan_order else order, offsets)
+    with _jit.planning(counted=False):  # (its compiled reductions are the plan's: see LOAD_PLANS)
+        counts, costs, real, padded = measure_batches(kept, model, None if in_plan_order else order, offsets)
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
