@@ -128,31 +128,15 @@ def _import() -> ModuleType | None:
     return _jit_kernels
 
 
-def _load_in_background(warm: bool = True) -> None:
-    """Start loading the compiled loops in a daemon thread (once); ``warm``: then compile or
-    load every loop there too."""
+def _load_in_background() -> None:
+    """Start loading the compiled loops in a daemon thread (once)."""
     global _thread
     if _thread is not None:  # started: the lock is the loader's until it is done
         return
     with _lock:
         if _thread is None and not _tried:
-            _thread = threading.Thread(target=_load_and_warm if warm else _load, name="fitbatch-numba", daemon=True)
+            _thread = threading.Thread(target=_load_and_warm, name="fitbatch-numba", daemon=True)
             _thread.start()
-
-
-def prefetch(work: int, at: int) -> None:
-    """A plan of ``work`` samples that waits for the compiled loops from ``at`` samples (a loop
-    it calls says so: ``WAIT_AT``, ``FIRST_FIT_AT``) starts loading them now, in the background,
-    so that numba's import (about 0.6 s once: the module, its compiler's registries, the cached
-    machine code) overlaps the plan's numpy steps before that loop instead of following them.
-    Only the import: as with a plan that waits, the loops compile (or load from numba's cache)
-    when first called, so that the plan never waits for a loop it does not call (on a fresh
-    install, a second or so each). A plan is the same either way.
-
-    >>> prefetch(0, WAIT_AT)  # a small plan: nothing starts
-    """
-    if work >= at and _mode() != "off" and not _tried:
-        _load_in_background(warm=False)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import histogram
-from fitbatch._kernels import jit as _jit
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
@@ -267,9 +266,6 @@ class Packed(_Pools):
     def plan(self, ctx: Context) -> Result:
         if not (K.plain_sum(ctx.cost) and ctx.sizes.values.ndim == 1 and ctx.multiple == 1):
             return _greedy(ctx, *_pooled_layout(ctx, self.pool_size))
-        # first fit (or the layout sorts of a histogram plan) waits for numba from this many
-        # samples: its import starts now, beside the shuffle and sorts before it
-        _jit.prefetch(len(ctx.sizes), _jit.FIRST_FIT_AT)
         # the sizes in batch order (measured by the plan; the loads when pools are re-packed):
         # when every key is its size, the pool sort lays the keys out as it goes (no gather)
         keys, edges = ctx.keys()
