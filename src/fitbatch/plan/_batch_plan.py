@@ -452,14 +452,22 @@ def _indices(name: str, values: Any) -> IntArray:
 
 
 def measure_batches(
-    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None,
+    kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray] | None = None,
 ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
     """Per batch: count, cost, real (unpadded) units and padded units (count x padded length).
 
     ``order=None`` means the samples are in index order (no gather); ``laid``, when given, is
-    ``sizes.values[order]`` already gathered (by the planning kernel).
+    ``sizes.values[order]`` already gathered (by the planning kernel); ``kinds`` (1-D sizes),
+    each batch's kind and per kind the count, max and sum of its batches (known to the
+    strategy): the kinds are measured, nothing is read per sample.
     """
     values = sizes.values
+    if kinds is not None and values.ndim == 1:
+        kind, count, mx, sm = kinds
+        cost = model.evaluate(count.astype(np.float64), mx, sm)
+        costs = cost[kind]
+        return count[kind], costs, costs if cost is sm else sm[kind], np.asarray(count * mx, dtype=np.float64)[kind]
     compiled = None
     if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
         compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)

@@ -93,6 +93,10 @@ class Result:
     tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
     identity: bool = False  # order is 0..n-1
     laid: NDArray[Any] | None = None  # the sizes in ``order``, when the kernel gathered them
+    # batches of a few kinds, each kind one count, longest and total size (histogram patterns):
+    # (offsets: starts and the end, each batch's kind, per kind count, longest, total); the plan
+    # measures the kinds, not the samples, and its batches are in the epoch's order already
+    kinds: tuple[IntArray, NDArray[Any], IntArray, FloatArray, FloatArray] | None = None
 
 
 class Strategy(ABC):

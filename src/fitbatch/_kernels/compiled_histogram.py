@@ -1,0 +1,104 @@
+"""numba-compiled loops of the histogram path: the patterns' epoch layout (imported by
+:mod:`fitbatch._kernels.pattern_layout` only once :mod:`fitbatch._kernels.jit` found numba).
+
+Each loop has a numpy twin in :mod:`fitbatch._kernels.pattern_layout` with the same result:
+:func:`group_by_level` is a stable counting sort (a stable sort has one result),
+:func:`shuffle_blocks` is numpy's ``Generator.shuffle`` of each block, draw for draw (its
+Fisher-Yates loop and bounded draws, fed with the generator's raw 64-bit outputs), and
+:func:`lay_out_sequence` writes the batches in the drawn sequence, each place of a length taking
+that length's next position (the numpy twin sorts the places by length, stably).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def group_by_level(level: np.ndarray, top: int, at: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[at[top - level[i]]++] = i`` for every position ``i`` in order: the positions grouped
+    by descending level, in index order within a level (``at``: where each level starts, in
+    descending order; advanced in place)."""
+    for i in range(level.shape[0]):
+        d = top - np.int64(level[i])
+        p = at[d]
+        at[d] = p + 1
+        out[p] = i
+
+
+@njit(cache=True, nogil=True)
+def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, raw: np.ndarray, state: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``Generator.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block ``d`` in turn, in place,
+    drawing from ``raw`` (the generator's next raw 64-bit outputs).
+
+    numpy's shuffle swaps ``x[i]`` with ``x[j]`` for ``i`` from the block's last position down to
+    1, ``j`` uniform in ``[0, i]``: 32-bit draws (the low half of a raw output, then its high
+    half) masked to the bits of ``i``, drawn again while over ``i``. ``state`` holds (block,
+    ``i``, whether a high half is kept, that half) and is updated in place: when ``raw`` runs
+    out the loop returns and resumes there with the next raw outputs (block ``len(bounds) - 1``:
+    done).
+    """
+    blocks = bounds.shape[0] - 1
+    d, i, has, kept = state[0], state[1], state[2], np.uint64(state[3])
+    r, end = 0, raw.shape[0]
+    low = np.uint64(0xFFFFFFFF)
+    while d < blocks:
+        a = bounds[d]
+        if i < 0:
+            i = bounds[d + 1] - a - 1
+        # Invariant: x[a + i + 1 : bounds[d + 1]] hold their final values (numpy's order of swaps).
+        while i > 0:
+            top = np.uint64(i)
+            mask = top
+            mask |= mask >> np.uint64(1)
+            mask |= mask >> np.uint64(2)
+            mask |= mask >> np.uint64(4)
+            mask |= mask >> np.uint64(8)
+            mask |= mask >> np.uint64(16)
+            while True:
+                if has:
+                    v = kept
+                    has = 0
+                else:
+                    if r == end:
+                        state[0], state[1], state[2], state[3] = d, i, has, np.int64(kept)
+                        return
+                    w = raw[r]
+                    r += 1
+                    kept = w >> np.uint64(32)
+                    has = 1
+                    v = w & low
+                v &= mask
+                if v <= top:
+                    break
+            j = a + np.int64(v)
+            t = x[a + i]
+            x[a + i] = x[j]
+            x[j] = t
+            i -= 1
+        d += 1
+        i = -1
+    state[0], state[1], state[2], state[3] = d, -1, has, np.int64(kept)
+
+
+@njit(cache=True, nogil=True)
+def lay_out_sequence(  # pragma: no cover - compiled
+    labels: np.ndarray, by_length: np.ndarray, first_item: np.ndarray, item: np.ndarray, at: np.ndarray,
+    order: np.ndarray, offsets: np.ndarray,
+) -> None:
+    """The batches in the sequence ``labels`` (one pattern per batch), written into ``order``:
+    pattern ``p`` holds the lengths ``item[first_item[p]:first_item[p + 1]]``, and each place of
+    length ``v`` takes the next position of that length, ``by_length[at[v]]`` (``at`` advanced in
+    place). ``offsets`` (of ``len(labels) + 1``) receives where each batch starts, and the end."""
+    o = 0
+    # Invariant: order[:o] holds the batches before t, in sequence; at[v] is the next position of length v.
+    for t in range(labels.shape[0]):
+        p = labels[t]
+        offsets[t] = o
+        for c in range(first_item[p], first_item[p + 1]):
+            v = item[c]
+            order[o] = by_length[at[v]]
+            at[v] += 1
+            o += 1
+    offsets[labels.shape[0]] = o
