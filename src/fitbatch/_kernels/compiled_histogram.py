@@ -102,3 +102,11 @@ def lay_out_sequence(  # pragma: no cover - compiled
             at[v] += 1
             o += 1
     offsets[labels.shape[0]] = o
+
+
+@njit(cache=True, nogil=True)
+def count_levels(level: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[v] += 1`` for every ``v`` in ``level`` (``np.bincount`` without its int64 copy of
+    the levels)."""
+    for i in range(level.shape[0]):
+        out[level[i]] += 1

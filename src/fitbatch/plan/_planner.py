@@ -221,7 +221,8 @@ def _screen(sizes: Sizes, model: CostModel, opts: PlanOptions) -> tuple[IntArray
     skipped, kept = screen_oversized(alone, opts.budget, opts.oversized, sizes=values, describe=describer(model, values))
     # a sample over the budget (oversized="single") fills one batch alone: it counts as one
     # budget's worth towards the lower bound, not as its whole cost
-    alone = np.minimum(alone, opts.budget)
+    if alone.size and not alone.max() <= opts.budget:  # (a copy of n only where one is over, or NaN)
+        alone = np.minimum(alone, opts.budget)
     with np.errstate(over="ignore"):
         kept_alone = float(alone.sum()) - float(alone[skipped].sum())
         # the kept sizes' own total: as finite as kept_alone unless the budget is vast (rare)

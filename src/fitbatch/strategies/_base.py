@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _rng
 from fitbatch._kernels import batches as K
+from fitbatch._kernels import histogram
 from fitbatch._kernels import jit as _jit
 from fitbatch._kernels import sorting as SK
 from fitbatch.costs import CostModel
@@ -72,7 +73,7 @@ class Context:
             keys = self.keys()[0]
 
             def count() -> NDArray[np.int64]:
-                return np.bincount(keys, minlength=SK.KEY_LEVELS)
+                return histogram.level_counts(keys, SK.KEY_LEVELS)
 
             self._counts = self.sizes.cached("key_counts", count) if self.sizes.values.ndim == 1 else count()
         return self._counts
