@@ -13,9 +13,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
-from fitbatch._kernels import histogram
+from fitbatch._kernels import histogram, pattern_layout
 from fitbatch._kernels import packing_depth as PD
-from fitbatch._kernels import pattern_layout
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
 from fitbatch._validate import fraction, positive_int
@@ -29,7 +28,6 @@ from fitbatch.strategies._base import (
     _mixed_order,
     _pooled_layout,
     _pooled_order,
-    _shuffled_by_level,
     _tails,
     remembered,
     replan,
@@ -387,7 +385,6 @@ def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget
     (:func:`~fitbatch._kernels.pattern_layout.lay_out_drawn`): drawn within each length and the
     batches in a drawn sequence when shuffled (index order and pattern by pattern else), each
     batch measured by its pattern."""
-    n = len(ctx.sizes)
     keys, edges = ctx.keys()
     level = keys if SK.keys_are_sizes(edges, ctx.sizes.integral) else ctx.sizes.values.astype(np.int64)
     within, sequence = (ctx.rng("packed-histogram"), ctx.rng("batch-order")) if ctx.shuffle else (None, None)
