@@ -104,8 +104,8 @@ def test_without_generators_the_batches_are_in_pattern_order_and_index_order():
 
 
 @given(
-    blocks=st.lists(st.integers(0, 3000), min_size=1, max_size=6),
-    chunk=st.integers(1, 600),
+    blocks=st.lists(st.integers(0, 40_000), min_size=1, max_size=6),
+    chunk=st.integers(1, 3000),
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from([np.int32, np.int64, np.uint16]),
 )
@@ -117,10 +117,8 @@ def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, chunk, see
     rng = np.random.Generator(np.random.PCG64(seed))
     for a, b in zip(bounds[:-1], bounds[1:]):
         rng.shuffle(theirs[a:b])
-    state = np.array([0, -1, 0, 0], dtype=np.int64)
-    rng = np.random.Generator(np.random.PCG64(seed))
-    while state[0] < bounds.size - 1:  # fed in chunks of raw draws: it resumes where it stopped
-        loops.shuffle_blocks(mine, bounds, rng.bit_generator.random_raw(chunk), state)
+    # fed in chunks of raw draws: it resumes where it stopped
+    L._compiled_shuffle(mine, bounds, np.random.Generator(np.random.PCG64(seed)), loops, chunk)
     assert np.array_equal(mine, theirs)
     assert L._same_shuffle(loops)
 

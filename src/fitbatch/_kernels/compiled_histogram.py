@@ -4,7 +4,7 @@
 Each loop has a numpy twin in :mod:`fitbatch._kernels.pattern_layout` with the same result:
 :func:`group_by_level` is a stable counting sort (a stable sort has one result),
 :func:`shuffle_blocks` is numpy's ``Generator.shuffle`` of each block, draw for draw (its
-Fisher-Yates loop and bounded draws, fed with the generator's raw 64-bit outputs), and
+Fisher-Yates loop and bounded draws, fed with the generator's raw outputs), and
 :func:`lay_out_sequence` writes the batches in the drawn sequence, each place of a length taking
 that length's next position (the numpy twin sorts the places by length, stably).
 """
@@ -28,58 +28,58 @@ def group_by_level(level: np.ndarray, top: int, at: np.ndarray, out: np.ndarray)
 
 
 @njit(cache=True, nogil=True)
-def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, raw: np.ndarray, state: np.ndarray) -> None:  # pragma: no cover - compiled
+def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: np.ndarray, steps: np.ndarray) -> None:  # pragma: no cover - compiled
     """``Generator.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block ``d`` in turn, in place,
-    drawing from ``raw`` (the generator's next raw 64-bit outputs).
+    drawing from ``draws`` (the generator's next raw 64-bit outputs as 32-bit halves, low first:
+    numpy's order).
 
     numpy's shuffle swaps ``x[i]`` with ``x[j]`` for ``i`` from the block's last position down to
-    1, ``j`` uniform in ``[0, i]``: 32-bit draws (the low half of a raw output, then its high
-    half) masked to the bits of ``i``, drawn again while over ``i``. ``state`` holds (block,
-    ``i``, whether a high half is kept, that half) and is updated in place: when ``raw`` runs
-    out the loop returns and resumes there with the next raw outputs (block ``len(bounds) - 1``:
+    1, ``j`` uniform in ``[0, i]``: a 32-bit draw masked to the bits of ``i``, drawn again while
+    over ``i``. The draws of up to ``len(steps)`` steps are found first without a branch (a
+    rejected draw leaves ``i`` as it is; the mask narrows as ``i`` crosses a power of two), then
+    their swaps are made. ``state`` holds (block, ``i``) and is updated in place: when ``draws``
+    run out the loop returns and resumes there with the next draws (block ``len(bounds) - 1``:
     done).
     """
     blocks = bounds.shape[0] - 1
-    d, i, has, kept = state[0], state[1], state[2], np.uint64(state[3])
-    r, end = 0, raw.shape[0]
-    low = np.uint64(0xFFFFFFFF)
+    d, i = state[0], state[1]
+    q, end = 0, draws.shape[0]
+    cap = steps.shape[0]
     while d < blocks:
         a = bounds[d]
         if i < 0:
             i = bounds[d + 1] - a - 1
         # Invariant: x[a + i + 1 : bounds[d + 1]] hold their final values (numpy's order of swaps).
         while i > 0:
-            top = np.uint64(i)
-            mask = top
-            mask |= mask >> np.uint64(1)
-            mask |= mask >> np.uint64(2)
-            mask |= mask >> np.uint64(4)
-            mask |= mask >> np.uint64(8)
-            mask |= mask >> np.uint64(16)
-            while True:
-                if has:
-                    v = kept
-                    has = 0
-                else:
-                    if r == end:
-                        state[0], state[1], state[2], state[3] = d, i, has, np.int64(kept)
-                        return
-                    w = raw[r]
-                    r += 1
-                    kept = w >> np.uint64(32)
-                    has = 1
-                    v = w & low
-                v &= mask
-                if v <= top:
-                    break
-            j = a + np.int64(v)
-            t = x[a + i]
-            x[a + i] = x[j]
-            x[j] = t
-            i -= 1
+            first, stop = i, max(i - cap, 0)
+            m = np.uint64(i)
+            m |= m >> np.uint64(1)
+            m |= m >> np.uint64(2)
+            m |= m >> np.uint64(4)
+            m |= m >> np.uint64(8)
+            m |= m >> np.uint64(16)
+            mask = np.int64(m)
+            half = mask >> 1
+            while i > stop and q < end:
+                v = np.int64(draws[q]) & mask
+                q += 1
+                steps[first - i] = v
+                i -= np.int64(v <= i)
+                narrow = np.int64(i <= half)
+                mask >>= narrow
+                half >>= narrow
+            for k in range(first - i):
+                s = a + first - k
+                j = a + steps[k]
+                t = x[s]
+                x[s] = x[j]
+                x[j] = t
+            if i > stop:  # the draws ran out
+                state[0], state[1] = d, i
+                return
         d += 1
         i = -1
-    state[0], state[1], state[2], state[3] = d, -1, has, np.int64(kept)
+    state[0], state[1] = d, -1
 
 
 @njit(cache=True, nogil=True)

@@ -48,6 +48,8 @@ Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, lon
 #: raw 64-bit draws fed to the compiled shuffle at a time (numpy's shuffle takes about 0.7 of
 #: one per position: 32-bit halves, redrawn while over the bound)
 RAW_CHUNK = 1 << 20
+#: steps whose draws the compiled shuffle finds before making their swaps
+STEPS = 1 << 14
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,14 +174,22 @@ def _shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops:
     """``rng.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block in turn, in place (compiled:
     the same swaps, from the same draws)."""
     if loops is not None and x.flags.c_contiguous and _same_shuffle(loops):
-        state = np.array([0, -1, 0, 0], dtype=np.int64)
-        raw = rng.bit_generator.random_raw
-        while state[0] < bounds.size - 1:
-            loops.shuffle_blocks(x, bounds, raw(RAW_CHUNK), state)
+        _compiled_shuffle(x, bounds, rng, loops, RAW_CHUNK)
         return
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         if b - a > 1:
             rng.shuffle(x[a:b])
+
+
+def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType, chunk: int) -> None:
+    """The compiled :func:`_shuffle`, fed ``chunk`` raw draws at a time (as 32-bit halves, low
+    first: the order of numpy's 32-bit draws on a little-endian machine)."""
+    state = np.array([0, -1], dtype=np.int64)
+    steps = np.empty(STEPS, dtype=np.int64)
+    raw = rng.bit_generator.random_raw
+    while state[0] < bounds.size - 1:
+        draws = raw(chunk).astype("<u8", copy=False).view("<u4")
+        loops.shuffle_blocks(x, bounds, draws, state, steps)
 
 
 @functools.lru_cache(maxsize=1)
@@ -188,10 +198,7 @@ def _same_shuffle(loops: ModuleType) -> bool:
     once per process on a few blocks; when not, numpy shuffles: the plan never depends on numba)."""
     bounds = np.array([0, 1, 40, 40, 1000, 71_000], dtype=np.int64)
     mine, theirs = np.arange(71_000, dtype=np.int32), np.arange(71_000, dtype=np.int32)
-    state = np.array([0, -1, 0, 0], dtype=np.int64)
-    rng = np.random.Generator(np.random.PCG64(20_211_128))
-    while state[0] < bounds.size - 1:
-        loops.shuffle_blocks(mine, bounds, rng.bit_generator.random_raw(977), state)
+    _compiled_shuffle(mine, bounds, np.random.Generator(np.random.PCG64(20_211_128)), loops, 977)
     _shuffle(theirs, bounds, np.random.Generator(np.random.PCG64(20_211_128)), None)
     same = bool(np.array_equal(mine, theirs))
     if not same:
