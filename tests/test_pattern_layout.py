@@ -175,3 +175,22 @@ def test_drop_last_drops_at_most_the_last_patterns_last_batch():
     check_plan(plan, sizes, 512, fitbatch.SumCost())
     assert plan.dropped_batches <= 1
     assert plan.dropped.size + plan.order.size == sizes.size
+
+
+@given(
+    kind=st.lists(st.integers(0, 9), max_size=200),
+    fields=st.integers(1, 3),
+    seed=st.integers(0, 3),
+)
+def test_per_batch_gathers_each_batchs_kind_either_way(kind, fields, seed):
+    _loops()
+    kind = np.asarray(kind, dtype=np.uint16)
+    rng = np.random.default_rng(seed)
+    count, values = rng.integers(1, 9, 10), rng.random((fields, 10))
+    with jit("0"):
+        plain = L.per_batch(kind, count, values)
+    with jit("1"):
+        compiled = L.per_batch(kind, count, values)
+    for got in (plain, compiled):
+        assert np.array_equal(got[0], count[kind]) and got[0].dtype == np.int64
+        assert np.array_equal(got[1], values[:, kind])

@@ -110,3 +110,15 @@ def count_levels(level: np.ndarray, out: np.ndarray) -> None:  # pragma: no cove
     the levels)."""
     for i in range(level.shape[0]):
         out[level[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def gather_kinds(kind: np.ndarray, count: np.ndarray, values: np.ndarray, out_count: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out_count[b] = count[kind[b]]`` and ``out[f, b] = values[f, kind[b]]`` for every batch
+    ``b``: the per-batch arrays of batches of a few kinds, in one pass."""
+    fields = values.shape[0]
+    for b in range(kind.shape[0]):
+        k = kind[b]
+        out_count[b] = count[k]
+        for f in range(fields):
+            out[f, b] = values[f, k]

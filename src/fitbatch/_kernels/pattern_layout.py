@@ -230,3 +230,23 @@ def _written(
     order = np.empty(n, dtype=np.int64)
     order[np.argsort(down, kind="stable")] = by_length
     return order, offsets
+
+
+def per_batch(kind: NDArray[Any], count: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray]:
+    """Each batch's count and values from its kind's: ``count[kind]`` and ``values[:, kind]``
+    (``values``: one row of float64 per quantity), compiled as one pass with the ``fast`` extra.
+
+    >>> c, v = per_batch(np.array([1, 0, 1], np.uint16), np.array([2, 3]), np.array([[5.0, 6.0], [10.0, 18.0]]))
+    >>> c.tolist(), v.tolist()
+    ([3, 2, 3], [[6.0, 5.0, 6.0], [18.0, 10.0, 18.0]])
+    """
+    loops = _loops(0)
+    count = np.ascontiguousarray(count, dtype=np.int64)
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    if loops is None:
+        return count[kind], values[:, kind]
+    out_count = np.empty(kind.shape[0], dtype=np.int64)
+    out = np.empty((values.shape[0], kind.shape[0]), dtype=np.float64)
+    loops.gather_kinds(np.ascontiguousarray(kind), count, values, out_count, out)
+    return out_count, out
+
