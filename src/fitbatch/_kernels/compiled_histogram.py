@@ -90,18 +90,33 @@ def lay_out_sequence(  # pragma: no cover - compiled
     """The batches in the sequence ``labels`` (one pattern per batch), written into ``order``:
     pattern ``p`` holds the lengths ``item[first_item[p]:first_item[p + 1]]``, and each place of
     length ``v`` takes the next position of that length, ``by_length[at[v]]`` (``at`` advanced in
-    place). ``offsets`` (of ``len(labels) + 1``) receives where each batch starts, and the end."""
-    o = 0
-    # Invariant: order[:o] holds the batches before t, in sequence; at[v] is the next position of length v.
-    for t in range(labels.shape[0]):
-        p = labels[t]
-        offsets[t] = o
-        for c in range(first_item[p], first_item[p + 1]):
-            v = item[c]
-            order[o] = by_length[at[v]]
-            at[v] += 1
-            o += 1
-    offsets[labels.shape[0]] = o
+    place). ``offsets`` (of ``len(labels) + 1``) receives where each batch starts, and the end.
+
+    One step per place, without a branch where a batch ends (the batches hold one, two or more
+    places in a drawn order: a loop per batch would mispredict its end about once a batch).
+    """
+    m, n = labels.shape[0], order.shape[0]
+    offsets[0] = 0
+    if m == 0:
+        return
+    t, start = 0, 0
+    p = labels[0]
+    c, end = first_item[p], first_item[p + 1]
+    # Invariant: order[:o] holds the batches before t and the places of batch t before c;
+    # offsets[:t + 1] their starts; at[v] is the next position of length v.
+    for o in range(n):
+        v = item[c]
+        k = at[v]
+        order[o] = by_length[k]
+        at[v] = k + 1
+        c += 1
+        done = np.int64(c == end)
+        t += done
+        start = o + 1 if done else start
+        offsets[t] = start
+        q = labels[min(t, m - 1)]
+        c = first_item[q] if done else c
+        end = first_item[q + 1] if done else end
 
 
 @njit(cache=True, nogil=True)
