@@ -108,17 +108,20 @@ def test_without_generators_the_batches_are_in_pattern_order_and_index_order():
     chunk=st.integers(1, 3000),
     seed=st.integers(0, 2**32 - 1),
     dtype=st.sampled_from([np.int32, np.int64, np.uint16]),
+    primed=st.integers(0, 3),
 )
-def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, chunk, seed, dtype):
+def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, chunk, seed, dtype, primed):
     loops = _loops()
     bounds = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
     theirs = np.arange(bounds[-1]).astype(dtype)
     mine = theirs.copy()
-    rng = np.random.Generator(np.random.PCG64(seed))
+    rng, ours = np.random.Generator(np.random.PCG64(seed)), np.random.Generator(np.random.PCG64(seed))
+    for g in (rng, ours):  # 32-bit draws before: numpy may hold a half for its next one
+        g.integers(0, 1000, size=primed, dtype=np.uint32)
     for a, b in zip(bounds[:-1], bounds[1:]):
         rng.shuffle(theirs[a:b])
     # fed in chunks of raw draws: it resumes where it stopped
-    L._compiled_shuffle(mine, bounds, np.random.Generator(np.random.PCG64(seed)), loops, chunk)
+    L._compiled_shuffle(mine, bounds, ours, loops, chunk)
     assert np.array_equal(mine, theirs)
     assert L._same_shuffle(loops)
 
@@ -194,3 +197,21 @@ def test_per_batch_gathers_each_batchs_kind_either_way(kind, fields, seed):
     for got in (plain, compiled):
         assert np.array_equal(got[0], count[kind]) and got[0].dtype == np.int64
         assert np.array_equal(got[1], values[:, kind])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sequence_drawn_in_pieces_holds_every_batch_once_either_way(seed):
+    _loops()
+    times = np.random.default_rng(seed).integers(0, 40, 9)
+    before = L.PIECE
+    L.PIECE = 7  # many pieces, a short last one
+    try:
+        with jit("0"):
+            plain = L._sequence(times, np.random.default_rng(seed), L._loops(0))
+        with jit("1"):
+            compiled = L._sequence(times, np.random.default_rng(seed), L._loops(0))
+    finally:
+        L.PIECE = before
+    assert np.array_equal(plain, compiled)
+    assert np.array_equal(np.bincount(plain, minlength=9), times)
+    assert plain.tolist() != sorted(plain.tolist()) or times.sum() <= 1

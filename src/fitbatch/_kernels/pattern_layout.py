@@ -7,8 +7,8 @@ batches. Three steps, each a pass of a few nanoseconds per sample:
 1. **grouped**: the positions by descending length, in index order within a length (a stable
    counting sort);
 2. **drawn**: each length's positions shuffled (``Generator.shuffle`` of each length's block,
-   blocks in order), and the batches' sequence drawn: one pattern label per batch, shuffled
-   (``Generator.shuffle``, every arrangement of the labels equally likely);
+   blocks in order), and the batches' sequence drawn: one pattern label per batch, every
+   arrangement of the labels equally likely (in cache-sized pieces: see :func:`_sequence`);
 3. **laid out**: the batches written in that sequence, each place of a length taking that
    length's next drawn position (a read from one of a few hundred blocks, each in order).
 
@@ -50,6 +50,8 @@ Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, lon
 RAW_CHUNK = 1 << 20
 #: steps whose draws the compiled shuffle finds before making their swaps
 STEPS = 1 << 14
+#: batches of the drawn sequence shuffled at a time (512 KiB of labels: in the cache)
+PIECE = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,15 +102,38 @@ def lay_out_drawn(
     if within is not None:
         desc = counts[::-1]
         _shuffle(by_length, np.concatenate([[0], np.cumsum(desc)]).astype(np.int64), within, loops)
-    label = np.uint16 if tables.times.size <= 1 << 16 else np.int64
-    labels = np.repeat(np.arange(tables.times.size, dtype=label), tables.times)
+    labels = _sequence(tables.times, sequence, loops)
     last = tables.times.size - 1
-    if sequence is not None and labels.size > 1:
-        _shuffle(labels, np.array([0, labels.size], dtype=np.int64), sequence, loops)
     order, offsets = _written(labels, by_length, counts, tables, loops)
     del by_length
     tail = -1 if not labels.size else labels.size - 1 - int(np.argmax(labels[::-1] == last))
     return Layout(order, offsets, labels, tables.width, tables.longest, tables.total, tail)
+
+
+def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None) -> NDArray[Any]:
+    """One pattern label per batch (pattern ``p`` ``times[p]`` times), in a drawn order: every
+    arrangement equally likely (``rng=None``: pattern by pattern).
+
+    The sequence is drawn in pieces of :data:`PIECE` batches, so that each shuffle stays in the
+    cache: how many batches of each pattern a piece holds is drawn first for every piece (a
+    multivariate hypergeometric draw from those left, as a uniform arrangement cut there would
+    hold), then each piece is shuffled (``Generator.shuffle``)."""
+    label = np.uint16 if times.size <= 1 << 16 else np.int64
+    patterns = np.arange(times.size, dtype=label)
+    total = int(times.sum())
+    if rng is None or total <= 1:
+        return np.repeat(patterns, times)
+    left = np.asarray(times, dtype=np.int64).copy()
+    pieces, bounds = [], [0]
+    while bounds[-1] < total:
+        size = min(PIECE, total - bounds[-1])
+        held = rng.multivariate_hypergeometric(left, size) if size < left.sum() else left.copy()
+        left -= held
+        pieces.append(np.repeat(patterns, held))
+        bounds.append(bounds[-1] + size)
+    labels = np.concatenate(pieces)
+    _shuffle(labels, np.asarray(bounds, dtype=np.int64), rng, loops)
+    return labels
 
 
 def _tables(counts: IntArray, patterns: Sequence[Pattern], n: int) -> _Tables:
@@ -173,7 +198,7 @@ def _grouped(level: NDArray[Any], counts: IntArray, top: int, loops: ModuleType 
 def _shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType | None) -> None:
     """``rng.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block in turn, in place (compiled:
     the same swaps, from the same draws)."""
-    if loops is not None and x.flags.c_contiguous and _same_shuffle(loops):
+    if loops is not None and x.flags.c_contiguous and type(rng.bit_generator) is np.random.PCG64 and _same_shuffle(loops):
         _compiled_shuffle(x, bounds, rng, loops, RAW_CHUNK)
         return
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
@@ -187,9 +212,21 @@ def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generato
     state = np.array([0, -1], dtype=np.int64)
     steps = np.empty(STEPS, dtype=np.int64)
     raw = rng.bit_generator.random_raw
+    kept = _kept_half(rng)
     while state[0] < bounds.size - 1:
         draws = raw(chunk).astype("<u8", copy=False).view("<u4")
+        if kept is not None:  # numpy's next 32-bit draw is the half it kept from its last 64 bits
+            draws, kept = np.concatenate([np.array([kept], dtype="<u4"), draws]), None
         loops.shuffle_blocks(x, bounds, draws, state, steps)
+
+
+def _kept_half(rng: np.random.Generator) -> int | None:
+    """The 32-bit half a PCG64 generator kept for its next 32-bit draw, if any; ``ValueError``
+    for another bit generator (its 32-bit draws are not known to be halves of its raw ones)."""
+    state = rng.bit_generator.state
+    if state.get("bit_generator") != "PCG64":
+        raise ValueError(f"the compiled shuffle follows PCG64's draws, not {state.get('bit_generator')!r}'s")
+    return int(state["uinteger"]) if state["has_uint32"] else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -198,8 +235,10 @@ def _same_shuffle(loops: ModuleType) -> bool:
     once per process on a few blocks; when not, numpy shuffles: the plan never depends on numba)."""
     bounds = np.array([0, 1, 40, 40, 1000, 71_000], dtype=np.int64)
     mine, theirs = np.arange(71_000, dtype=np.int32), np.arange(71_000, dtype=np.int32)
-    _compiled_shuffle(mine, bounds, np.random.Generator(np.random.PCG64(20_211_128)), loops, 977)
-    _shuffle(theirs, bounds, np.random.Generator(np.random.PCG64(20_211_128)), None)
+    ours, numpys = (np.random.Generator(np.random.PCG64(20_211_128)) for _ in range(2))
+    ours.integers(0, 1 << 20, dtype=np.uint32), numpys.integers(0, 1 << 20, dtype=np.uint32)  # a half kept
+    _compiled_shuffle(mine, bounds, ours, loops, 977)
+    _shuffle(theirs, bounds, numpys, None)
     same = bool(np.array_equal(mine, theirs))
     if not same:
         logger.warning("this numpy shuffles otherwise than the compiled loop: numpy lays out histogram plans")
