@@ -132,7 +132,7 @@ def layout_parts(keys: np.ndarray, counts: np.ndarray, patterns: list, ctx: Cont
     loops = L._loops(keys.size)
     names = ("positions grouped by length (stable counting sort)",
              "positions drawn within each length (Generator.shuffle of each block)",
-             "batch sequence drawn (Generator.shuffle of one label per batch)",
+             "batch sequence drawn (one label per batch: pieces' counts, then Generator.shuffle)",
              "batches written in that sequence (order, offsets)")
     best = dict.fromkeys(names, float("inf"))
     tables = L._tables(counts, patterns, keys.size)
@@ -143,8 +143,7 @@ def layout_parts(keys: np.ndarray, counts: np.ndarray, patterns: list, ctx: Cont
         took.append(time.process_time())
         L._shuffle(by_length, bounds, ctx.rng("packed-histogram"), loops)
         took.append(time.process_time())
-        labels = np.repeat(np.arange(tables.times.size, dtype=np.uint16), tables.times)
-        L._shuffle(labels, np.array([0, labels.size], dtype=np.int64), ctx.rng("batch-order"), loops)
+        labels = L._sequence(tables.times, ctx.rng("batch-order"), loops)
         took.append(time.process_time())
         written = L._written(labels, by_length, counts, tables, loops)
         took.append(time.process_time())
