@@ -35,9 +35,10 @@ from _common import load, resample  # noqa: E402
 
 import fitbatch  # noqa: E402
 from fitbatch._kernels import packing_depth as PD  # noqa: E402
+from fitbatch._kernels import pattern_layout as L  # noqa: E402
 from fitbatch._kernels.histogram import histogram_plan, placements  # noqa: E402
 from fitbatch._kernels.packing import first_fit_starts  # noqa: E402
-from fitbatch.strategies._base import Context, _pooled_layout, _shuffled_by_level  # noqa: E402
+from fitbatch.strategies._base import Context, _pooled_layout  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
 
@@ -104,15 +105,7 @@ def wikipedia(repeat: int) -> None:
     patterns_cpu = time.process_time() - c0
     ctx = Context(fitbatch.as_sizes(sizes), 512.0, fitbatch.costs.resolve_cost("sum"), None, 1, True, 0, 0)
     keys = ctx.keys()[0]
-    draw_cpu = lay_cpu = float("inf")
-    for _ in range(2):  # best of 2: the first touch of fresh memory costs the kernel up to ~0.7 s here
-        c0 = time.process_time()
-        by_length = _shuffled_by_level(sizes.size, ctx.rng("packed-histogram"), keys, 512)
-        draw_cpu = min(draw_cpu, time.process_time() - c0)
-        c0 = time.process_time()
-        laid_out = PD.lay_out(by_length, counts, patterns)
-        lay_cpu = min(lay_cpu, time.process_time() - c0)
-        del by_length, laid_out
+    steps = layout_parts(keys, counts, patterns, ctx)
     # the histogram first fit (the default before) and every sample's place, alone
     laid = np.sort(sizes)[::-1].astype(np.uint16)
     c0 = time.process_time()
@@ -123,14 +116,41 @@ def wikipedia(repeat: int) -> None:
     print(f"Wikipedia-512 (Krell et al. 2021): {sizes.size:,} sequences, {int(sizes.sum()):,} tokens, bound {bound:,} packs\n")
     print("| packer | packs | vs bound | wall s | CPU s |")
     print("|---|---:|---:|---:|---:|")
-    print(f"| fitbatch packed, sum cost: plan_batches (draw, pack, indices, measures, batch order) | {len(plan):,} | "
+    print(f"| fitbatch packed, sum cost: plan_batches (draw, pack, indices in the drawn batch order, measures) | {len(plan):,} | "
           f"{len(plan) / bound:.5f} | {best:.2f} | {cpu:.2f} |")
     print(f"| - its patterns alone (\"large\" rule, loose ends re-packed; cached across calls) | {PD._batches(patterns):,} | | | {patterns_cpu:.2f} |")
-    print(f"| - positions drawn within each length (compiled counting sort) | | | | {draw_cpu:.2f} |")
-    print(f"| - laid out pattern by pattern (order, starts, sizes in batch order) | | | | {lay_cpu:.2f} |")
+    for label, seconds in steps.items():
+        print(f"| - {label} | | | | {seconds:.2f} |")
     print(f"| fitbatch before: the histogram's first fit and every sample's place alone | {starts.size:,} | {starts.size / bound:.5f} | | {pack_cpu:.2f} |")
     for name, packs in PUBLISHED.items():
         print(f"| {name} | {packs:,} | {packs / bound:.5f} | | |")
+
+
+def layout_parts(keys: np.ndarray, counts: np.ndarray, patterns: list, ctx: Context, repeat: int = 3) -> dict[str, float]:
+    """CPU s of the layout's steps alone (:mod:`fitbatch._kernels.pattern_layout`, best of
+    ``repeat``: the first touch of fresh memory costs the first run more)."""
+    loops = L._loops(keys.size)
+    names = ("positions grouped by length (stable counting sort)",
+             "positions drawn within each length (Generator.shuffle of each block)",
+             "batch sequence drawn (one label per batch: pieces' counts, then Generator.shuffle)",
+             "batches written in that sequence (order, offsets)")
+    best = dict.fromkeys(names, float("inf"))
+    tables = L._tables(counts, patterns, keys.size)
+    bounds = np.concatenate([[0], np.cumsum(counts[::-1])]).astype(np.int64)
+    for _ in range(repeat):
+        took = [time.process_time()]
+        by_length = L._grouped(keys, counts, 512, loops)
+        took.append(time.process_time())
+        L._shuffle(by_length, bounds, ctx.rng("packed-histogram"), loops)
+        took.append(time.process_time())
+        labels = L._sequence(tables.times, ctx.rng("batch-order"), loops)
+        took.append(time.process_time())
+        written = L._written(labels, by_length, counts, tables, loops)
+        took.append(time.process_time())
+        del by_length, labels, written
+        for name, a, b in zip(names, took[:-1], took[1:]):
+            best[name] = min(best[name], b - a)
+    return best
 
 
 FIRST_CALL = """

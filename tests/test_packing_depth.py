@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import fitbatch
 from fitbatch._kernels import packing_depth as PD
+from fitbatch._kernels import pattern_layout
 
 
 def _batches(order: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
@@ -111,22 +112,22 @@ def test_quick_patterns_laid_out_place_every_index_once_within_budget(lengths, b
     patterns = PD.quick_patterns(counts, budget)
     # the "large" rule's patterns, their loose batches packed again by first fit when it saves any
     assert PD._batches(patterns) <= PD._batches(PD.histogram_patterns(counts, budget, None, "large"))
-    shuffled = np.random.default_rng(seed).permutation(sizes.size)
-    by_length = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
-    order, starts, laid = PD.lay_out(by_length, counts, patterns)
+    rng = np.random.default_rng(seed)
+    out = pattern_layout.lay_out_drawn(sizes, counts, patterns, rng, rng)
+    order, starts = out.order, out.offsets[:-1]
     assert np.array_equal(np.sort(order), np.arange(sizes.size))
-    assert np.array_equal(laid, sizes[order].astype(np.float64))
     batches = _batches(order, starts)
     assert len(batches) == sum(t for t, _ in patterns)
     assert all(b.size >= 1 and int(sizes[b].sum()) <= budget for b in batches)
-    # each batch holds its pattern's lengths
-    expected = [items for times, items in patterns for _ in range(times)]
-    assert [tuple(sorted(sizes[b].tolist(), reverse=True)) for b in batches] == expected
+    # each batch holds its pattern's lengths, every pattern as many times as it is taken
+    held = [tuple(sorted(sizes[b].tolist(), reverse=True)) for b in batches]
+    assert held == [patterns[k][1] for k in out.kind.tolist()]
+    assert sorted(held) == sorted(items for times, items in patterns for _ in range(times))
 
 
 def test_lay_out_refuses_patterns_that_do_not_take_every_sample_once():
     with pytest.raises(ValueError, match="patterns"):
-        PD.lay_out(np.array([0, 1]), np.array([0, 0, 2]), [(1, (2,))])
+        pattern_layout.lay_out_drawn(np.array([2, 2]), np.array([0, 0, 2]), [(1, (2,))], None, None)
 
 
 def test_uncapped_packed_plans_the_quick_patterns_when_near_the_bound():

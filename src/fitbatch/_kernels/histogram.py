@@ -47,6 +47,26 @@ def pays(n: int, distinct: int) -> bool:
     return n >= SAMPLES_PER_SIZE * max(distinct, 1)
 
 
+def level_counts(level: NDArray[np.uint16], levels: int) -> IntArray:
+    """Samples per level: ``np.bincount(level, minlength=levels)`` for 16-bit levels below
+    ``levels``, compiled with the ``fast`` extra (numpy's copies the levels to int64 first: 8 B a
+    sample, a tenth of a second at 16M).
+
+    >>> level_counts(np.array([2, 0, 2], np.uint16), 4).tolist()
+    [1, 0, 2, 0]
+    """
+    from fitbatch._kernels import pattern_layout  # (the compiled loops load with the layout's)
+
+    loops = pattern_layout._loops(0) if level.dtype == np.uint16 and level.ndim == 1 else None
+    if loops is None:
+        return np.bincount(level, minlength=levels)
+    out = np.zeros(1 << 16, dtype=np.int64)
+    loops.count_levels(np.ascontiguousarray(level), out)
+    present = np.flatnonzero(out)
+    size = max(levels, int(present[-1]) + 1 if present.size else 0)
+    return out[:size] if size <= out.size else np.concatenate([out, np.zeros(size - out.size, np.int64)])
+
+
 Parts = tuple[IntArray, IntArray, IntArray, IntArray]  # per run of samples: first batch, batches, each, before
 
 

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import jit as _jit
+from fitbatch._kernels import pattern_layout
 from fitbatch._validate import parse_budget
 from fitbatch.costs import CostModel, Limits, resolve_cost
 from fitbatch.costs._limits import check_limits, column_costs, limit_fills, limit_index
@@ -456,14 +457,24 @@ def _indices(name: str, values: Any) -> IntArray:
 
 
 def measure_batches(
-    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, *, laid: FloatArray | None = None,
+    kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray] | None = None,
 ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
     """Per batch: count, cost, real (unpadded) units and padded units (count x padded length).
 
     ``order=None`` means the samples are in index order (no gather); ``laid``, when given, is
-    ``sizes.values[order]`` already gathered (by the planning kernel).
+    ``sizes.values[order]`` already gathered (by the planning kernel); ``kinds`` (1-D sizes),
+    each batch's kind and per kind the count, max and sum of its batches (known to the
+    strategy): the kinds are measured, nothing is read per sample.
     """
     values = sizes.values
+    if kinds is not None and values.ndim == 1:
+        kind, count, mx, sm = kinds
+        cost = model.evaluate(count.astype(np.float64), mx, sm)
+        same = cost is sm  # (a sum cost: the costs are the real units)
+        per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
+        counts, got = pattern_layout.per_batch(kind, count, per_kind)
+        return counts, got[0], got[0] if same else got[2], got[1]
     compiled = None
     if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
         compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)

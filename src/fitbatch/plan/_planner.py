@@ -149,7 +149,10 @@ def plan_with(
     del sub
     # measured in positions among the kept samples, before they become dataset indices
     order, n = result.order, result.order.size
-    offsets = np.append(result.starts, n).astype(np.int64, copy=False)
+    # batches of kinds (see Result.kinds) are in the epoch's order already
+    ordered = result.kinds is not None
+    kinds = result.kinds if opts.max_shapes is None else None
+    offsets = np.append(result.starts, n).astype(np.int64, copy=False) if kinds is None else kinds[0]
     # the sizes the kernel gathered (in plan order) are the ones measured, unless it planned
     # rounded-up shapes: then the kept sizes themselves are let go before measuring
     laid = result.laid if opts.max_shapes is None else None
@@ -157,9 +160,12 @@ def plan_with(
     if laid is not None:
         kept = Sizes(laid, kept.integral, kept.columns)
     del laid
-    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None)
+    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None, kinds=None)
     with _jit.planning(counted=False):  # (its compiled reductions are the plan's: see LOAD_PLANS)
-        counts, costs, real, padded = measure_batches(kept, model, None if in_plan_order else order, offsets)
+        counts, costs, real, padded = measure_batches(
+            kept, model, None if in_plan_order else order, offsets, kinds=None if kinds is None else kinds[1:]
+        )
+    del kinds
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
@@ -172,7 +178,7 @@ def plan_with(
     del kept, at  # (before the batch order is drawn: the sizes are not held beside it)
     # batch_ids: the kept batches in plan order, None for all of them as planned
     batch_ids = None if not dropped_ids.size else np.delete(np.arange(n_batches, dtype=np.int64), dropped_ids)
-    perm = strategy.batch_order(ctx, n_batches - dropped_ids.size)
+    perm = None if ordered else strategy.batch_order(ctx, n_batches - dropped_ids.size)
     if perm is not None:
         batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
     if skipped.size:  # positions among the kept samples become dataset indices

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from fitbatch import _rng
 from fitbatch._kernels import batches as K
+from fitbatch._kernels import histogram
 from fitbatch._kernels import jit as _jit
 from fitbatch._kernels import sorting as SK
 from fitbatch.costs import CostModel
@@ -72,7 +73,7 @@ class Context:
             keys = self.keys()[0]
 
             def count() -> NDArray[np.int64]:
-                return np.bincount(keys, minlength=SK.KEY_LEVELS)
+                return histogram.level_counts(keys, SK.KEY_LEVELS)
 
             self._counts = self.sizes.cached("key_counts", count) if self.sizes.values.ndim == 1 else count()
         return self._counts
@@ -93,6 +94,10 @@ class Result:
     tails: NDArray[np.bool_]  # batches closed because their segment ran out (drop_last candidates)
     identity: bool = False  # order is 0..n-1
     laid: NDArray[Any] | None = None  # the sizes in ``order``, when the kernel gathered them
+    # batches of a few kinds, each kind one count, longest and total size (histogram patterns):
+    # (offsets: starts and the end, each batch's kind, per kind count, longest, total); the plan
+    # measures the kinds, not the samples, and its batches are in the epoch's order already
+    kinds: tuple[IntArray, NDArray[Any], IntArray, FloatArray, FloatArray] | None = None
 
 
 class Strategy(ABC):

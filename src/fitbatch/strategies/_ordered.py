@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
-from fitbatch._kernels import histogram
+from fitbatch._kernels import histogram, pattern_layout
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.packing import first_fit_laid
@@ -28,7 +28,6 @@ from fitbatch.strategies._base import (
     _mixed_order,
     _pooled_layout,
     _pooled_order,
-    _shuffled_by_level,
     _tails,
     remembered,
     replan,
@@ -382,17 +381,18 @@ def _first_fit_count_of(counts: bytes, budget: int) -> int:
 
 
 def _laid_out(ctx: Context, counts: IntArray, patterns: list[PD.Pattern], budget: int) -> Result:
-    """The positions laid out as ``patterns`` (:func:`~fitbatch._kernels.packing_depth.lay_out`),
-    drawn per epoch within each length (a counting sort by length of the shuffled positions,
-    index order when not shuffled), the sizes in batch order carried for the measures."""
-    n = len(ctx.sizes)
-    rng = ctx.rng("packed-histogram") if ctx.shuffle else None
+    """The positions laid out as ``patterns`` for the epoch
+    (:func:`~fitbatch._kernels.pattern_layout.lay_out_drawn`): drawn within each length and the
+    batches in a drawn sequence when shuffled (index order and pattern by pattern else), each
+    batch measured by its pattern."""
     keys, edges = ctx.keys()
     level = keys if SK.keys_are_sizes(edges, ctx.sizes.integral) else ctx.sizes.values.astype(np.int64)
-    by_length = _shuffled_by_level(n, rng, level, budget)
-    order, starts, laid = PD.lay_out(by_length, counts, patterns)
-    del by_length
-    return Result(order, starts, _tails(starts, np.zeros(1, np.int64), n), laid=laid)
+    within, sequence = (ctx.rng("packed-histogram"), ctx.rng("batch-order")) if ctx.shuffle else (None, None)
+    out = pattern_layout.lay_out_drawn(level, counts, patterns, within, sequence)
+    tails = np.zeros(out.offsets.size - 1, dtype=bool)
+    if out.tail >= 0:
+        tails[out.tail] = True
+    return Result(out.order, out.offsets[:-1], tails, kinds=(out.offsets, out.kind, out.count, out.longest, out.total))
 
 
 def _histogram_applies(ctx: Context, edges: NDArray[np.float64]) -> bool:

@@ -1,0 +1,139 @@
+"""numba-compiled loops of the histogram path: the patterns' epoch layout (imported by
+:mod:`fitbatch._kernels.pattern_layout` only once :mod:`fitbatch._kernels.jit` found numba).
+
+Each loop has a numpy twin in :mod:`fitbatch._kernels.pattern_layout` with the same result:
+:func:`group_by_level` is a stable counting sort (a stable sort has one result),
+:func:`shuffle_blocks` is numpy's ``Generator.shuffle`` of each block, draw for draw (its
+Fisher-Yates loop and bounded draws, fed with the generator's raw outputs), and
+:func:`lay_out_sequence` writes the batches in the drawn sequence, each place of a length taking
+that length's next position (the numpy twin sorts the places by length, stably).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def group_by_level(level: np.ndarray, top: int, at: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[at[top - level[i]]++] = i`` for every position ``i`` in order: the positions grouped
+    by descending level, in index order within a level (``at``: where each level starts, in
+    descending order; advanced in place)."""
+    for i in range(level.shape[0]):
+        d = top - np.int64(level[i])
+        p = at[d]
+        at[d] = p + 1
+        out[p] = i
+
+
+@njit(cache=True, nogil=True)
+def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: np.ndarray, steps: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``Generator.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block ``d`` in turn, in place,
+    drawing from ``draws`` (the generator's next raw 64-bit outputs as 32-bit halves, low first:
+    numpy's order).
+
+    numpy's shuffle swaps ``x[i]`` with ``x[j]`` for ``i`` from the block's last position down to
+    1, ``j`` uniform in ``[0, i]``: a 32-bit draw masked to the bits of ``i``, drawn again while
+    over ``i``. The draws of up to ``len(steps)`` steps are found first without a branch (a
+    rejected draw leaves ``i`` as it is; the mask narrows as ``i`` crosses a power of two), then
+    their swaps are made. ``state`` holds (block, ``i``) and is updated in place: when ``draws``
+    run out the loop returns and resumes there with the next draws (block ``len(bounds) - 1``:
+    done).
+    """
+    blocks = bounds.shape[0] - 1
+    d, i = state[0], state[1]
+    q, end = 0, draws.shape[0]
+    cap = steps.shape[0]
+    while d < blocks:
+        a = bounds[d]
+        if i < 0:
+            i = bounds[d + 1] - a - 1
+        # Invariant: x[a + i + 1 : bounds[d + 1]] hold their final values (numpy's order of swaps).
+        while i > 0:
+            first, stop = i, max(i - cap, 0)
+            m = np.uint64(i)
+            m |= m >> np.uint64(1)
+            m |= m >> np.uint64(2)
+            m |= m >> np.uint64(4)
+            m |= m >> np.uint64(8)
+            m |= m >> np.uint64(16)
+            mask = np.int64(m)
+            half = mask >> 1
+            while i > stop and q < end:
+                v = np.int64(draws[q]) & mask
+                q += 1
+                steps[first - i] = v
+                i -= np.int64(v <= i)
+                narrow = np.int64(i <= half)
+                mask >>= narrow
+                half >>= narrow
+            for k in range(first - i):
+                s = a + first - k
+                j = a + steps[k]
+                t = x[s]
+                x[s] = x[j]
+                x[j] = t
+            if i > stop:  # the draws ran out
+                state[0], state[1] = d, i
+                return
+        d += 1
+        i = -1
+    state[0], state[1] = d, -1
+
+
+@njit(cache=True, nogil=True)
+def lay_out_sequence(  # pragma: no cover - compiled
+    labels: np.ndarray, by_length: np.ndarray, first_item: np.ndarray, item: np.ndarray, at: np.ndarray,
+    order: np.ndarray, offsets: np.ndarray,
+) -> None:
+    """The batches in the sequence ``labels`` (one pattern per batch), written into ``order``:
+    pattern ``p`` holds the lengths ``item[first_item[p]:first_item[p + 1]]``, and each place of
+    length ``v`` takes the next position of that length, ``by_length[at[v]]`` (``at`` advanced in
+    place). ``offsets`` (of ``len(labels) + 1``) receives where each batch starts, and the end.
+
+    One step per place, without a branch where a batch ends (the batches hold one, two or more
+    places in a drawn order: a loop per batch would mispredict its end about once a batch).
+    """
+    m, n = labels.shape[0], order.shape[0]
+    offsets[0] = 0
+    if m == 0:
+        return
+    t, start = 0, 0
+    p = labels[0]
+    c, end = first_item[p], first_item[p + 1]
+    # Invariant: order[:o] holds the batches before t and the places of batch t before c;
+    # offsets[:t + 1] their starts; at[v] is the next position of length v.
+    for o in range(n):
+        v = item[c]
+        k = at[v]
+        order[o] = by_length[k]
+        at[v] = k + 1
+        c += 1
+        done = np.int64(c == end)
+        t += done
+        start = o + 1 if done else start
+        offsets[t] = start
+        q = labels[min(t, m - 1)]
+        c = first_item[q] if done else c
+        end = first_item[q + 1] if done else end
+
+
+@njit(cache=True, nogil=True)
+def count_levels(level: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[v] += 1`` for every ``v`` in ``level`` (``np.bincount`` without its int64 copy of
+    the levels)."""
+    for i in range(level.shape[0]):
+        out[level[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def gather_kinds(kind: np.ndarray, count: np.ndarray, values: np.ndarray, out_count: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out_count[b] = count[kind[b]]`` and ``out[f, b] = values[f, kind[b]]`` for every batch
+    ``b``: the per-batch arrays of batches of a few kinds, in one pass."""
+    fields = values.shape[0]
+    for b in range(kind.shape[0]):
+        k = kind[b]
+        out_count[b] = count[k]
+        for f in range(fields):
+            out[f, b] = values[f, k]
