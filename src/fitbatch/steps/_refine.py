@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel
+from fitbatch.steps import _compiled
 from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
 
 #: at most this many passes (each a few numpy calls over the units of the paired bins), and on
@@ -60,6 +61,8 @@ BALANCED_UP_TO = 16384
 GAIN_B = 1e-5
 #: a wide pass pairs this fraction (1 / WIDE) of a row's bins, least slack first, with as many of most slack
 WIDE = 4
+# the compiled passes' constants (fitbatch._kernels.steps.refine)
+_CONSTS = np.array([VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS], dtype=np.float64)
 
 
 def steps_of(load: FloatArray, pooled: bool, world: int) -> IntArray:
@@ -110,6 +113,13 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
     # small steps, at most VISITS units' work on large ones (the packing's cost, about)
     most = min(PASSES, max(PASSES_SMALL, placed.size // UNITS_PER_PASS)) if passes is None else passes
+    fast = _compiled.kernels_for(model) if _compiled.whole(units.weight) else None
+    if fast is not None:  # the same passes compiled (fitbatch._kernels.steps.refine); exact sums
+        module, kind, params = fast
+        module.refine(load, count, longest, total, flat, placed, units.weight, units.count, units.longest,
+                      units.total, float(budget), kind, params, bool(model.uses_max), rows, nb, bool(pooled),
+                      int(world), ideal, int(most), bool(balance), _CONSTS)
+        most = 0
     work = 0
     for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
@@ -221,7 +231,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     scale = float(units.weight.max()) + 1.0
     key = 2.0 * pair + w / scale
     take, g = np.flatnonzero(~give), np.flatnonzero(give)
-    take, g = take[np.argsort(key[take])], g[np.argsort(key[g])]
+    take, g = take[np.argsort(key[take], kind="stable")], g[np.argsort(key[g], kind="stable")]
     t_key, gp, gw = key[take], pair[g], w[g]
     take, g = u[take], u[g]
     n_take = np.bincount(pair_of[flat[take]], minlength=h.size)
