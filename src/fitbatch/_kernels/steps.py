@@ -37,14 +37,119 @@ def _cost(kind: int, p: Any, c: float, lng: float, t: float) -> float:
 
 @njit(**_OPTS)
 def _stable(key: Any) -> Any:
-    """Positions of ``key`` sorted ascending, ties by position (numpy's ``kind="stable"``)."""
-    return np.argsort(key, kind="mergesort")
+    """Positions of ``key`` (floats, no NaN) sorted ascending, ties by position: numpy's
+    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, else a
+    radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
+    compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
+    floats' bits."""
+    n = key.size
+    if n <= 32:
+        out = np.arange(n)
+        for i in range(1, n):
+            x = out[i]
+            kx = key[x]
+            j = i - 1
+            while j >= 0 and key[out[j]] > kx:
+                out[j + 1] = out[j]
+                j -= 1
+            out[j + 1] = x
+        return out
+    lo, hi, whole = np.inf, -np.inf, True
+    for i in range(n):
+        v = key[i]
+        lo, hi = min(lo, v), max(hi, v)
+        whole = whole and v == np.floor(v)
+    k = np.empty(n, dtype=np.uint64)
+    if whole and lo >= 0 and hi < 2.0**63:
+        for i in range(n):
+            k[i] = np.uint64(key[i])
+    elif whole and hi <= 0 and lo > -(2.0**63):
+        for i in range(n):
+            k[i] = ~np.uint64(-key[i])
+    else:
+        bits = (key + 0.0).view(np.uint64)  # + 0.0: -0.0 becomes 0.0
+        sign = np.uint64(1) << np.uint64(63)
+        for i in range(n):
+            b = bits[i]
+            k[i] = ~b if b & sign else b | sign
+    return _radix(k)
+
+
+@njit(**_OPTS)
+def _radix(k: Any) -> Any:
+    """Positions of the unsigned keys ``k`` sorted ascending, ties by position (stable): a
+    least-significant-byte radix sort, skipping the bytes every key shares."""
+    n = k.size
+    count = np.zeros((8, 257), dtype=np.int64)
+    for i in range(n):
+        x = k[i]
+        for byte in range(8):
+            count[byte, ((x >> np.uint64(8 * byte)) & np.uint64(255)) + 1] += 1
+    out = np.arange(n)
+    keys = k.copy()
+    out2 = np.empty(n, dtype=np.int64)
+    keys2 = np.empty(n, dtype=np.uint64)
+    for byte in range(8):
+        row = count[byte]
+        if row.max() == n:  # one value of this byte: the pass keeps the order
+            continue
+        for d in range(256):
+            row[d + 1] += row[d]
+        shift = np.uint64(8 * byte)
+        for i in range(n):
+            x = keys[i]
+            d = (x >> shift) & np.uint64(255)
+            at = row[d]
+            row[d] = at + 1
+            out2[at] = out[i]
+            keys2[at] = x
+        out, out2 = out2, out
+        keys, keys2 = keys2, keys
+    return out
+
+
+@njit(**_OPTS)
+def _smallest(key: Any, k: int) -> Any:
+    """``_stable(key)[:k]``: the ``k`` smallest keys' positions in order, ties by position. For
+    a few of many, one scan keeps them in a sorted buffer (a key enters only below the last)."""
+    n = key.size
+    k = min(k, n)
+    if k > 32 or k * 8 > n:
+        return _stable(key)[:k]
+    buf = np.empty(k, dtype=np.int64)
+    held = 0
+    for i in range(n):
+        v = key[i]
+        if held < k:
+            j = held
+            held += 1
+        elif v < key[buf[k - 1]]:
+            j = k - 1
+        else:
+            continue
+        while j > 0 and key[buf[j - 1]] > v:
+            buf[j] = buf[j - 1]
+            j -= 1
+        buf[j] = i
+    return buf
 
 
 @njit(**_OPTS)
 def _then(order: Any, key: Any) -> Any:
     """``order`` stably re-sorted by ``key[order]`` (a lexsort's next, more significant key)."""
-    return order[np.argsort(key[order], kind="mergesort")]
+    return order[_stable(key[order].astype(np.float64))]
+
+
+@njit(**_OPTS)
+def argsort(key: Any) -> Any:
+    """``np.argsort(key, kind="stable")`` of a 1-D float64 array without NaN (the same positions)."""
+    return _stable(key)
+
+
+@njit(**_OPTS)
+def argsort_int(key: Any) -> Any:
+    """``np.argsort(key, kind="stable")`` of a 1-D int64 array of values >= 0 (the same positions)."""
+    return _radix(key.view(np.uint64))
 
 
 @njit(**_OPTS)
@@ -112,7 +217,7 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     else:
         width = m
     width = min(width, n - d)
-    lightest = _stable(load)[:width]
+    lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
     ok = np.empty(width, dtype=np.bool_)
     us = np.empty(width, dtype=np.int64)
@@ -162,17 +267,20 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
         cost = np.empty(m)
         for b in range(m):
             cost[b] = _cost(kind, params, bc[b], bl[b], bt[b])
-        cheapest = _stable(cost)
         nu = units.size
+        cheapest = _smallest(cost, min(nu, m))  # the i-th unit's bin: the i-th cheapest, i < m
         ok = np.zeros(nu, dtype=np.bool_)
         bs = np.empty(nu, dtype=np.int64)
         nc, nl, nt = np.empty(nu), np.empty(nu), np.empty(nu)
         for i in range(nu):
             u = units[i]
-            b = cheapest[min(i, m - 1)]
+            if i >= m:  # no bin of its own this pass (numpy pairs it with the m-th, then drops it)
+                bs[i] = -1
+                continue
+            b = cheapest[i]
             bs[i] = b
             nc[i], nl[i], nt[i] = bc[b] + c[u], max(bl[b], lg[u]), bt[b] + t[u]
-            ok[i] = i < m and _cost(kind, params, nc[i], nl[i], nt[i]) <= budget
+            ok[i] = _cost(kind, params, nc[i], nl[i], nt[i]) <= budget
         if not ok.any():
             break
         for i in range(nu):
@@ -322,17 +430,54 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
 
 @njit(**_OPTS)
 def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
-    """``_second_longest``: the unit holding each bin's longest size, and the bin's longest without it."""
-    by_len = u[_then(_stable(lg[u]), flat[u])]
-    fb = flat[by_len]
+    """``_second_longest`` in one scan: the unit holding each bin's longest size (the last of
+    ``u`` among equals, as the stable sort there leaves it), and the bin's longest without it
+    (the next in that order: the second largest size, equal to the longest on a tie; 0 alone)."""
     top_id = np.full(n_bins, -1, dtype=np.int64)
+    top = np.zeros(n_bins)
     second = np.zeros(n_bins)
-    for i in range(fb.size):
-        if i == fb.size - 1 or fb[i + 1] != fb[i]:  # the bin's last (longest) unit
-            top_id[fb[i]] = by_len[i]
-            if i > 0 and fb[i - 1] == fb[i]:
-                second[fb[i]] = lg[by_len[i - 1]]
+    for i in range(u.size):
+        x = u[i]
+        b, v = flat[x], lg[x]
+        if top_id[b] < 0:
+            top_id[b], top[b] = x, v
+        elif v >= top[b]:
+            second[b], top[b], top_id[b] = top[b], v, x
+        elif v > second[b]:
+            second[b] = v
     return top_id, second
+
+
+@njit(**_OPTS)
+def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
+    """``pos[np.argsort(key[pos], kind="stable")]`` where ``key`` orders by ``pair`` first:
+    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs)."""
+    start = np.zeros(n_pairs + 1, dtype=np.int64)
+    for i in range(pos.size):
+        start[pair[pos[i]] + 1] += 1
+    for p in range(n_pairs):
+        start[p + 1] += start[p]
+    fill = start[:-1].copy()
+    out = np.empty(pos.size, dtype=np.int64)
+    for i in range(pos.size):
+        p = pair[pos[i]]
+        out[fill[p]] = pos[i]
+        fill[p] += 1
+    for p in range(n_pairs):
+        lo, hi = start[p], start[p + 1]
+        if hi - lo > 48:
+            run = out[lo:hi]
+            out[lo:hi] = run[_stable(key[run])]
+            continue
+        for i in range(lo + 1, hi):
+            x = out[i]
+            kx = key[x]
+            j = i - 1
+            while j >= lo and key[out[j]] > kx:
+                out[j + 1] = out[j]
+                j -= 1
+            out[j + 1] = x
+    return out
 
 
 @njit(**_OPTS)
@@ -361,7 +506,7 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
     key = 2.0 * pair + wu / scale
     take = np.flatnonzero(~give)
     g = np.flatnonzero(give)
-    take, g = take[_stable(key[take])], g[_stable(key[g])]
+    take, g = _by_pair(take, pair, key, n_pairs), _by_pair(g, pair, key, n_pairs)
     t_key, gp, gw = key[take], pair[g], wu[g]
     take, g = u[take], u[g]
     n_take = np.zeros(n_pairs, dtype=np.int64)
@@ -435,49 +580,52 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
         in_c[i], in_t[i], in_l[i] = ca + cb, ta + tb, max(la, lb_)
     used = np.zeros(nu, dtype=np.bool_)  # units moved in this pass
     touched = np.zeros(n_bins, dtype=np.bool_)  # bins changed in this pass (their longest an upper bound)
+    live = np.arange(x)  # candidates still possible (numpy drops the others from its arrays), in order
+    n_live = x
+    pick = np.empty(n_pairs, dtype=np.int64)
+    score = np.empty(n_pairs)
+    new = np.empty((n_pairs, 6))  # the chosen exchange's giving and taking bins' count, total, longest
     for _ in range(n_rounds):  # invariant: each taking bin <= its step's slowest at the pass's start
-        ok = np.empty(cu.size, dtype=np.bool_)
-        for i in range(cu.size):
-            ok[i] = not (used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]])) and \
-                delta[i] <= room[cp[i]]
-        if not ok.any():
-            break
-        cu, v1, v2, cp, delta = cu[ok], v1[ok], v2[ok], cp[ok], delta[ok]
-        in_c, in_t, in_l = in_c[ok], in_t[ok], in_l[ok]
-        x = cu.size
-        hc, ht, hl = np.empty(x), np.empty(x), np.empty(x)
-        lc, lt, ll = np.empty(x), np.empty(x), np.empty(x)
-        good = np.zeros(x, dtype=np.bool_)
-        for i in range(x):
-            hb, lb = h[cp[i]], l_[cp[i]]
-            one, two = v1[i] >= 0, v2[i] >= 0
-            hc[i] = bc[hb] - c[cu[i]] + in_c[i]
-            ht[i] = bt[hb] - t[cu[i]] + in_t[i]
-            hl[i] = max(second[hb] if top_id[hb] == cu[i] and not touched[hb] else bl[hb], in_l[i])
-            lc[i] = bc[lb] + c[cu[i]] - in_c[i]
-            lt[i] = bt[lb] + t[cu[i]] - in_t[i]
-            keep_l = second[lb] if one and not two and top_id[lb] == v1[i] and not touched[lb] else bl[lb]
-            ll[i] = max(keep_l, lg[cu[i]])
-            good[i] = _cost(kind, params, hc[i], hl[i], ht[i]) <= budget and \
-                _cost(kind, params, lc[i], ll[i], lt[i]) <= budget
-        idx = np.flatnonzero(good)
-        if idx.size == 0:
-            break
-        score = np.empty(idx.size)
-        for j in range(idx.size):
-            i = idx[j]
-            score[j] = min(delta[i], 2 * best[cp[i]] - delta[i])
-        idx = idx[_then(_stable(-score), cp[idx])]
-        for j in range(idx.size):  # the best exchange of each pair (distinct pairs: distinct bins)
-            i = idx[j]
+        pick[:] = -1
+        kept = 0
+        for q in range(n_live):
+            i = live[q]
             p = cp[i]
-            if j > 0 and cp[idx[j - 1]] == p:
+            if used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
                 continue
+            live[kept] = i
+            kept += 1
+            hb, lb = h[p], l_[p]
+            hc = bc[hb] - c[cu[i]] + in_c[i]
+            ht = bt[hb] - t[cu[i]] + in_t[i]
+            hl = max(second[hb] if top_id[hb] == cu[i] and not touched[hb] else bl[hb], in_l[i])
+            if not _cost(kind, params, hc, hl, ht) <= budget:
+                continue
+            lc = bc[lb] + c[cu[i]] - in_c[i]
+            lt = bt[lb] + t[cu[i]] - in_t[i]
+            one_only = v1[i] >= 0 and v2[i] < 0
+            keep_l = second[lb] if one_only and top_id[lb] == v1[i] and not touched[lb] else bl[lb]
+            ll = max(keep_l, lg[cu[i]])
+            if not _cost(kind, params, lc, ll, lt) <= budget:
+                continue
+            sc = min(delta[i], 2 * best[p] - delta[i])
+            if pick[p] < 0 or sc > score[p]:  # the best exchange of each pair, the first of equals
+                pick[p], score[p] = i, sc
+                new[p, 0], new[p, 1], new[p, 2], new[p, 3], new[p, 4], new[p, 5] = hc, ht, hl, lc, lt, ll
+        n_live = kept
+        if kept == 0:
+            break
+        moved = False
+        for p in range(n_pairs):  # distinct pairs: distinct bins and units
+            i = pick[p]
+            if i < 0:
+                continue
+            moved = True
             hb, lb, d = h[p], l_[p], delta[i]
             load[hb] -= d
             load[lb] += d
-            bc[hb], bt[hb], bl[hb] = hc[i], ht[i], hl[i]
-            bc[lb], bt[lb], bl[lb] = lc[i], lt[i], ll[i]
+            bc[hb], bt[hb], bl[hb] = new[p, 0], new[p, 1], new[p, 2]
+            bc[lb], bt[lb], bl[lb] = new[p, 3], new[p, 4], new[p, 5]
             flat[cu[i]] = lb
             used[cu[i]] = True
             if v1[i] >= 0:
@@ -489,6 +637,8 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
             touched[hb] = touched[lb] = True
             room[p] -= 2 * d if same[p] else d
             best[p] = room[p] / 2 if same[p] else room[p]
+        if not moved:
+            break
     return now, u.size
 
 

@@ -13,6 +13,7 @@ for this ``m``. Rows are independent, so the ranks of a step are packed at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,12 @@ class Units:
     count: FloatArray
     longest: FloatArray
     total: FloatArray
+
+    @cached_property
+    def whole(self) -> bool:
+        """Whether the weights are whole numbers whose total is below ``2**52``: every sum of
+        them is exact in any order (the compiled refinement's condition)."""
+        return _compiled.whole(self.weight)
 
 
 @dataclass
@@ -279,8 +286,8 @@ def _deal_block(order: IntArray, done: IntArray, live: NDArray[np.bool_], width:
 
 def rows_of(row_of_unit: IntArray, weight: FloatArray, rows: int) -> IntArray:
     """``(rows, k)`` unit ids, each row's units heaviest first (ties by id), padded with -1."""
-    heavy = np.argsort(-weight, kind="stable")
-    key = heavy[np.argsort(row_of_unit[heavy], kind="stable")]
+    heavy = _compiled.argsort(-weight)
+    key = heavy[_compiled.argsort(row_of_unit[heavy])]
     counts = np.bincount(row_of_unit, minlength=rows)
     k = int(counts.max()) if counts.size else 0
     out = np.full((rows, k), -1, dtype=np.int64)

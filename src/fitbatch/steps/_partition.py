@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
+from fitbatch.steps import _compiled
 from fitbatch.steps._count import round_up, settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
 from fitbatch.steps._refine import refine, step_time
@@ -377,7 +378,7 @@ class _Plan:
         seq = np.flatnonzero(self.kept)
         unit = self.unit_of[seq]
         key = row * m + micro
-        order = seq[np.argsort(key, kind="stable")]  # ascending indices within a micro-batch
+        order = seq[_compiled.argsort(key)]  # ascending indices within a micro-batch
         n_sizes = np.bincount(key, minlength=rows * m)
         offsets = np.zeros(rows * m + 1, dtype=np.int64)
         np.cumsum(n_sizes, out=offsets[1:])

@@ -107,19 +107,31 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
-    ext = tuple(np.append(a, 0.0) for a in (units.weight, units.count, units.longest, units.total))
-    times: list[float] = []
     balance = placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
     # small steps, at most VISITS units' work on large ones (the packing's cost, about)
     most = min(PASSES, max(PASSES_SMALL, placed.size // UNITS_PER_PASS)) if passes is None else passes
-    fast = _compiled.kernels_for(model) if _compiled.whole(units.weight) else None
+    fast = _compiled.kernels_for(model) if units.whole else None
     if fast is not None:  # the same passes compiled (fitbatch._kernels.steps.refine); exact sums
         module, kind, params = fast
         module.refine(load, count, longest, total, flat, placed, units.weight, units.count, units.longest,
                       units.total, float(budget), kind, params, bool(model.uses_max), rows, nb, bool(pooled),
                       int(world), ideal, int(most), bool(balance), _CONSTS)
-        most = 0
+    else:
+        _passes(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled, world, ideal,
+                most, balance)
+    bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
+    bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
+    bins.bin_of[placed] = flat[placed] % nb
+    return bins
+
+
+def _passes(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
+            placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
+            world: int, ideal: float, most: int, balance: bool) -> None:
+    """:func:`refine`'s passes on the flat bins, in place (numpy)."""
+    ext = tuple(np.append(a, 0.0) for a in (units.weight, units.count, units.longest, units.total))
+    times: list[float] = []
     work = 0
     for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
@@ -140,10 +152,6 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
         work += done
         if work >= VISITS:
             break
-    bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
-    bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
-    bins.bin_of[placed] = flat[placed] % nb
-    return bins
 
 
 def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode: str) -> tuple[
