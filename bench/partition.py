@@ -30,12 +30,17 @@ step efficiency = (sum of workloads / W) / sum over micro-steps of the slowest r
 bound = ``Partition.efficiency_bound``, the most any split under the cap can reach (the heaviest
 sequences each need a micro-step slower than their own workload, ``world`` of them at a time);
 plan time (best of ``--repeat``, ms; verl's 64k cells once).
+
+With numba installed (the ``fast`` extra) fitbatch's packing and refinement run compiled: the
+script sets ``FITBATCH_JIT=1`` unless it is set (``FITBATCH_JIT=0``: numpy), so the kernels load
+at the first call (not timed: best of ``--repeat``); the partitions are the same either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import platform
 import subprocess
 import sys
@@ -51,6 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import best_time, load  # noqa: E402
 
+os.environ.setdefault("FITBATCH_JIT", "1")  # the compiled kernels at the first call (see the docstring)
 from fitbatch.steps import partition  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
@@ -136,6 +142,14 @@ def step_lengths(base: np.ndarray, n: int, seed: int) -> np.ndarray:
     return np.clip(np.ceil(drawn * scale), 1, MAX_LEN).astype(np.int64)
 
 
+def _compiled() -> bool:
+    """Whether partition runs its compiled kernels here (loads them)."""
+    from fitbatch.steps import _compiled as kernels
+
+    partition([1, 2, 3], 4, world=2)
+    return kernels.settle() is not None and os.environ.get("FITBATCH_JIT") != "0"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sets", nargs="+", default=list(SETS))
@@ -149,7 +163,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         sb = verl_module(args.verl_wheel, Path(tmp))
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, cap {args.cap}")
+    compiled = "numba " + importlib.import_module("numba").__version__ if _compiled() else "numpy (no numba)"
+    print(f"# python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, cap {args.cap}, "
+          f"fitbatch kernels: {compiled}")
     print("| set | N | W | mm | micro-steps fitbatch / verl | over cap f / v | lost f / v "
           "| efficiency f / v | bound | time ms f / v | speed-up |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -10,10 +10,12 @@ where every weight is a whole number and their total is below ``2**52`` (its ste
 sums, pairwise in numpy: exact, so equal, only then). Other steps run in numpy.
 
 Loading: ``FITBATCH_JIT=0`` never; ``FITBATCH_JIT=1`` (or numba already imported) at the
-first partition of the process, which waits for it (numba's cached machine code: a fraction of
-a second; compiling on a fresh install: seconds, once); otherwise a background thread starts
-loading at the first partition, and partitions run in numpy until it is done. Either way the
-partition is the same: only the time differs.
+first partition of the process, which waits for it (numba's cached machine code: ~0.7 s;
+compiling on a fresh install, once: ~34 s of CPU on the 2-core VM); otherwise a background
+thread starts loading at the first partition, and partitions run in numpy until it is done (the
+first call costs what numpy does). Either way the partition is the same: only the time differs.
+Sorts of at least ``SORT_FROM`` keys in :mod:`fitbatch.steps` use the compiled radix sort once
+loaded (:func:`argsort`: a stable order is unique, so the same positions).
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def _warm(module: ModuleType) -> None:
     bins = [np.array([3.0, 3.0]) for _ in range(4)]
     module.refine(*bins, flat, placed, *units, 10.0, 0, np.zeros(4), True, 1, 2, True, 1, 3.0, 2, True,
                   np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]))
+    module.argsort(np.arange(40.0))
+    module.argsort_int(np.arange(40))
 
 
 def kernels_for(model: CostModel | None) -> tuple[ModuleType, int, FloatArray] | None:

@@ -174,7 +174,7 @@ def partition(
     (4, [1, 1, 1, 1], 1.0)
     >>> p = partition([500, 300, 200, 200, 100, 100], 600, world=2, weights=lambda L: 24576 * L + L**2)
     >>> [b.tolist() for b in p[0]], [b.tolist() for b in p[1]], p.step_tokens.tolist()
-    ([[0], [3, 4]], [[1], [2, 5]], [800.0, 600.0])
+    ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
     world = _int_option("world", world)
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
