@@ -489,7 +489,7 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
     n_pairs = h.size
     if n_pairs == 0:
         return now, 0
-    nu, n_bins = w.size, load.size
+    n_bins = load.size
     pair_of = np.full(n_bins, -1, dtype=np.int64)
     for i in range(n_pairs):
         pair_of[h[i]] = i
@@ -497,11 +497,24 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
     u = placed[pair_of[flat[placed]] >= 0]
     pair = pair_of[flat[u]]
     give = flat[u] == h[pair]
-    wu = w[u]
     if uses_max:
         top_id, second = _second_longest(u, flat, lg, n_bins)
     else:
         top_id, second = np.full(n_bins, -1, dtype=np.int64), bl  # a model blind to the longest
+    cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(u, pair, give, flat, pair_of, w, c, lg, t, room, best,
+                                                          n_pairs, mode, paired)
+    _exchange(load, bc, bl, bt, flat, w, c, lg, t, budget, kind, params, h, l_, room, best, same, top_id, second,
+              cu, v1, v2, cp, delta, in_c, in_t, in_l, n_rounds)
+    return now, u.size
+
+
+@njit(**_OPTS)
+def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t: Any, room: Any,
+                best: Any, n_pairs: int, mode: int, paired: int) -> Any:
+    """A pass's candidate exchanges (``_one_pass`` up to its rounds): the given unit, the one
+    or two units coming back (-1: none), the pair, the weight passed, and what comes back's
+    count, total and longest; those that pass a positive weight within the pair's room."""
+    wu = w[u]
     scale = w.max() + 1.0
     key = 2.0 * pair + wu / scale
     take = np.flatnonzero(~give)
@@ -578,8 +591,19 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
         ca, ta, la = (c[a], t[a], lg[a]) if a >= 0 else (0.0, 0.0, 0.0)
         cb, tb, lb_ = (c[b], t[b], lg[b]) if b >= 0 else (0.0, 0.0, 0.0)
         in_c[i], in_t[i], in_l[i] = ca + cb, ta + tb, max(la, lb_)
+    return cu, v1, v2, cp, delta, in_c, in_t, in_l
+
+
+@njit(**_OPTS)
+def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, lg: Any, t: Any, budget: float,
+              kind: int, params: Any, h: Any, l_: Any, room: Any, best: Any, same: Any, top_id: Any, second: Any,
+              cu: Any, v1: Any, v2: Any, cp: Any, delta: Any, in_c: Any, in_t: Any, in_l: Any, n_rounds: int) -> None:
+    """``_one_pass``'s rounds: in each, every pair's best exchange whose two bins stay under the
+    budget (the first of equal scores), each unit moved at most once a pass."""
+    nu, n_bins, n_pairs = w.size, load.size, h.size
     used = np.zeros(nu, dtype=np.bool_)  # units moved in this pass
     touched = np.zeros(n_bins, dtype=np.bool_)  # bins changed in this pass (their longest an upper bound)
+    x = cu.size
     live = np.arange(x)  # candidates still possible (numpy drops the others from its arrays), in order
     n_live = x
     pick = np.empty(n_pairs, dtype=np.int64)
@@ -639,7 +663,6 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
             best[p] = room[p] / 2 if same[p] else room[p]
         if not moved:
             break
-    return now, u.size
 
 
 @njit(**_OPTS)
