@@ -13,12 +13,14 @@ for this ``m``. Rows are independent, so the ranks of a step are packed at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel
+from fitbatch.steps import _compiled
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -35,6 +37,12 @@ class Units:
     count: FloatArray
     longest: FloatArray
     total: FloatArray
+
+    @cached_property
+    def whole(self) -> bool:
+        """Whether the weights are whole numbers whose total is below ``2**52``: every sum of
+        them is exact in any order (the compiled refinement's condition)."""
+        return _compiled.whole(self.weight)
 
 
 @dataclass
@@ -81,6 +89,14 @@ def pack(
         stopped there, and it must be packed into more bins.
     """
     rows, k = order.shape
+    fast = _compiled.kernels_for(model) if rows == 1 else None
+    if fast is not None:  # the same deal compiled (fitbatch._kernels.steps.pack_pool)
+        module, kind, params = fast
+        row = np.full(0, -1, dtype=np.int64) if alone is None else np.ascontiguousarray(alone[0], dtype=np.int64)
+        load, count, longest, total, bin_of, failed = module.pack_pool(
+            np.ascontiguousarray(order[0], dtype=np.int64), row, units.weight, units.count, units.longest,
+            units.total, int(m), float(budget), kind, params, EXACT_ROUNDS)
+        return Bins(load[None], count[None], longest[None], total[None], bin_of, np.array([failed]))
     bins = Bins.empty(rows, m, units.weight.size)
     if alone is not None and alone.size:
         r, b = np.nonzero(alone >= 0)
@@ -164,11 +180,7 @@ def _deal_round_one(order: IntArray, done: IntArray, n: int, units: Units, bins:
     d = int(done[0])
     first = units.weight[max(int(order[min(d, k - 1)]), 0)]
     width = min(max(int((load < load.min() + first).sum()), 1) if first > 0 else m, n - d)
-    if width < m:  # only the `width` lightest bins take a unit: sort those alone
-        part = np.argpartition(load, width - 1)[:width]
-        lightest = part[np.argsort(load[part], kind="stable")]
-    else:
-        lightest = np.argsort(load, kind="stable")
+    lightest = np.argsort(load, kind="stable")[:width]  # ties by bin: the same on every machine
     u = order[np.minimum(d + np.arange(width), k - 1)]
     u = np.where(u >= 0, u, 0)
     done[0] = d + width
@@ -274,8 +286,8 @@ def _deal_block(order: IntArray, done: IntArray, live: NDArray[np.bool_], width:
 
 def rows_of(row_of_unit: IntArray, weight: FloatArray, rows: int) -> IntArray:
     """``(rows, k)`` unit ids, each row's units heaviest first (ties by id), padded with -1."""
-    heavy = np.argsort(-weight, kind="stable")
-    key = heavy[np.argsort(row_of_unit[heavy], kind="stable")]
+    heavy = _compiled.argsort(-weight)
+    key = heavy[_compiled.argsort(row_of_unit[heavy])]
     counts = np.bincount(row_of_unit, minlength=rows)
     k = int(counts.max()) if counts.size else 0
     out = np.full((rows, k), -1, dtype=np.int64)

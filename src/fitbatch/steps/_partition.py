@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost
 from fitbatch.sizes import as_sizes
+from fitbatch.steps import _compiled
 from fitbatch.steps._count import round_up, settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
 from fitbatch.steps._refine import refine, step_time
@@ -173,7 +174,7 @@ def partition(
     (4, [1, 1, 1, 1], 1.0)
     >>> p = partition([500, 300, 200, 200, 100, 100], 600, world=2, weights=lambda L: 24576 * L + L**2)
     >>> [b.tolist() for b in p[0]], [b.tolist() for b in p[1]], p.step_tokens.tolist()
-    ([[0], [3, 4]], [[1], [2, 5]], [800.0, 600.0])
+    ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
     world = _int_option("world", world)
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
@@ -377,7 +378,7 @@ class _Plan:
         seq = np.flatnonzero(self.kept)
         unit = self.unit_of[seq]
         key = row * m + micro
-        order = seq[np.argsort(key, kind="stable")]  # ascending indices within a micro-batch
+        order = seq[_compiled.argsort(key)]  # ascending indices within a micro-batch
         n_sizes = np.bincount(key, minlength=rows * m)
         offsets = np.zeros(rows * m + 1, dtype=np.int64)
         np.cumsum(n_sizes, out=offsets[1:])

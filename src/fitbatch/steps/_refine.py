@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch.costs import CostModel
+from fitbatch.steps import _compiled
 from fitbatch.steps._pack import Bins, FloatArray, IntArray, Units
 
 #: at most this many passes (each a few numpy calls over the units of the paired bins), and on
@@ -60,6 +61,8 @@ BALANCED_UP_TO = 16384
 GAIN_B = 1e-5
 #: a wide pass pairs this fraction (1 / WIDE) of a row's bins, least slack first, with as many of most slack
 WIDE = 4
+# the compiled passes' constants (fitbatch._kernels.steps.refine)
+_CONSTS = np.array([VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS], dtype=np.float64)
 
 
 def steps_of(load: FloatArray, pooled: bool, world: int) -> IntArray:
@@ -104,12 +107,31 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
-    ext = tuple(np.append(a, 0.0) for a in (units.weight, units.count, units.longest, units.total))
-    times: list[float] = []
     balance = placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
     # small steps, at most VISITS units' work on large ones (the packing's cost, about)
     most = min(PASSES, max(PASSES_SMALL, placed.size // UNITS_PER_PASS)) if passes is None else passes
+    fast = _compiled.kernels_for(model) if units.whole else None
+    if fast is not None:  # the same passes compiled (fitbatch._kernels.steps.refine); exact sums
+        module, kind, params = fast
+        module.refine(load, count, longest, total, flat, placed, units.weight, units.count, units.longest,
+                      units.total, float(budget), kind, params, bool(model.uses_max), rows, nb, bool(pooled),
+                      int(world), ideal, int(most), bool(balance), _CONSTS)
+    else:
+        _passes(load, count, longest, total, flat, placed, units, budget, model, rows, nb, pooled, world, ideal,
+                most, balance)
+    bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
+    bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
+    bins.bin_of[placed] = flat[placed] % nb
+    return bins
+
+
+def _passes(load: FloatArray, count: FloatArray, longest: FloatArray, total: FloatArray, flat: IntArray,
+            placed: IntArray, units: Units, budget: float, model: CostModel, rows: int, nb: int, pooled: bool,
+            world: int, ideal: float, most: int, balance: bool) -> None:
+    """:func:`refine`'s passes on the flat bins, in place (numpy)."""
+    ext = tuple(np.append(a, 0.0) for a in (units.weight, units.count, units.longest, units.total))
+    times: list[float] = []
     work = 0
     for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
@@ -130,10 +152,6 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
         work += done
         if work >= VISITS:
             break
-    bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
-    bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
-    bins.bin_of[placed] = flat[placed] % nb
-    return bins
 
 
 def _pairs(load: FloatArray, rows: int, nb: int, pooled: bool, world: int, mode: str) -> tuple[
@@ -221,7 +239,7 @@ def _one_pass(load: FloatArray, count: FloatArray, longest: FloatArray, total: F
     scale = float(units.weight.max()) + 1.0
     key = 2.0 * pair + w / scale
     take, g = np.flatnonzero(~give), np.flatnonzero(give)
-    take, g = take[np.argsort(key[take])], g[np.argsort(key[g])]
+    take, g = take[np.argsort(key[take], kind="stable")], g[np.argsort(key[g], kind="stable")]
     t_key, gp, gw = key[take], pair[g], w[g]
     take, g = u[take], u[g]
     n_take = np.bincount(pair_of[flat[take]], minlength=h.size)

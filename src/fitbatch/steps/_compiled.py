@@ -1,0 +1,152 @@
+"""The compiled forms of a step's packing and refinement (the ``fast`` extra: numba).
+
+:mod:`fitbatch._kernels.steps` holds :func:`~fitbatch.steps._pack.pack` of one pool and
+:func:`~fitbatch.steps._refine.refine` as numba loops that make the same decisions in the same
+order as the numpy forms, so a partition is the same with or without them (a property test
+compares the two on random steps). They apply to the built-in cost models only
+(:class:`~fitbatch.costs.SumCost`, :class:`~fitbatch.costs.PaddedCost`,
+:class:`~fitbatch.costs.PaddedPolynomial`, exactly those classes); the refinement also only
+where every weight is a whole number and their total is below ``2**52`` (its step times are
+sums, pairwise in numpy: exact, so equal, only then). Other steps run in numpy.
+
+Loading: ``FITBATCH_JIT=0`` never; ``FITBATCH_JIT=1`` (or numba already imported) at the
+first partition of the process, which waits for it (numba's cached machine code: ~0.7 s;
+compiling on a fresh install, once: ~34 s of CPU on the 2-core VM); otherwise a background
+thread starts loading at the first partition, and partitions run in numpy until it is done (the
+first call costs what numpy does). Either way the partition is the same: only the time differs.
+Sorts of at least ``SORT_FROM`` keys in :mod:`fitbatch.steps` use the compiled radix sort once
+loaded (:func:`argsort`: a stable order is unique, so the same positions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import threading
+from types import ModuleType
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fitbatch._kernels import jit
+from fitbatch.costs import CostModel
+
+logger = logging.getLogger(__name__)
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+#: the refinement is compiled only where the weights' total is below this (all sums exact)
+EXACT_BELOW = float(2**52)
+
+_module: ModuleType | None = None
+_failed = False
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def kernels() -> ModuleType | None:
+    """The compiled module, or ``None`` (not loaded yet, not installed, or ``FITBATCH_JIT=0``)."""
+    mode = jit._mode()
+    if mode == "off" or _failed:
+        return None
+    if _module is not None:
+        return _module
+    if _thread is None and (mode == "always" or "numba" in sys.modules):
+        return _load()
+    _load_in_background()
+    return None
+
+
+def settle() -> ModuleType | None:
+    """Wait for a background load under way; the compiled module or ``None``.
+
+    >>> settle() is None or settle() is not None
+    True
+    """
+    thread = _thread
+    if thread is not None:
+        thread.join()
+    return _module
+
+
+def _load_in_background() -> None:
+    global _thread
+    with _lock:
+        if _thread is None and _module is None and not _failed:
+            if importlib.util.find_spec("numba") is None:
+                _give_up("numba is not installed")
+                return
+            _thread = threading.Thread(target=_load, name="fitbatch-numba-steps", daemon=True)
+            _thread.start()
+
+
+def _give_up(why: str) -> None:
+    global _failed
+    _failed = True
+    logger.debug("step partitioning runs in numpy: %s", why)
+
+
+def _load() -> ModuleType | None:
+    """Import the kernels and compile them (or load numba's cache) by running each once."""
+    global _module
+    with _lock:
+        if _module is not None or _failed:
+            return _module
+        try:
+            from fitbatch._kernels import steps as module
+
+            _warm(module)
+        except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, ...
+            logger.warning("the compiled step kernels could not be loaded (%s: %s); using numpy",
+                           type(exc).__name__, exc)
+            _give_up(str(exc))
+            return None
+        _module = module
+        return module
+
+
+def _warm(module: ModuleType) -> None:
+    units = [np.array([3.0, 2.0, 1.0]) for _ in range(4)]
+    order, alone = np.array([0, 1, 2], dtype=np.int64), np.full(1, -1, dtype=np.int64)
+    module.pack_pool(order, alone, *units, 2, 10.0, 0, np.zeros(4), 32)
+    flat, placed = np.array([0, 1, 1], dtype=np.int64), np.arange(3, dtype=np.int64)
+    bins = [np.array([3.0, 3.0]) for _ in range(4)]
+    module.refine(*bins, flat, placed, *units, 10.0, 0, np.zeros(4), True, 1, 2, True, 1, 3.0, 2, True,
+                  np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]))
+    module.argsort(np.arange(40.0))
+    module.argsort_int(np.arange(40))
+
+
+def kernels_for(model: CostModel | None) -> tuple[ModuleType, int, FloatArray] | None:
+    """The compiled module with the cost kind and parameters of ``model``, or ``None`` where
+    the kernels do not apply (a model they lack) or are not loaded."""
+    kind = jit._cost_params(model) if model is not None else None
+    module = kernels() if kind is not None else None
+    if module is None or kind is None:
+        return None
+    return module, kind[0], kind[1]
+
+
+def whole(weight: FloatArray) -> bool:
+    """Whether every sum of these (non-negative) weights is exact in any order."""
+    return bool(np.all(weight == np.floor(weight))) and float(weight.sum()) < EXACT_BELOW
+
+
+#: below this many keys numpy's stable sort is as fast as the compiled one
+SORT_FROM = 512
+
+
+def argsort(key: NDArray[np.float64] | IntArray) -> IntArray:
+    """``np.argsort(key, kind="stable")`` (a stable order is unique: the same positions), by the
+    compiled radix sort where it is loaded, for float64 keys without NaN or int64 keys >= 0."""
+    module = _module if key.size >= SORT_FROM and jit._mode() != "off" else None
+    if module is not None and key.ndim == 1:
+        if key.dtype == np.float64:
+            out: IntArray = module.argsort(np.ascontiguousarray(key))
+            return out
+        if key.dtype == np.int64 and int(key.min()) >= 0:
+            out = module.argsort_int(np.ascontiguousarray(key))
+            return out
+    return np.argsort(key, kind="stable")

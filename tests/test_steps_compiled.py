@@ -1,0 +1,213 @@
+"""fitbatch.steps' compiled packing and refinement (numba) give exactly the numpy partitions.
+
+Every comparison runs the same ``partition`` twice, with ``FITBATCH_JIT=0`` (numpy) and
+``FITBATCH_JIT=1`` (the compiled kernels, loaded at once), and asserts the same micro-batches in
+the same order, the same skipped sequences and the same workloads, over random steps (ties,
+weights, groups, costs, options, world sizes) that ``hypothesis`` draws; a digest of 400 fixed
+random partitions pins both forms to one result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fitbatch.costs import PaddedCost, PaddedPolynomial, SumCost
+from fitbatch.steps import Partition, _compiled, partition
+
+pytest.importorskip("numba")  # in the test extra: this never skips there
+
+COSTS: dict[str, Any] = {
+    "sum": SumCost(),
+    "padded": PaddedCost(),
+    "polynomial": PaddedPolynomial(fixed=5.0, linear=1.0, per_token=1.0, quadratic=0.01),
+    "string": "sum",
+}
+
+
+@contextmanager
+def jit(mode: str) -> Iterator[None]:
+    before = os.environ.get("FITBATCH_JIT")
+    os.environ["FITBATCH_JIT"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FITBATCH_JIT"]
+        else:
+            os.environ["FITBATCH_JIT"] = before
+
+
+def both(call: Callable[[], Partition]) -> tuple[Partition, Partition]:
+    with jit("0"):
+        plain = call()
+    with jit("1"):
+        assert _compiled.kernels() is not None
+        compiled = call()
+    return plain, compiled
+
+
+def assert_same(a: Partition, b: Partition) -> None:
+    assert a.n_micro == b.n_micro
+    np.testing.assert_array_equal(a.order, b.order)
+    np.testing.assert_array_equal(a.offsets, b.offsets)
+    np.testing.assert_array_equal(a.skipped, b.skipped)
+    np.testing.assert_array_equal(a.workload, b.workload)
+    assert (a.efficiency, a.n_oversized, a.n_empty) == (b.efficiency, b.n_oversized, b.n_empty)
+
+
+@st.composite
+def steps(draw: Any) -> dict[str, Any]:
+    """A step: sizes (some drawn from a few values, so ties abound), its budget and options."""
+    n = draw(st.sampled_from([0, 1, 5, 40, 150, 600, 2500]))
+    top = draw(st.sampled_from([8, 100, 4000, 8192]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        sizes = rng.choice(np.unique(np.clip(rng.integers(1, top + 1, 4), 1, top)), n)
+    else:
+        sizes = np.clip(np.ceil(rng.lognormal(math.log(top / 5), 1.0, n)), 1, top).astype(np.int64)
+    cost = draw(st.sampled_from(sorted(COSTS)))
+    model = COSTS[cost] if cost != "string" else SumCost()
+    one = float(model.evaluate(np.ones(1), np.full(1, top), np.full(1, top))[0])
+    oversized = draw(st.sampled_from(["error", "single", "skip"]))
+    slack = draw(st.floats(0.6 if oversized != "error" else 1.0, 6.0))
+    kw: dict[str, Any] = {
+        "world": draw(st.sampled_from([1, 2, 3, 8, 16, 64])),
+        "cost": COSTS[cost],
+        "micro_multiple": draw(st.integers(1, 4)),
+        "min_micro": draw(st.one_of(st.none(), st.integers(1, 6))),
+        "oversized": oversized,
+    }
+    weighting = draw(st.sampled_from(["sizes", "workload", "whole", "fraction", "model"]))
+    kw["weights"] = {"sizes": None, "workload": lambda L: 24576 * L + L**2,
+                     "whole": np.floor(rng.random(n) * 100), "fraction": rng.random(n) * 10,
+                     "model": PaddedPolynomial(quadratic=1.0)}[weighting]
+    grouping = draw(st.sampled_from([None, "rank", "micro"]))
+    if grouping is not None and n:
+        kw["groups"] = rng.integers(0, max(1, n // draw(st.sampled_from([2, 4, 16]))), n)
+        kw["keep_groups"] = grouping
+        if grouping == "micro" and oversized == "error":
+            kw["oversized"] = "single"  # a group over the budget: kept alone
+    return {"sizes": sizes, "budget": float(math.ceil(one * slack)), **kw}
+
+
+@settings(max_examples=150)
+@given(steps())
+def test_compiled_partition_is_the_numpy_partition(step: dict[str, Any]) -> None:
+    def call() -> Partition:
+        return partition(**step)
+
+    try:
+        plain, compiled = both(call)
+    except ValueError:  # an oversized sequence with oversized="error": both forms raise
+        with jit("1"), pytest.raises(ValueError):
+            call()
+        return
+    assert_same(plain, compiled)
+
+
+def _cases() -> Iterator[tuple[np.ndarray, float, dict[str, Any]]]:
+    """400 seeded steps over sizes, budgets, costs, weights, groups and options."""
+    rng = np.random.default_rng(2026)
+    costs = [SumCost(), PaddedCost(), PaddedPolynomial(fixed=5.0, linear=1.0, per_token=1.0, quadratic=0.01), "sum"]
+    for i in range(400):
+        n = int(rng.integers(0, 3000 if i % 10 == 0 else 300))
+        top = int(rng.choice([8, 100, 4000, 8192]))
+        sizes = np.clip(np.ceil(rng.lognormal(np.log(top / 5), 1.0, n)), 1, top).astype(np.int64)
+        one = {0: top, 1: top, 2: 5 + 1 + top * (1 + 0.01 * top), 3: top}[i % 4]
+        budget = float(np.ceil(one * rng.uniform(1.0, 6.0)))
+        kw: dict[str, Any] = {"world": int(rng.choice([1, 2, 3, 8, 16, 64])),
+                              "micro_multiple": int(rng.integers(1, 5)), "cost": costs[i % 4]}
+        if i % 5 == 1:
+            kw["weights"] = lambda L: 24576 * L + L**2
+        elif i % 5 == 2:
+            kw["weights"] = np.floor(rng.random(n) * 100)
+        elif i % 5 == 3:
+            kw["weights"] = rng.random(n) * 10
+        if i % 7 == 3:
+            kw["min_micro"] = int(rng.integers(1, 6))
+        if i % 6 == 5 and n:
+            kw["groups"] = rng.integers(0, max(1, n // 4), n)
+            kw["keep_groups"] = "micro" if i % 12 == 5 else "rank"
+        if i % 9 == 4:
+            kw["oversized"] = "single" if i % 2 else "skip"
+            budget = float(np.ceil(one * 0.7))
+        if kw.get("keep_groups") == "micro":
+            kw["oversized"] = "single"
+        yield sizes, budget, kw
+
+
+def _digest() -> str:
+    h = hashlib.sha256()
+    for sizes, budget, kw in _cases():
+        p = partition(sizes, budget, **kw)
+        for a in (p.order, p.offsets, p.skipped):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+            h.update(b"|")
+        h.update(np.ascontiguousarray(p.workload, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+# the 400 partitions' digest: a change of any partition is deliberate (and in the changelog)
+DIGEST = "6d53c243a66309205cece0129ac9d7931e56cbd9735fffe9ba026ce497a1a6f9"
+
+
+def test_400_partitions_are_pinned_in_both_forms() -> None:
+    with jit("0"):
+        plain = _digest()
+    with jit("1"):
+        compiled = _digest()
+    assert plain == compiled == DIGEST
+
+
+def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled forms run where they apply (the comparisons above are not numpy twice)."""
+    with jit("1"):
+        module = _compiled.kernels()
+        assert module is not None
+        calls: dict[str, int] = {"pack_pool": 0, "refine": 0}
+
+        class Counting:
+            def __getattr__(self, name: str) -> Any:
+                fn = getattr(module, name)
+
+                def counted(*args: Any) -> Any:
+                    calls[name] += 1
+                    return fn(*args)
+
+                return counted if name in calls else fn
+
+        monkeypatch.setattr(_compiled, "_module", Counting())
+        lengths = np.random.default_rng(0).integers(1, 8192, 1024)
+        partition(lengths, 16384, world=8, weights=lambda L: 24576 * L + L**2)
+        assert calls["pack_pool"] >= 1 and calls["refine"] >= 1
+        calls.update(pack_pool=0, refine=0)
+        partition(lengths, 16384, world=8, weights=np.random.default_rng(1).random(1024))  # fractions
+        assert calls["pack_pool"] >= 1 and calls["refine"] == 0  # the refinement's sums stay in numpy
+        calls.update(pack_pool=0, refine=0)
+        partition(lengths, 16384, world=8, cost=_Custom())
+        assert calls == {"pack_pool": 0, "refine": 0}  # a model of its own: numpy
+
+
+class _Custom(SumCost):
+    """A cost model the kernels do not know (a subclass may change ``evaluate``)."""
+
+
+def test_off_and_background_load_leave_the_partition_alone() -> None:
+    lengths = np.random.default_rng(3).integers(1, 8192, 512)
+    with jit("0"):
+        assert _compiled.kernels() is None
+        plain = partition(lengths, 16384, world=16)
+    during = partition(lengths, 16384, world=16)  # auto: a background load may be under way
+    _compiled.settle()
+    assert_same(plain, during)
+    assert_same(plain, partition(lengths, 16384, world=16))
