@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fitbatch._kernels import jit as jit_module
 from fitbatch.costs import PaddedCost, PaddedPolynomial, SumCost
 from fitbatch.steps import Partition, _compiled, partition
 
@@ -186,7 +187,7 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
 
                 return counted if name in calls else fn
 
-        monkeypatch.setattr(_compiled, "_module", Counting())
+        monkeypatch.setitem(jit_module._companions, "steps", Counting())
         lengths = np.random.default_rng(0).integers(1, 8192, 1024)
         partition(lengths, 16384, world=8, weights=lambda L: 24576 * L + L**2)
         assert calls["pack_pool"] >= 1 and calls["refine"] >= 1

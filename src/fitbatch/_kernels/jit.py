@@ -29,6 +29,7 @@ fractional sizes) use the compiled form only once it was asked for at a point fi
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -267,6 +268,78 @@ def _compile_in_background() -> None:
     global _compile_thread
     _compile_thread = threading.Thread(target=run, name="fitbatch-numba-compile", daemon=True)
     _compile_thread.start()
+
+
+_companions: dict[str, ModuleType | None] = {}  # further modules of loops, loaded (None: could not be)
+_companion_threads: dict[str, threading.Thread] = {}
+_companion_lock = threading.Lock()
+
+
+def companion(name: str, warm: Callable[[ModuleType], Any] | None = None, *, now: bool = False) -> ModuleType | None:
+    """A further module of compiled loops, ``fitbatch._kernels.<name>`` (numba), once loaded.
+
+    The one loader of every compiled module beside :mod:`fitbatch._kernels.compiled`:
+    ``FITBATCH_JIT=0`` never loads it; ``now`` (or ``FITBATCH_JIT=1``, or numba imported by
+    the program itself) imports it and runs ``warm`` (each loop once: numba's cached machine
+    code, or compiling on a fresh install) in the calling thread; otherwise a daemon thread does
+    that and the caller gets ``None`` (its numpy form, with the same result) until it is done.
+    A call never waits for a background load under way.
+
+    >>> companion("no_such_module", now=True) is None
+    True
+    """
+    mode = _mode()
+    if mode == "off":
+        return None
+    if name in _companions:
+        return _companions[name]
+    if name in _companion_threads:  # under way: its thread holds the lock until it is done
+        return None
+    if now or mode == "always" or _numba_imported_by_program():
+        return _load_companion(name, warm)
+    with _companion_lock:
+        if name not in _companion_threads and name not in _companions:
+            if importlib.util.find_spec("numba") is None:
+                _companions[name] = None
+                return None
+            thread = threading.Thread(target=_load_companion, args=(name, warm), name=f"fitbatch-numba-{name}", daemon=True)
+            _companion_threads[name] = thread
+            thread.start()
+    return None
+
+
+def settle_companion(name: str) -> ModuleType | None:
+    """Wait for the background load of :func:`companion` ``name`` (if under way); the module or ``None``.
+
+    >>> settle_companion("no_such_module") is None
+    True
+    """
+    thread = _companion_threads.get(name)
+    if thread is not None:
+        thread.join()
+    return _companions.get(name)
+
+
+def _numba_imported_by_program() -> bool:
+    """numba is imported, and not by one of fitbatch's own background loads."""
+    return "numba" in sys.modules and _thread is None and not _companion_threads
+
+
+def _load_companion(name: str, warm: Callable[[ModuleType], Any] | None) -> ModuleType | None:
+    with _companion_lock:
+        if name in _companions:
+            return _companions[name]
+        module: ModuleType | None = None
+        if importlib.util.find_spec("numba") is not None:
+            try:
+                module = importlib.import_module(f"fitbatch._kernels.{name}")
+                if warm is not None:
+                    warm(module)
+            except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, ...
+                logger.warning("the compiled loops of %s could not be loaded (%s: %s); using numpy", name, type(exc).__name__, exc)
+                module = None
+        _companions[name] = module
+        return module
 
 
 def _kernels(work: int, wait: bool = False) -> ModuleType | None:

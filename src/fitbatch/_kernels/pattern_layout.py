@@ -166,17 +166,7 @@ def _loops(work: int) -> ModuleType | None:
     (``None``: numpy; the plan is the same)."""
     if _jit._kernels(work) is None:
         return None
-    return _module()
-
-
-@functools.lru_cache(maxsize=1)
-def _module() -> ModuleType | None:
-    try:
-        from fitbatch._kernels import compiled_histogram
-    except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, ...
-        logger.warning("the compiled layout loops could not be loaded (%s: %s); using numpy", type(exc).__name__, exc)
-        return None
-    return compiled_histogram
+    return _jit.companion("compiled_histogram", now=True)
 
 
 def _grouped(level: NDArray[Any], counts: IntArray, top: int, loops: ModuleType | None) -> NDArray[Any]:

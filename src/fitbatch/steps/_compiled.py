@@ -9,7 +9,8 @@ compares the two on random steps). They apply to the built-in cost models only
 where every weight is a whole number and their total is below ``2**52`` (its step times are
 sums, pairwise in numpy: exact, so equal, only then). Other steps run in numpy.
 
-Loading: ``FITBATCH_JIT=0`` never; ``FITBATCH_JIT=1`` (or numba already imported) at the
+Loading (:func:`fitbatch._kernels.jit.companion`, the one loader of compiled modules):
+``FITBATCH_JIT=0`` never; ``FITBATCH_JIT=1`` (or numba imported by the program) at the
 first partition of the process, which waits for it (numba's cached machine code: ~0.7 s;
 compiling on a fresh install, once: ~34 s of CPU on the 2-core VM); otherwise a background
 thread starts loading at the first partition, and partitions run in numpy until it is done (the
@@ -20,10 +21,6 @@ loaded (:func:`argsort`: a stable order is unique, so the same positions).
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-import sys
-import threading
 from types import ModuleType
 
 import numpy as np
@@ -32,31 +29,19 @@ from numpy.typing import NDArray
 from fitbatch._kernels import jit
 from fitbatch.costs import CostModel
 
-logger = logging.getLogger(__name__)
-
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 #: the refinement is compiled only where the weights' total is below this (all sums exact)
 EXACT_BELOW = float(2**52)
 
-_module: ModuleType | None = None
-_failed = False
-_thread: threading.Thread | None = None
-_lock = threading.Lock()
-
 
 def kernels() -> ModuleType | None:
-    """The compiled module, or ``None`` (not loaded yet, not installed, or ``FITBATCH_JIT=0``)."""
-    mode = jit._mode()
-    if mode == "off" or _failed:
-        return None
-    if _module is not None:
-        return _module
-    if _thread is None and (mode == "always" or "numba" in sys.modules):
-        return _load()
-    _load_in_background()
-    return None
+    """The compiled module, or ``None`` (not loaded yet, not installed, or ``FITBATCH_JIT=0``).
+
+    Loaded by :func:`fitbatch._kernels.jit.companion` (in the background from the first call,
+    at once with ``FITBATCH_JIT=1`` or numba imported by the program)."""
+    return jit.companion("steps", _warm)
 
 
 def settle() -> ModuleType | None:
@@ -65,46 +50,12 @@ def settle() -> ModuleType | None:
     >>> settle() is None or settle() is not None
     True
     """
-    thread = _thread
-    if thread is not None:
-        thread.join()
-    return _module
+    return jit.settle_companion("steps")
 
 
-def _load_in_background() -> None:
-    global _thread
-    with _lock:
-        if _thread is None and _module is None and not _failed:
-            if importlib.util.find_spec("numba") is None:
-                _give_up("numba is not installed")
-                return
-            _thread = threading.Thread(target=_load, name="fitbatch-numba-steps", daemon=True)
-            _thread.start()
-
-
-def _give_up(why: str) -> None:
-    global _failed
-    _failed = True
-    logger.debug("step partitioning runs in numpy: %s", why)
-
-
-def _load() -> ModuleType | None:
-    """Import the kernels and compile them (or load numba's cache) by running each once."""
-    global _module
-    with _lock:
-        if _module is not None or _failed:
-            return _module
-        try:
-            from fitbatch._kernels import steps as module
-
-            _warm(module)
-        except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, ...
-            logger.warning("the compiled step kernels could not be loaded (%s: %s); using numpy",
-                           type(exc).__name__, exc)
-            _give_up(str(exc))
-            return None
-        _module = module
-        return module
+def _loaded() -> ModuleType | None:
+    """The compiled module if it is loaded now (starts nothing, waits for nothing)."""
+    return jit._companions.get("steps") if jit._mode() != "off" else None
 
 
 def _warm(module: ModuleType) -> None:
@@ -141,7 +92,7 @@ SORT_FROM = 512
 def argsort(key: NDArray[np.float64] | IntArray) -> IntArray:
     """``np.argsort(key, kind="stable")`` (a stable order is unique: the same positions), by the
     compiled radix sort where it is loaded, for float64 keys without NaN or int64 keys >= 0."""
-    module = _module if key.size >= SORT_FROM and jit._mode() != "off" else None
+    module = _loaded() if key.size >= SORT_FROM else None
     if module is not None and key.ndim == 1:
         if key.dtype == np.float64:
             out: IntArray = module.argsort(np.ascontiguousarray(key))
