@@ -178,8 +178,10 @@ class Pooled(_Pools):
         def refit(width: float, scale: float) -> Result:
             return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice)
 
-        result = within_allowance(ctx, result, few, refit)
-        return _recut(ctx, result) if few else result
+        allowance = _allowance(ctx, few)
+        result = within_allowance(ctx, result, few, refit, allowance)
+        result = _recut(ctx, result) if few else result
+        return split_densest(ctx, result, allowance[0]) if allowance is not None else result
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool) -> Result:
         level = lut[ctx.keys()[0]]
@@ -192,7 +194,13 @@ class Pooled(_Pools):
         return _greedy(ctx, order, seg_starts, None)
 
 
-def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[float, float], Result]) -> Result:
+def within_allowance(
+    ctx: Context,
+    result: Result,
+    few: bool,
+    refit: Callable[[float, float], Result],
+    allowance: tuple[int, int] | None | Literal[False] = False,
+) -> Result:
     """An ``"auto"`` plan within its batch allowance against exact sorting, else the fewest.
 
     A few-batch epoch may spend ``auto_excess`` more batches than sorting (one batch is 2-5 %
@@ -205,13 +213,13 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
     same batches every epoch would be the cost); an epoch over that, or any other epoch still
     over its cap, takes the sorted plan, its ties still shuffled.
     ``refit(width, scale)`` plans with few-batch levels of ``width`` of a batch, or with the
-    target scaled by ``scale``.
+    target scaled by ``scale``; ``allowance``: :func:`_allowance`'s answer when already asked.
     """
-    excess = auto_excess(ctx.population or len(ctx.sizes))
-    if not (few or excess >= CHECKED_EXCESS):
+    if allowance is False:
+        allowance = _allowance(ctx, few)
+    if allowance is None:
         return result
-    sorted_count = _sorted_count(ctx)
-    allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
+    allowed, sorted_count = allowance
     width, scale = LEVEL_BATCHES, 1.0
     for k in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
         if result.starts.size <= allowed:
@@ -226,6 +234,62 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
     if result.starts.size > (max(allowed, sorted_count + 1) if few else allowed):
         return Sorted().plan(ctx)
     return result
+
+
+def _allowance(ctx: Context, few: bool) -> tuple[int, int] | None:
+    """The batches an ``"auto"`` epoch may hold and the sorted plan's, or ``None`` where epochs
+    are not checked against sorting (sets over 100,000 samples: :data:`CHECKED_EXCESS`).
+
+    A few-batch epoch may spend ``auto_excess`` more batches than sorting, any other checked
+    epoch :data:`AUTO_MAX_EXCESS`.
+    """
+    excess = auto_excess(ctx.population or len(ctx.sizes))
+    if not (few or excess >= CHECKED_EXCESS):
+        return None
+    sorted_count = _sorted_count(ctx)
+    return math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9), sorted_count
+
+
+def split_densest(ctx: Context, result: Result, allowed: int) -> Result:
+    """``result`` with its batches of the most samples split evenly, up to ``allowed`` batches.
+
+    The co-batch repeat rate is pair-weighted: a batch of ``c`` samples holds ``c (c - 1) / 2``
+    pairs, each meeting again next epoch with a chance that grows with ``c``, so the repeats
+    sit in the batches of most samples (the smallest sizes). Splitting those costs batches but
+    no padding (each part's longest sample is at most the batch's) and no budget (a part of a
+    batch costs at most the batch, the cost being monotone). What the level fit left of the
+    batch allowance is spent so: every batch of more than ``t`` samples is cut into
+    ``ceil(c / t)`` near-equal parts, for the least ``t`` that keeps the epoch within
+    ``allowed``. Sizes of one column and no batch-size multiple only.
+
+    >>> from fitbatch import as_sizes
+    >>> from fitbatch.costs import PaddedCost
+    >>> ctx = Context(as_sizes([1] * 10), 8.0, PaddedCost(), None, 1, False, 0, 0)
+    >>> r = Result(np.arange(10), np.array([0, 8]), np.array([False, True]))
+    >>> split_densest(ctx, r, 3).starts.tolist()
+    [0, 4, 8]
+    """
+    n = result.order.size
+    starts = result.starts
+    spare = allowed - starts.size
+    if spare <= 0 or n == 0 or ctx.multiple != 1 or ctx.sizes.values.ndim != 1 or result.kinds is not None:
+        return result
+    counts = np.diff(starts, append=n)
+    lo, hi = 1, int(counts.max())
+    # Invariant: the least t whose parts fit in spare lies in [lo, hi] (hi: no split at all)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(np.sum((counts - 1) // mid)) <= spare:  # ceil(c / t) - 1 more batches each
+            hi = mid
+        else:
+            lo = mid + 1
+    parts = (counts - 1) // lo + 1
+    if int(parts.sum()) == starts.size:
+        return result
+    batch = np.repeat(np.arange(starts.size, dtype=np.int64), parts)
+    part = np.arange(batch.size, dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
+    new = starts[batch] + part * counts[batch] // parts[batch]
+    return dataclasses.replace(result, starts=new, tails=_tails(new, np.zeros(1, np.int64), n))
 
 
 def _sorted_count(ctx: Context) -> int:
