@@ -35,6 +35,7 @@ from fitbatch.strategies._base import (
 from fitbatch.strategies._mixing import (
     AUTO_MAX_EXCESS,
     LEVEL_BATCHES,
+    _per_batch,
     auto_excess,
     check_randomness,
     mixed_levels,
@@ -145,7 +146,10 @@ class Pooled(_Pools):
     are spread apart in the next, which about halves the repeat rate at the same levels.
     On sets of up to 100,000 samples every "auto" epoch is checked against exact sorting and
     fitted again, a little less random, until it spends at most 5 % more batches (the fit aims
-    at its share on average; the epochs whose levels moved least can land over it).
+    at its share on average; the epochs whose levels moved least can land over it); what the
+    levels leave of those 5 % goes to cutting the batches of most samples in parts
+    (:func:`split_densest`: fewer pairs, no padding). With whole sizes, a size that fills a
+    batch on its own level is never batched with another (:func:`_pure_borders`).
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
@@ -171,27 +175,57 @@ class Pooled(_Pools):
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         auto = self.randomness == "auto"
         lattice = _lattice.applies(self.randomness, few, ctx.shuffle, len(ctx.sizes))
-        result = self._mixed(ctx, lut, tops, lattice)
+        result = self._mixed(ctx, lut, tops, lattice, not few)
         if not auto:
             return result
 
         def refit(width: float, scale: float) -> Result:
-            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice)
+            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice, not few)
 
         allowance = _allowance(ctx, few)
         result = within_allowance(ctx, result, few, refit, allowance)
         result = _recut(ctx, result) if few else result
         return split_densest(ctx, result, allowance[0]) if allowance is not None else result
 
-    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool) -> Result:
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool, borders: bool) -> Result:
+        """Greedy over the levels' order; with ``borders``, cut at :func:`_pure_borders` (few-batch
+        epochs get the cheapest cuts instead, :func:`_recut`)."""
         level = lut[ctx.keys()[0]]
         # one pool: levels already mix partners, and pool borders only add padding
         order = _mixed_order(ctx, level, tops.size - 1, "pools", lattice)
         del level  # not held while the greedy gathers the sizes
-        seg_starts = np.zeros(1, dtype=np.int64)
+        seg_starts = _pure_borders(ctx, lut, tops) if borders else np.zeros(1, dtype=np.int64)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
-        return _greedy(ctx, order, seg_starts, None)
+        result = _greedy(ctx, order, seg_starts, None)
+        if seg_starts.size > 1:  # the borders are no segments: one tail, the epoch's last batch
+            result = dataclasses.replace(result, tails=_tails(result.starts, seg_starts[:1], order.size))
+        return result
+
+
+def _pure_borders(ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> IntArray:
+    """Where the epoch's order (levels from the top down) starts each level that is one
+    distinct size filling at least a batch, and the level after it: batches never mix such a
+    size with another (its batches pad nothing; a batch across its border would pad the smaller
+    samples to the larger size, and a cut there costs at most one batch). Always starts with 0.
+    """
+    zero = np.zeros(1, dtype=np.int64)
+    if ctx.sizes.values.ndim != 1 or tops.size < 2 or not SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral):
+        return zero  # (a key of several sizes is no one size)
+    hist = ctx.key_counts()
+    present = np.flatnonzero(hist)
+    level = lut[present].astype(np.int64)
+    samples = np.bincount(level, weights=hist[present], minlength=tops.size)
+    distinct = np.bincount(level, minlength=tops.size)
+    full = _per_batch(tops, ctx.budget, ctx.cost, ctx.cap, 1)
+    pure = (distinct == 1) & (samples >= full)
+    if not pure.any():
+        return zero
+    # level l starts after every sample of the levels above it
+    begin = (np.cumsum(samples[::-1]) - samples[::-1])[::-1].astype(np.int64)
+    cut = np.flatnonzero(pure | np.roll(pure, -1) & (np.arange(tops.size) < tops.size - 1))
+    # (pure levels, and the level just below each: its start ends the pure level above)
+    return np.unique(np.concatenate([zero, begin[cut]]))
 
 
 def within_allowance(
@@ -260,7 +294,7 @@ def split_densest(ctx: Context, result: Result, allowed: int) -> Result:
     batch costs at most the batch, the cost being monotone). What the level fit left of the
     batch allowance is spent so: every batch of more than ``t`` samples is cut into
     ``ceil(c / t)`` near-equal parts, for the least ``t`` that keeps the epoch within
-    ``allowed``. Sizes of one column and no batch-size multiple only.
+    ``allowed`` (equal batches alike: some spare may be left). Sizes of one column and no batch-size multiple only.
 
     >>> from fitbatch import as_sizes
     >>> from fitbatch.costs import PaddedCost
