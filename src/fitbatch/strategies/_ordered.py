@@ -175,26 +175,29 @@ class Pooled(_Pools):
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         auto = self.randomness == "auto"
         lattice = _lattice.applies(self.randomness, few, ctx.shuffle, len(ctx.sizes))
-        result = self._mixed(ctx, lut, tops, lattice, not few)
+        allowance = _allowance(ctx, few) if auto else None
+        # borders cost a batch each at most: as many as the allowance has batches
+        borders = 0 if few or allowance is None else allowance[0] - allowance[1]
+        result = self._mixed(ctx, lut, tops, lattice, borders)
         if not auto:
             return result
 
         def refit(width: float, scale: float) -> Result:
-            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice, not few)
+            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice, borders)
 
-        allowance = _allowance(ctx, few)
         result = within_allowance(ctx, result, few, refit, allowance)
         result = _recut(ctx, result) if few else result
         return split_densest(ctx, result, allowance[0]) if allowance is not None else result
 
-    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool, borders: bool) -> Result:
-        """Greedy over the levels' order; with ``borders``, cut at :func:`_pure_borders` (few-batch
-        epochs get the cheapest cuts instead, :func:`_recut`)."""
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool, borders: int = 0) -> Result:
+        """Greedy over the levels' order, cut at up to ``borders`` of :func:`_pure_borders`
+        (``"auto"`` epochs checked against sorting, not few-batch ones: they get the cheapest
+        cuts, :func:`_recut`)."""
         level = lut[ctx.keys()[0]]
         # one pool: levels already mix partners, and pool borders only add padding
         order = _mixed_order(ctx, level, tops.size - 1, "pools", lattice)
         del level  # not held while the greedy gathers the sizes
-        seg_starts = _pure_borders(ctx, lut, tops) if borders else np.zeros(1, dtype=np.int64)
+        seg_starts = _pure_borders(ctx, lut, tops, borders)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
         result = _greedy(ctx, order, seg_starts, None)
@@ -203,29 +206,31 @@ class Pooled(_Pools):
         return result
 
 
-def _pure_borders(ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64]) -> IntArray:
-    """Where the epoch's order (levels from the top down) starts each level that is one
-    distinct size filling at least a batch, and the level after it: batches never mix such a
-    size with another (its batches pad nothing; a batch across its border would pad the smaller
-    samples to the larger size, and a cut there costs at most one batch). Always starts with 0.
+def _pure_borders(ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], most: int) -> IntArray:
+    """Where the epoch's order (levels from the top down) starts a level next to a level of one
+    distinct size filling at least a batch: up to ``most`` of those borders, where the sizes on
+    either side differ most (in log terms), and 0 first.
+
+    A batch across such a border pads the smaller samples to the larger size; a cut there costs
+    at most one batch, and the batches of a one-size level pad nothing.
     """
     zero = np.zeros(1, dtype=np.int64)
-    if ctx.sizes.values.ndim != 1 or tops.size < 2 or not SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral):
+    if most <= 0 or ctx.sizes.values.ndim != 1 or tops.size < 2 or not SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral):
         return zero  # (a key of several sizes is no one size)
     hist = ctx.key_counts()
     present = np.flatnonzero(hist)
     level = lut[present].astype(np.int64)
     samples = np.bincount(level, weights=hist[present], minlength=tops.size)
     distinct = np.bincount(level, minlength=tops.size)
-    full = _per_batch(tops, ctx.budget, ctx.cost, ctx.cap, 1)
-    pure = (distinct == 1) & (samples >= full)
-    if not pure.any():
+    pure = (distinct == 1) & (samples >= _per_batch(tops, ctx.budget, ctx.cost, ctx.cap, 1))
+    # a cut at the start of level l (l < top) ends level l + 1: next to a pure level on either side
+    near = np.flatnonzero((pure[:-1] | pure[1:]) & (samples[:-1] > 0))
+    if near.size == 0:
         return zero
-    # level l starts after every sample of the levels above it
-    begin = (np.cumsum(samples[::-1]) - samples[::-1])[::-1].astype(np.int64)
-    cut = np.flatnonzero(pure | np.roll(pure, -1) & (np.arange(tops.size) < tops.size - 1))
-    # (pure levels, and the level just below each: its start ends the pure level above)
-    return np.unique(np.concatenate([zero, begin[cut]]))
+    gap = np.log(tops[near + 1] / np.maximum(tops[near], 1e-300))
+    near = near[np.argsort(-gap, kind="stable")[:most]]
+    begin = (np.cumsum(samples[::-1]) - samples[::-1])[::-1].astype(np.int64)  # after the levels above
+    return np.unique(np.concatenate([zero, begin[near]]))
 
 
 def within_allowance(
