@@ -299,7 +299,8 @@ def split_densest(ctx: Context, result: Result, allowed: int) -> Result:
     batch costs at most the batch, the cost being monotone). What the level fit left of the
     batch allowance is spent so: every batch of more than ``t`` samples is cut into
     ``ceil(c / t)`` near-equal parts, for the least ``t`` that keeps the epoch within
-    ``allowed`` (equal batches alike: some spare may be left). Sizes of one column and no batch-size multiple only.
+    ``allowed`` (equal batches alike: some spare may be left). Sizes of one column and no
+    batch-size multiple only.
 
     >>> from fitbatch import as_sizes
     >>> from fitbatch.costs import PaddedCost
