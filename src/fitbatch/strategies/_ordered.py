@@ -148,7 +148,8 @@ class Pooled(_Pools):
     fitted again, a little less random, until it spends at most 5 % more batches (the fit aims
     at its share on average; the epochs whose levels moved least can land over it); what the
     levels leave of those 5 % goes to cutting the batches of most samples in parts
-    (:func:`split_densest`: fewer pairs, no padding). With whole sizes, a size that fills a
+    (:func:`split_densest`: fewer pairs, no padding; one process only, like the cheapest cuts:
+    the steps of several ranks need batches of even cost). With whole sizes, a size that fills a
     batch on its own level is never batched with another (:func:`_pure_borders`).
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
@@ -187,7 +188,9 @@ class Pooled(_Pools):
 
         result = within_allowance(ctx, result, few, refit, allowance)
         result = _recut(ctx, result) if few else result
-        return split_densest(ctx, result, allowance[0]) if allowance is not None else result
+        if allowance is None or not recut_enabled():  # (several ranks: steps need batches of even cost)
+            return result
+        return split_densest(ctx, result, allowance[0])
 
     def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool, borders: int = 0) -> Result:
         """Greedy over the levels' order, cut at up to ``borders`` of :func:`_pure_borders`
