@@ -278,7 +278,10 @@ def test_drop_policy_counts_and_logs_once(caplog):
     caplog.set_level(logging.INFO, logger="fitbatch.epoch._arrange")
     samplers = all_ranks(sizes, 200, 7, seed=2, policy="drop")
     got = [list(s) for s in samplers]
-    single = fitbatch.plan_batches(sizes, 200, seed=2)
+    from fitbatch.strategies._recut import greedy_cuts
+
+    with greedy_cuts():  # the plan of several ranks: greedy cuts, no batch cut in parts
+        single = fitbatch.plan_batches(sizes, 200, seed=2)
     assert len(single) % 7, "the case must leave batches over"
     stats = samplers[0].plan().stats()
     assert stats.dropped_batches == len(single) % 7

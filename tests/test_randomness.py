@@ -447,3 +447,89 @@ def test_an_epoch_no_refit_brings_within_its_allowance_takes_the_sorted_plan(few
     one_more = Result(exact.order, np.append(exact.starts, n - 1), np.zeros(exact.starts.size + 1, bool))
     kept = within_allowance(ctx, one_more, True, refit)
     assert kept is one_more, "a few-batch epoch may keep one batch more than sorting"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    spare=st.integers(0, 40),
+    cost=st.sampled_from(sorted(COSTS)),
+    seed=st.integers(0, 2**16),
+)
+def test_split_densest_spends_the_spare_on_the_batches_of_most_samples(counts, spare, cost, seed):
+    """Each batch of more than ``t`` samples is cut into ``ceil(c / t)`` near-equal parts, for the
+    least ``t`` within the allowance: the order is kept, no part costs more than its batch, no
+    batch is added past the allowance, and no batch of ``t`` or fewer samples is cut."""
+    from fitbatch.strategies._base import Context, Result
+    from fitbatch.strategies._ordered import split_densest
+
+    n = sum(counts)
+    sizes = np.random.default_rng(seed).integers(1, 9, n).astype(np.float64)
+    model = fitbatch.costs.resolve_cost(COSTS[cost])
+    ctx = Context(fitbatch.as_sizes(sizes), 1e9, model, None, 1, True, seed, 0)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    order = np.random.default_rng(seed + 1).permutation(n).astype(np.int64)
+    before = Result(order, starts, np.zeros(starts.size, bool))
+    after = split_densest(ctx, before, starts.size + spare)
+    assert after.order is before.order and after.starts[0] == 0
+    assert starts.size <= after.starts.size <= starts.size + spare
+    assert np.all(np.diff(after.starts) > 0) and set(starts.tolist()) <= set(after.starts.tolist())
+    parts = np.diff(np.searchsorted(after.starts, np.append(starts, n)))  # parts of each batch
+    c = np.asarray(counts)
+    t = next(t for t in range(1, int(c.max()) + 1) if int(np.sum(np.ceil(c / t) - 1)) <= spare)  # the oracle
+    assert np.array_equal(parts, np.ceil(c / t).astype(np.int64))
+    ends = np.append(after.starts[1:], n)
+    assert np.all(np.abs((ends - after.starts) - np.repeat(c / parts, parts)) < 1.0)  # near-equal parts
+    for b in range(starts.size):  # a part costs at most its batch (the cost is monotone)
+        a, z = starts[b], starts[b] + counts[b]
+
+        def cost_of(p, q):
+            piece = sizes[order[p:q]]
+            return float(model.evaluate(np.array([q - p]), np.array([piece.max()]), np.array([piece.sum()]))[0])
+
+        inner = after.starts[(after.starts >= a) & (after.starts < z)]
+        assert all(cost_of(p, q) <= cost_of(a, z) + 1e-9 for p, q in zip(inner, np.append(inner[1:], z)))
+
+
+def _split_off(monkeypatch):
+    from fitbatch.strategies import _ordered
+
+    monkeypatch.setattr(_ordered, "split_densest", lambda ctx, result, allowed: result)
+
+
+def test_auto_splits_the_densest_batches_within_its_allowance(monkeypatch):
+    """A long tail of duplicates (8 x Zipf(1.6), 20,000 samples): the level fit alone cannot mix
+    the thousands of samples of size 8 (the next size pads them twice over); cutting their
+    batches in parts costs no padding and lowers the repeat rate, within 5 % more batches than
+    exact sorting (mean of three epoch pairs: 0.076 -> 0.059 when measured; lhotse 0.037 at
+    1.13x the batches)."""
+    sizes = 8.0 * np.random.default_rng(0).zipf(1.6, 20_000)
+    sizes = np.minimum(sizes, 16384.0)
+    sorted_count = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+
+    def measure():
+        plans = [fitbatch.plan_batches(sizes, 16384.0, epoch=e) for e in range(4)]
+        rep = np.mean([repeat_rate(plans[e], plans[e + 1], sizes.size) for e in range(3)])
+        return rep, max(len(p) for p in plans), min(p.stats().padding_efficiency for p in plans)
+
+    rep, most, eff = measure()
+    _split_off(monkeypatch)
+    rep0, most0, eff0 = measure()
+    assert most <= math.floor(1.05 * sorted_count + 1e-9) and most > most0, (most, most0, sorted_count)
+    assert rep < 0.9 * rep0 and eff >= eff0 - 1e-9, (rep, rep0, eff, eff0)
+
+
+@pytest.mark.parametrize("n", [20_000, 100_000])
+def test_auto_never_mixes_two_sizes_that_each_fill_batches(n):
+    """Four whole sizes, each filling many batches: "auto" levels never put two in one batch
+    (no padding at all; a cut at each border costs at most one batch), as a sampler with one
+    bucket per size does; the batches still change between epochs."""
+    sizes = np.random.default_rng(0).choice([32.0, 64, 128, 512], n, p=[0.4, 0.3, 0.2, 0.1])
+    plans = [fitbatch.plan_batches(sizes, 16384.0, epoch=e) for e in range(3)]
+    sorted_count = len(fitbatch.plan_batches(sizes, 16384.0, strategy="sorted"))
+    fewest = sum(math.ceil(int(np.sum(sizes == v)) / (16384 // v)) for v in (32, 64, 128, 512))
+    for plan in plans:
+        assert all(np.unique(sizes[b]).size == 1 for b in plan)
+        assert plan.stats().padding_efficiency == 1.0
+        assert len(plan) <= math.floor(1.05 * sorted_count + 1e-9) and len(plan) >= fewest
+    assert repeat_rate(plans[0], plans[1], n) < 0.1

@@ -35,6 +35,7 @@ from fitbatch.strategies._base import (
 from fitbatch.strategies._mixing import (
     AUTO_MAX_EXCESS,
     LEVEL_BATCHES,
+    _per_batch,
     auto_excess,
     check_randomness,
     mixed_levels,
@@ -145,7 +146,11 @@ class Pooled(_Pools):
     are spread apart in the next, which about halves the repeat rate at the same levels.
     On sets of up to 100,000 samples every "auto" epoch is checked against exact sorting and
     fitted again, a little less random, until it spends at most 5 % more batches (the fit aims
-    at its share on average; the epochs whose levels moved least can land over it).
+    at its share on average; the epochs whose levels moved least can land over it); what the
+    levels leave of those 5 % goes to cutting the batches of most samples in parts
+    (:func:`split_densest`: fewer pairs, no padding; one process only, like the cheapest cuts:
+    the steps of several ranks need batches of even cost). With whole sizes, a size that fills a
+    batch on its own level is never batched with another (:func:`_pure_borders`).
     ``randomness=None`` sorts each pool by exact size: the tightest plan, but on datasets under
     a million samples the same samples meet again epoch after epoch. Larger pools pad less.
 
@@ -171,28 +176,73 @@ class Pooled(_Pools):
         lut, tops, few = mixed_levels(ctx, self.spread, self.randomness)
         auto = self.randomness == "auto"
         lattice = _lattice.applies(self.randomness, few, ctx.shuffle, len(ctx.sizes))
-        result = self._mixed(ctx, lut, tops, lattice)
+        allowance = _allowance(ctx, few) if auto else None
+        # borders cost a batch each at most: as many as the allowance has batches
+        borders = 0 if few or allowance is None else allowance[0] - allowance[1]
+        result = self._mixed(ctx, lut, tops, lattice, borders)
         if not auto:
             return result
 
         def refit(width: float, scale: float) -> Result:
-            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice)
+            return self._mixed(ctx, *mixed_levels(ctx, self.spread, "auto", width, scale)[:2], lattice, borders)
 
-        result = within_allowance(ctx, result, few, refit)
-        return _recut(ctx, result) if few else result
+        result = within_allowance(ctx, result, few, refit, allowance)
+        result = _recut(ctx, result) if few else result
+        if allowance is None or not recut_enabled():  # (several ranks: steps need batches of even cost)
+            return result
+        return split_densest(ctx, result, allowance[0])
 
-    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool) -> Result:
+    def _mixed(self, ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], lattice: bool, borders: int = 0) -> Result:
+        """Greedy over the levels' order, cut at up to ``borders`` of :func:`_pure_borders`
+        (``"auto"`` epochs checked against sorting, not few-batch ones: they get the cheapest
+        cuts, :func:`_recut`)."""
         level = lut[ctx.keys()[0]]
         # one pool: levels already mix partners, and pool borders only add padding
         order = _mixed_order(ctx, level, tops.size - 1, "pools", lattice)
         del level  # not held while the greedy gathers the sizes
-        seg_starts = np.zeros(1, dtype=np.int64)
+        seg_starts = _pure_borders(ctx, lut, tops, borders)
         # greedy on the real sizes, not equal counts for each level's top: a random batch of a
         # wide level often stays under the top (fewer batches at the same randomness)
-        return _greedy(ctx, order, seg_starts, None)
+        result = _greedy(ctx, order, seg_starts, None)
+        if seg_starts.size > 1:  # the borders are no segments: one tail, the epoch's last batch
+            result = dataclasses.replace(result, tails=_tails(result.starts, seg_starts[:1], order.size))
+        return result
 
 
-def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[float, float], Result]) -> Result:
+def _pure_borders(ctx: Context, lut: NDArray[Any], tops: NDArray[np.float64], most: int) -> IntArray:
+    """Where the epoch's order (levels from the top down) starts a level next to a level of one
+    distinct size filling at least a batch: up to ``most`` of those borders, where the sizes on
+    either side differ most (in log terms), and 0 first.
+
+    A batch across such a border pads the smaller samples to the larger size; a cut there costs
+    at most one batch, and the batches of a one-size level pad nothing.
+    """
+    zero = np.zeros(1, dtype=np.int64)
+    if most <= 0 or ctx.sizes.values.ndim != 1 or tops.size < 2 or not SK.keys_are_sizes(ctx.keys()[1], ctx.sizes.integral):
+        return zero  # (a key of several sizes is no one size)
+    hist = ctx.key_counts()
+    present = np.flatnonzero(hist)
+    level = lut[present].astype(np.int64)
+    samples = np.bincount(level, weights=hist[present], minlength=tops.size)
+    distinct = np.bincount(level, minlength=tops.size)
+    pure = (distinct == 1) & (samples >= _per_batch(tops, ctx.budget, ctx.cost, ctx.cap, 1))
+    # a cut at the start of level l (l < top) ends level l + 1: next to a pure level on either side
+    near = np.flatnonzero((pure[:-1] | pure[1:]) & (samples[:-1] > 0))
+    if near.size == 0:
+        return zero
+    gap = np.log(tops[near + 1] / np.maximum(tops[near], 1e-300))
+    near = near[np.argsort(-gap, kind="stable")[:most]]
+    begin = (np.cumsum(samples[::-1]) - samples[::-1])[::-1].astype(np.int64)  # after the levels above
+    return np.unique(np.concatenate([zero, begin[near]]))
+
+
+def within_allowance(
+    ctx: Context,
+    result: Result,
+    few: bool,
+    refit: Callable[[float, float], Result],
+    allowance: tuple[int, int] | None | Literal[False] = False,
+) -> Result:
     """An ``"auto"`` plan within its batch allowance against exact sorting, else the fewest.
 
     A few-batch epoch may spend ``auto_excess`` more batches than sorting (one batch is 2-5 %
@@ -205,13 +255,13 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
     same batches every epoch would be the cost); an epoch over that, or any other epoch still
     over its cap, takes the sorted plan, its ties still shuffled.
     ``refit(width, scale)`` plans with few-batch levels of ``width`` of a batch, or with the
-    target scaled by ``scale``.
+    target scaled by ``scale``; ``allowance``: :func:`_allowance`'s answer when already asked.
     """
-    excess = auto_excess(ctx.population or len(ctx.sizes))
-    if not (few or excess >= CHECKED_EXCESS):
+    if allowance is False:
+        allowance = _allowance(ctx, few)
+    if allowance is None:
         return result
-    sorted_count = _sorted_count(ctx)
-    allowed = math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9)
+    allowed, sorted_count = allowance
     width, scale = LEVEL_BATCHES, 1.0
     for k in range(NARROWER_LEVELS if few else THRIFTIER_FITS):
         if result.starts.size <= allowed:
@@ -226,6 +276,63 @@ def within_allowance(ctx: Context, result: Result, few: bool, refit: Callable[[f
     if result.starts.size > (max(allowed, sorted_count + 1) if few else allowed):
         return Sorted().plan(ctx)
     return result
+
+
+def _allowance(ctx: Context, few: bool) -> tuple[int, int] | None:
+    """The batches an ``"auto"`` epoch may hold and the sorted plan's, or ``None`` where epochs
+    are not checked against sorting (sets over 100,000 samples: :data:`CHECKED_EXCESS`).
+
+    A few-batch epoch may spend ``auto_excess`` more batches than sorting, any other checked
+    epoch :data:`AUTO_MAX_EXCESS`.
+    """
+    excess = auto_excess(ctx.population or len(ctx.sizes))
+    if not (few or excess >= CHECKED_EXCESS):
+        return None
+    sorted_count = _sorted_count(ctx)
+    return math.floor((1.0 + (excess if few else AUTO_MAX_EXCESS)) * sorted_count + 1e-9), sorted_count
+
+
+def split_densest(ctx: Context, result: Result, allowed: int) -> Result:
+    """``result`` with its batches of the most samples split evenly, up to ``allowed`` batches.
+
+    The co-batch repeat rate is pair-weighted: a batch of ``c`` samples holds ``c (c - 1) / 2``
+    pairs, each meeting again next epoch with a chance that grows with ``c``, so the repeats
+    sit in the batches of most samples (the smallest sizes). Splitting those costs batches but
+    no padding (each part's longest sample is at most the batch's) and no budget (a part of a
+    batch costs at most the batch, the cost being monotone). What the level fit left of the
+    batch allowance is spent so: every batch of more than ``t`` samples is cut into
+    ``ceil(c / t)`` near-equal parts, for the least ``t`` that keeps the epoch within
+    ``allowed`` (equal batches alike: some spare may be left). Sizes of one column and no
+    batch-size multiple only.
+
+    >>> from fitbatch import as_sizes
+    >>> from fitbatch.costs import PaddedCost
+    >>> ctx = Context(as_sizes([1] * 10), 8.0, PaddedCost(), None, 1, False, 0, 0)
+    >>> r = Result(np.arange(10), np.array([0, 8]), np.array([False, True]))
+    >>> split_densest(ctx, r, 3).starts.tolist()
+    [0, 4, 8]
+    """
+    n = result.order.size
+    starts = result.starts
+    spare = allowed - starts.size
+    if spare <= 0 or n == 0 or ctx.multiple != 1 or ctx.sizes.values.ndim != 1 or result.kinds is not None:
+        return result
+    counts = np.diff(starts, append=n)
+    lo, hi = 1, int(counts.max())
+    # Invariant: the least t whose parts fit in spare lies in [lo, hi] (hi: no split at all)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(np.sum((counts - 1) // mid)) <= spare:  # ceil(c / t) - 1 more batches each
+            hi = mid
+        else:
+            lo = mid + 1
+    parts = (counts - 1) // lo + 1
+    if int(parts.sum()) == starts.size:
+        return result
+    batch = np.repeat(np.arange(starts.size, dtype=np.int64), parts)
+    part = np.arange(batch.size, dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
+    new = starts[batch] + part * counts[batch] // parts[batch]
+    return dataclasses.replace(result, starts=new, tails=_tails(new, np.zeros(1, np.int64), n))
 
 
 def _sorted_count(ctx: Context) -> int:

@@ -43,7 +43,8 @@ _greedy_only = contextvars.ContextVar("fitbatch_greedy_cuts", default=False)
 def greedy_cuts() -> Iterator[None]:
     """Plans made inside keep the greedy walk's cuts: the steps of several ranks need batches of
     even cost (the slowest rank sets a step's time) more than the least total cost
-    (``plan_for_world``)."""
+    (``plan_for_world``); nor do ``"auto"`` plans cut their densest batches in parts
+    (:func:`fitbatch.strategies._ordered.split_densest`)."""
     token = _greedy_only.set(True)
     try:
         yield
