@@ -16,6 +16,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -264,6 +265,14 @@ class _Plan:
     units: Units = None  # type: ignore[assignment]
     unit_of: IntArray = None  # type: ignore[assignment]  # unit of each sequence
     big: NDArray[np.bool_] = None  # type: ignore[assignment]  # units over the budget alone
+    any_big: bool = False
+    all_kept: bool = True  # no sequence skipped
+    grouped: bool = False  # groups were given
+
+    @cached_property
+    def fixed(self) -> float:
+        """The model's cost of an empty batch (what each bin pays before any unit)."""
+        return float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
 
     @classmethod
     def build(cls, sizes: Any, budget: Any, weights: WeightsLike, cost: Any, micro_multiple: Any,
@@ -289,6 +298,7 @@ class _Plan:
             loss=values if loss is None else loss_sizes(loss, n),  # type: ignore[arg-type]
             oversized=choice("oversized", oversized, OVERSIZED),
             kept=np.ones(n, dtype=bool),
+            grouped=groups is not None,
         )
         plan._make_units()
         return plan
@@ -296,12 +306,17 @@ class _Plan:
     def _make_units(self) -> None:
         """Units (groups under ``keep_groups="micro"``, else sequences), over-budget ones found."""
         n = self.sizes.size
-        code = self.group if self.keep_micro else np.arange(n, dtype=np.int64)
-        k = int(code.max()) + 1 if n else 0
-        count = np.bincount(code, minlength=k).astype(np.float64)
-        total = np.bincount(code, self.counted, minlength=k)
-        longest = np.zeros(k)
-        np.maximum.at(longest, code, self.counted)
+        if self.keep_micro:
+            code = self.group
+            k = int(code.max()) + 1 if n else 0
+            count = np.bincount(code, minlength=k).astype(np.float64)
+            total = np.bincount(code, self.counted, minlength=k)
+            longest = np.zeros(k)
+            np.maximum.at(longest, code, self.counted)
+            weight = np.bincount(code, self.weight, minlength=k)
+        else:  # a unit per sequence: the sums over one sequence are its own values (sizes >= 0)
+            code, k = np.arange(n, dtype=np.int64), n
+            count, total, longest, weight = np.ones(n), self.counted, self.counted, self.weight
         alone = self.model.evaluate(count, longest, total) if k else np.zeros(0)
         big = alone > self.budget
         if big.any():
@@ -318,8 +333,10 @@ class _Plan:
                 self.kept = ~big[code]
                 big = np.zeros_like(big)
         self.unit_of = code
-        self.units = as_units(np.bincount(code, self.weight, minlength=k), count, longest, total)
+        self.units = as_units(weight, count, longest, total)
         self.big = big
+        self.any_big = bool(big.any())
+        self.all_kept = bool(self.kept.all())
 
     def split_ranks(self, world: int) -> IntArray:
         """The rank of each group: groups dealt to ``world`` ranks balancing weight (no cap)."""
@@ -336,6 +353,10 @@ class _Plan:
 
     def micro_rows(self, rank_of_group: IntArray, rows: int) -> tuple[IntArray, IntArray, NDArray[np.int64]]:
         """Each row's units to deal (heaviest first), its oversized units, its lower bound."""
+        if rows == 1 and self.all_kept and not self.any_big and not self.keep_micro:
+            # the pool of every sequence, none over the budget: what the general form gives
+            order = rows_of(rank_of_group, self.units.weight, 1)
+            return order, np.full((1, 0), -1, dtype=np.int64), np.array([self._bound(order[0])], dtype=np.int64)
         seq = np.flatnonzero(self.kept)
         k = self.units.weight.size
         row = np.full(k, -1, dtype=np.int64)
@@ -357,7 +378,7 @@ class _Plan:
             return 0
         if not self.model.superadditive:
             return 1
-        fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+        fixed = self.fixed
         u = self.units
         extra = np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - fixed, 0.0)
         room = self.budget - fixed
@@ -368,7 +389,7 @@ class _Plan:
 
     @property
     def keep_groups_on_rank(self) -> bool:
-        return not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
+        return self.grouped and not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
 
     def result(self, row: IntArray, micro: IntArray, workload: FloatArray, m: int, ranks: tuple[int, ...],
                world: int, gather: Callable[[FloatArray], FloatArray] | None) -> Partition:
@@ -421,7 +442,7 @@ class _Plan:
         big = self.big[ids]
         normal = np.cumsum(~big)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
-            fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+            fixed = self.fixed
             u, room = self.units, self.budget - fixed
             extra = np.where(big, 0.0, np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids])
                                                   - fixed, 0.0))

@@ -78,9 +78,17 @@ def step_time(load: FloatArray, pooled: bool, world: int) -> float:
     """The sum over micro-steps of the slowest bin (``pooled``: rows of ``world * m`` bins)."""
     if load.size == 0:
         return 0.0
-    step = steps_of(load, pooled, world)
-    slowest = np.zeros(int(step.max()) + 1)
-    np.maximum.at(slowest, step.ravel(), load.ravel())
+    # micro-step j's slowest bin is the j-th heaviest load (``pooled``: the (j * world)-th of the
+    # row; else the most, over rows, of each row's j-th heaviest): the values steps_of's layout
+    # gives, in the same order, so the same sum
+    if pooled and load.shape[0] == 1:
+        slowest = np.ascontiguousarray(np.sort(load[0])[::-1][::world])
+    elif pooled:
+        step = steps_of(load, pooled, world)
+        slowest = np.zeros(int(step.max()) + 1)
+        np.maximum.at(slowest, step.ravel(), load.ravel())
+    else:
+        slowest = np.sort(load, axis=1).max(axis=0)[::-1].copy()
     return float(slowest.sum())
 
 
