@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.sizes import as_sizes
 from fitbatch.steps import _compiled
 from fitbatch.steps._count import round_up, settle
@@ -274,6 +274,23 @@ class _Plan:
         """The model's cost of an empty batch (what each bin pays before any unit)."""
         return float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
 
+    @cached_property
+    def _extra_all(self) -> FloatArray | None:
+        """Each unit's cost alone over the empty batch's, for the built-in models (one
+        element-wise expression: the same values as on any subset); ``None`` for another."""
+        if type(self.model) not in (SumCost, PaddedCost, PaddedPolynomial):
+            return None
+        u = self.units
+        return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
+
+    def _extra(self, ids: IntArray) -> FloatArray:
+        """The units ``ids``' costs alone over the empty batch's (>= 0)."""
+        every = self._extra_all
+        if every is not None:
+            return every[ids]
+        u = self.units
+        return np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - self.fixed, 0.0)
+
     @classmethod
     def build(cls, sizes: Any, budget: Any, weights: WeightsLike, cost: Any, micro_multiple: Any,
               min_micro: Any, groups: Any, keep_groups: str, loss: Any, oversized: str, cp_size: Any) -> _Plan:
@@ -378,10 +395,8 @@ class _Plan:
             return 0
         if not self.model.superadditive:
             return 1
-        fixed = self.fixed
-        u = self.units
-        extra = np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - fixed, 0.0)
-        room = self.budget - fixed
+        extra = self._extra(ids)
+        room = self.budget - self.fixed
         if room <= 0:
             return int(ids.size)
         by_sum = math.ceil(float(extra.sum()) / room * (1 - 1e-12))
@@ -396,24 +411,28 @@ class _Plan:
         """The partition, from the row (index into ``ranks``) and micro-step of each kept
         sequence and the ``(rows, m)`` workloads; ``gather`` shares them with the other ranks."""
         rows = len(ranks)
-        seq = np.flatnonzero(self.kept)
-        unit = self.unit_of[seq]
         key = row * m + micro
-        order = seq[_compiled.argsort(key)]  # ascending indices within a micro-batch
+        if self.all_kept:  # the kept sequences are all of them: no gathers
+            order = _compiled.argsort(key)  # ascending indices within a micro-batch
+            sizes, loss = self.sizes, self.loss
+        else:
+            seq = np.flatnonzero(self.kept)
+            order = seq[_compiled.argsort(key)]
+            sizes, loss = self.sizes[seq], self.loss[seq]
         n_sizes = np.bincount(key, minlength=rows * m)
         offsets = np.zeros(rows * m + 1, dtype=np.int64)
         np.cumsum(n_sizes, out=offsets[1:])
         local = np.stack([
-            np.bincount(micro, minlength=m).astype(np.float64),
-            np.bincount(micro, self.sizes[seq], minlength=m),
-            np.bincount(micro, self.loss[seq], minlength=m),
+            n_sizes.reshape(rows, m).sum(axis=0).astype(np.float64),  # the micro-steps' counts
+            np.bincount(micro, sizes, minlength=m),
+            np.bincount(micro, loss, minlength=m),
         ])
         if gather is not None:  # the other ranks' totals and workloads
             shared = gather(np.vstack([local, workload]))  # (world, 4, m)
             local, workload = shared[:, :3].sum(axis=0), shared[:, 3]
         slowest = workload.max(axis=0).sum() if m else 0.0
         total = workload.sum()
-        n_big = int((np.bincount(unit, minlength=self.big.size) > 0)[self.big].sum())
+        n_big = int((np.bincount(self.unit_of[self.kept], minlength=self.big.size) > 0)[self.big].sum()) if self.any_big else 0
         return Partition(
             world=world,
             ranks=ranks,
@@ -428,40 +447,48 @@ class _Plan:
             efficiency=float(total / world / slowest) if slowest > 0 else 1.0,
             efficiency_bound=self._efficiency_bound(world if gather is None else 1, float(total) / world),
             n_oversized=n_big,
-            skipped=np.flatnonzero(~self.kept),
+            skipped=np.zeros(0, dtype=np.int64) if self.all_kept else np.flatnonzero(~self.kept),
             n_empty=int((n_sizes == 0).sum()) if gather is None else int((shared[:, 0] == 0).sum()),
         )
 
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
         """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
-        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
-        w = self.units.weight[live]
-        heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
-        ids, w = live[heavy], w[heavy]
-        big = self.big[ids]
-        normal = np.cumsum(~big)
+        if self.all_kept:  # every unit holds a kept sequence
+            w = self.units.weight
+            ids = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
+            w = w[ids]
+        else:
+            live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+            w = self.units.weight[live]
+            heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
+            ids, w = live[heavy], w[heavy]
+        big = self.big[ids] if self.any_big else np.zeros(ids.size, dtype=bool)
+        normal = np.cumsum(~big) if self.any_big else np.arange(1, ids.size + 1)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
-            fixed = self.fixed
-            u, room = self.units, self.budget - fixed
-            extra = np.where(big, 0.0, np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids])
-                                                  - fixed, 0.0))
+            room = self.budget - self.fixed
+            extra = self._extra(ids)
+            if self.any_big:
+                extra = np.where(big, 0.0, extra)
             if room > 0:
                 need = np.maximum(np.ceil(np.cumsum(extra) / room * (1 - 1e-12)), np.cumsum(extra > room / 2))
             else:
                 need = normal.astype(np.float64)
         else:
             need = np.zeros(w.size)
-        bins = np.cumsum(big) + np.maximum(need, normal > 0)
+        bins = (np.cumsum(big) + np.maximum(need, normal > 0)) if self.any_big else np.maximum(need, 1.0)
         steps = np.ceil(bins / per_step)
         least = float(((w - np.r_[w[1:], 0.0]) * steps).sum())
         return mean / max(least, mean) if mean > 0 else 1.0
 
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
-        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
-        n_big = int(self.big[live].sum())
-        need = n_big + self._bound(live[~self.big[live]])
+        if self.all_kept and not self.any_big:  # every unit, none over the budget
+            need = self._bound(np.arange(self.big.size))
+        else:
+            live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+            n_big = int(self.big[live].sum())
+            need = n_big + self._bound(live[~self.big[live]])
         m = max(-(-need // world), self.floor)
         return round_up(m, self.step)
 
