@@ -66,6 +66,9 @@ def _warm(module: ModuleType) -> None:
     bins = [np.array([3.0, 3.0]) for _ in range(4)]
     module.refine(*bins, flat, placed, *units, 10.0, 0, np.zeros(4), True, 1, 2, True, 1, 3.0, 2, True,
                   np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]))
+    bin_of, kept = np.array([0, 1, 1], dtype=np.int64), np.ones(3, dtype=bool)
+    module.lay_out_pool(bins[0], bin_of, order, kept, 1, 2, units[0], units[1])
+    module.bound_terms(units[0], units[1], kept, False, True, 5.0, 2)
     module.argsort(np.arange(40.0))
     module.argsort_int(np.arange(40))
 

@@ -190,6 +190,12 @@ def partition(
     order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
     m, bins = _balanced(plan, order, alone, -(-int(bound[0]) // world), np.zeros(plan.units.weight.size, dtype=np.int64),
                         world, pooled=True)
+    module = _compiled.kernels()
+    if module is not None:  # by_step and the result's sums compiled: the same values
+        order, offsets, samples, tokens, loss_tokens, workload, n_empty = module.lay_out_pool(
+            bins.load[0], bins.bin_of, plan.unit_of, plan.kept, m, world, plan.sizes, np.ascontiguousarray(plan.loss))
+        return plan.finish(order, offsets, samples, tokens, loss_tokens, workload, int(n_empty), m, ranks, world,
+                              per_step=world)
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
@@ -430,6 +436,17 @@ class _Plan:
         if gather is not None:  # the other ranks' totals and workloads
             shared = gather(np.vstack([local, workload]))  # (world, 4, m)
             local, workload = shared[:, :3].sum(axis=0), shared[:, 3]
+            n_empty = int((shared[:, 0] == 0).sum())
+        else:
+            n_empty = int((n_sizes == 0).sum())
+        return self.finish(order, offsets, local[0].astype(np.int64), local[1], local[2], workload, n_empty, m,
+                              ranks, world, per_step=world if gather is None else 1)
+
+    def finish(self, order: IntArray, offsets: IntArray, samples: NDArray[np.int64], tokens: FloatArray,
+                  loss_tokens: FloatArray, workload: FloatArray, n_empty: int, m: int, ranks: tuple[int, ...],
+                  world: int, per_step: int) -> Partition:
+        """The :class:`Partition` of the laid-out micro-batches, with the step's bounds and
+        efficiency (``per_step`` micro-batches a micro-step for the efficiency bound)."""
         slowest = workload.max(axis=0).sum() if m else 0.0
         total = workload.sum()
         n_big = int((np.bincount(self.unit_of[self.kept], minlength=self.big.size) > 0)[self.big].sum()) if self.any_big else 0
@@ -440,15 +457,15 @@ class _Plan:
             offsets=offsets,
             n_micro=m,
             lower_bound=self._step_bound(world),
-            step_samples=local[0].astype(np.int64),
-            step_tokens=local[1],
-            step_loss_tokens=local[2],
+            step_samples=samples,
+            step_tokens=tokens,
+            step_loss_tokens=loss_tokens,
             workload=workload,
             efficiency=float(total / world / slowest) if slowest > 0 else 1.0,
-            efficiency_bound=self._efficiency_bound(world if gather is None else 1, float(total) / world),
+            efficiency_bound=self._efficiency_bound(per_step, float(total) / world),
             n_oversized=n_big,
             skipped=np.zeros(0, dtype=np.int64) if self.all_kept else np.flatnonzero(~self.kept),
-            n_empty=int((n_sizes == 0).sum()) if gather is None else int((shared[:, 0] == 0).sum()),
+            n_empty=n_empty,
         )
 
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
@@ -464,6 +481,13 @@ class _Plan:
             heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
             ids, w = live[heavy], w[heavy]
         big = self.big[ids] if self.any_big else np.zeros(ids.size, dtype=bool)
+        module = _compiled.kernels()
+        if module is not None:  # the running sums compiled, in the same order
+            room = self.budget - self.fixed
+            extra = self._extra(ids) if self.model.superadditive else w
+            terms = module.bound_terms(w, extra, big, self.any_big, bool(self.model.superadditive), room, per_step)
+            least = float(terms.sum())
+            return mean / max(least, mean) if mean > 0 else 1.0
         normal = np.cumsum(~big) if self.any_big else np.arange(1, ids.size + 1)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
             room = self.budget - self.fixed
