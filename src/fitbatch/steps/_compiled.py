@@ -69,6 +69,7 @@ def _warm(module: ModuleType) -> None:
     bin_of, kept = np.array([0, 1, 1], dtype=np.int64), np.ones(3, dtype=bool)
     module.lay_out_pool(bins[0], bin_of, order, kept, 1, 2, units[0], units[1])
     module.bound_terms(units[0], units[1], kept, False, True, 5.0, 2)
+    module.step_time(bins[0], 1, 2, True, 1)
     module.argsort(np.arange(40.0))
     module.argsort_int(np.arange(40))
 

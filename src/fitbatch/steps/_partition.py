@@ -218,17 +218,18 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     of each); the refinement may then move work into the empty ones.
     """
     width = world if pooled else 1
+    exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
-    slow = step_time(bins.load, pooled, world) * world > bins.load.sum() * (1 + SPREAD) if m else False
+    slow = step_time(bins.load, pooled, world, exact) * world > bins.load.sum() * (1 + SPREAD) if m else False
     if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
         least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
                               width=width)
         if least < m:
             fewer = fewer.padded(m * width)
-            if step_time(fewer.load, pooled, world) < step_time(bins.load, pooled, world):
+            if step_time(fewer.load, pooled, world, exact) < step_time(bins.load, pooled, world, exact):
                 bins = fewer
     bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-    now = step_time(bins.load, pooled, world)
+    now = step_time(bins.load, pooled, world, exact)
     if (m and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
         # still spread after refining at the least count, micro-batches full to the cap: no room
@@ -237,7 +238,7 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
             wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-            if step_time(wider.load, pooled, world) < now:
+            if step_time(wider.load, pooled, world, exact) < now:
                 return more, wider
     return m, bins
 
@@ -554,10 +555,10 @@ def _int_option(name: str, value: Any) -> int:
 
 def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
     """``weights`` as one finite number >= 0 per sequence."""
-    if weights is None:
-        out: Any = sizes
-    elif isinstance(weights, CostModel):
-        out = weights.sample_cost(sizes)
+    if weights is None:  # the sizes: checked finite and >= 0 already
+        return sizes
+    if isinstance(weights, CostModel):
+        out: Any = weights.sample_cost(sizes)
     elif callable(weights):
         out = weights(sizes.copy())
     elif isinstance(weights, (str, bytes)):
@@ -570,8 +571,8 @@ def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
         raise TypeError(f"weights must give one number per sequence, got {type(out).__name__}") from None
     if arr.shape != sizes.shape:
         raise ValueError(f"weights must have one entry per sequence: shape {sizes.shape}, got shape {arr.shape}")
-    bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
-    if bad.size:
+    if arr.size and not (arr.min() >= 0 and arr.max() < np.inf):  # NaN fails the first
+        bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
         raise ValueError(f"weights must be finite and >= 0; {bad.size} bad: {format_offenders(bad, arr[bad])}")
     return np.ascontiguousarray(arr)
 

@@ -74,10 +74,16 @@ def steps_of(load: FloatArray, pooled: bool, world: int) -> IntArray:
     return pos // world if pooled else pos
 
 
-def step_time(load: FloatArray, pooled: bool, world: int) -> float:
-    """The sum over micro-steps of the slowest bin (``pooled``: rows of ``world * m`` bins)."""
+def step_time(load: FloatArray, pooled: bool, world: int, exact: bool = False) -> float:
+    """The sum over micro-steps of the slowest bin (``pooled``: rows of ``world * m`` bins;
+    ``exact``: every load a whole number, their total below ``2**52``, so any order sums alike)."""
     if load.size == 0:
         return 0.0
+    if exact:  # whole loads below 2**52: the compiled in-order sum is the pairwise one
+        module = _compiled.kernels()
+        if module is not None:
+            return float(module.step_time(np.ascontiguousarray(load).reshape(-1), load.shape[0], load.shape[1],
+                                          pooled, world))
     # micro-step j's slowest bin is the j-th heaviest load (``pooled``: the (j * world)-th of the
     # row; else the most, over rows, of each row's j-th heaviest): the values steps_of's layout
     # gives, in the same order, so the same sum
