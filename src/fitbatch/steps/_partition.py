@@ -290,12 +290,14 @@ class _Plan:
         u = self.units
         return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
 
-    def _extra(self, ids: IntArray) -> FloatArray:
-        """The units ``ids``' costs alone over the empty batch's (>= 0)."""
+    def _extra(self, ids: IntArray | None) -> FloatArray:
+        """The units ``ids``' (``None``: all, in order) costs alone over the empty batch's (>= 0)."""
         every = self._extra_all
         if every is not None:
-            return every[ids]
+            return every if ids is None else every[ids]
         u = self.units
+        if ids is None:
+            return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
         return np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - self.fixed, 0.0)
 
     @classmethod
@@ -395,10 +397,10 @@ class _Plan:
         bound += (alone >= 0).sum(axis=1)
         return order, alone, bound
 
-    def _bound(self, ids: IntArray) -> int:
-        """Fewest bins the units ``ids`` fit: their marginal costs over the usable budget, and
-        the units over half of it (no two share a bin); 1 for a model known only monotone."""
-        if ids.size == 0:
+    def _bound(self, ids: IntArray | None) -> int:
+        """Fewest bins the units ``ids`` (``None``: all) fit: their marginal costs over the usable
+        budget, and the units over half of it (no two share a bin); 1 for a model known only monotone."""
+        if (self.big.size if ids is None else ids.size) == 0:
             return 0
         if not self.model.superadditive:
             return 1
@@ -509,7 +511,7 @@ class _Plan:
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
         if self.all_kept and not self.any_big:  # every unit, none over the budget
-            need = self._bound(np.arange(self.big.size))
+            need = self._bound(None)
         else:
             live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
             n_big = int(self.big[live].sum())

@@ -117,9 +117,12 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     if nb == 0 or world == 1 and pooled or not pooled and nb == 1:
         return bins
     placed = np.flatnonzero(bins.bin_of >= 0)
-    flat = np.full(bins.bin_of.size, -1, dtype=np.int64)
-    flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
-    load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
+    if rows == 1:  # a unit's flat bin is its bin (-1: not placed)
+        flat = bins.bin_of.copy()
+    else:
+        flat = np.full(bins.bin_of.size, -1, dtype=np.int64)
+        flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
+    load, count, longest, total = np.stack([bins.load, bins.count, bins.longest, bins.total]).reshape(4, -1)
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
     balance = placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
@@ -136,7 +139,10 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
                 most, balance)
     bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
     bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
-    bins.bin_of[placed] = flat[placed] % nb
+    if rows == 1:
+        bins.bin_of[:] = flat
+    else:
+        bins.bin_of[placed] = flat[placed] % nb
     return bins
 
 
