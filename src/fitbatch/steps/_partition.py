@@ -332,6 +332,10 @@ class _Plan:
     def _make_units(self) -> None:
         """Units (groups under ``keep_groups="micro"``, else sequences), over-budget ones found."""
         n = self.sizes.size
+        count: NDArray[Any]
+        total: NDArray[Any]
+        longest: NDArray[Any]
+        weight: NDArray[Any]
         if self.keep_micro:
             code = self.group
             k = int(code.max()) + 1 if n else 0
@@ -407,7 +411,7 @@ class _Plan:
         extra = self._extra(ids)
         room = self.budget - self.fixed
         if room <= 0:
-            return int(ids.size)
+            return int(extra.size)
         by_sum = math.ceil(float(extra.sum()) / room * (1 - 1e-12))
         return max(1, by_sum, int((extra > room / 2).sum()))
 
