@@ -349,7 +349,8 @@ class _Plan:
             count, total, longest, weight = np.ones(n), self.counted, self.counted, self.weight
         alone = self.model.evaluate(count, longest, total) if k else np.zeros(0)
         big = alone > self.budget
-        if big.any():
+        self.any_big = bool(big.any())
+        if self.any_big:
             what = "group" if self.keep_micro else "sequence"
             bad = np.flatnonzero(big)
             if self.oversized == "error":
@@ -362,10 +363,10 @@ class _Plan:
             if self.oversized == "skip":
                 self.kept = ~big[code]
                 big = np.zeros_like(big)
+                self.any_big = False  # left out: none over the budget among the kept
         self.unit_of = code
         self.units = as_units(weight, count, longest, total)
         self.big = big
-        self.any_big = bool(big.any())
         self.all_kept = bool(self.kept.all())
 
     def split_ranks(self, world: int) -> IntArray:
