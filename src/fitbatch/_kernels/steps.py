@@ -529,8 +529,11 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
     lo = hi - n_take
     ng = g.size
     at = np.empty(ng, dtype=np.int64)
+    # a search key 2 * p + x (0 <= x < 1: the weight passed is under the scale) lies above every
+    # key of the pairs before p and below every key of those after: searching the pair's own
+    # partners finds the position a search of all of them finds (fewer, unpredictable, steps)
     for i in range(ng):
-        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, 0, take.size)
+        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, lo[gp[i]], hi[gp[i]])
     # candidates: the given unit for none, for the partner unit at `at`, for the one before it
     n_above, n_below = 0, 0
     for i in range(ng):
@@ -570,7 +573,7 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
                 continue
             for i1 in range(lo[p], hi[p]):
                 need = w[g[i]] - best[p] - w[take[i1]]
-                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, 0, take.size)
+                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, lo[p], hi[p])
                 if i2 == i1:
                     i2 += 1
                 if i2 < hi[p]:
