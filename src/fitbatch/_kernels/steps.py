@@ -579,15 +579,15 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
                 if i2 < hi[p]:
                     cu[x], v1[x], v2[x], cp[x] = g[i], take[i1], take[i2], p
                     x += 1
-    cu, v1, v2, cp = cu[:x], v1[:x], v2[:x], cp[:x]
     delta = np.empty(x)
-    fits = np.empty(x, dtype=np.bool_)
-    for i in range(x):
+    kept = 0
+    for i in range(x):  # those that fit, compacted in place (in order: kept <= i)
         d = w[cu[i]] - (w[v1[i]] if v1[i] >= 0 else 0.0) - (w[v2[i]] if v2[i] >= 0 else 0.0)
-        delta[i] = d
-        fits[i] = d > 0 and d <= room[cp[i]]
-    cu, v1, v2, cp, delta = cu[fits], v1[fits], v2[fits], cp[fits], delta[fits]
-    x = cu.size
+        if d > 0 and d <= room[cp[i]]:
+            cu[kept], v1[kept], v2[kept], cp[kept], delta[kept] = cu[i], v1[i], v2[i], cp[i], d
+            kept += 1
+    x = kept
+    cu, v1, v2, cp, delta = cu[:x], v1[:x], v2[:x], cp[:x], delta[:x]
     in_c, in_t, in_l = np.zeros(x), np.zeros(x), np.zeros(x)
     for i in range(x):
         a, b = v1[i], v2[i]
