@@ -221,3 +221,26 @@ def test_off_and_background_load_leave_the_partition_alone() -> None:
     _compiled.settle()
     assert_same(plain, during)
     assert_same(plain, partition(lengths, 16384, world=16))
+
+
+@settings(max_examples=60)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 8, 64]))
+def test_the_bound_reuses_the_stable_order_only_where_ties_cannot_matter(seed: int, per_step: int) -> None:
+    """The efficiency bound takes the units heaviest first in the deal's stable order where the
+    marginal costs are whole (their running sums exact in any order): the bound of numpy's own
+    (unstable) order, on steps full of ties in weight with unequal costs."""
+    from fitbatch.steps._partition import _Plan
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    sizes = rng.integers(1, 50, n)
+    weights = np.floor(rng.random(n) * 5)  # few weights: ties of unequal sizes
+    for mode in ("0", "1"):
+        with jit(mode):
+            plan = _Plan.build(sizes, 60.0, weights, "sum", 1, None, None, "rank", None, "error", None)
+            assert plan.heaviest is None
+            mean = float(weights.sum()) / per_step
+            unstable = plan._efficiency_bound(per_step, mean)
+            plan.micro_rows(np.zeros(n, dtype=np.int64), 1)
+            assert plan.heaviest is not None and plan._extra_exact
+            assert plan._efficiency_bound(per_step, mean) == unstable

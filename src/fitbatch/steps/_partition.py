@@ -275,6 +275,7 @@ class _Plan:
     any_big: bool = False
     all_kept: bool = True  # no sequence skipped
     grouped: bool = False  # groups were given
+    heaviest: IntArray | None = None  # every unit, heaviest first (ties by id), once micro_rows found it
 
     @cached_property
     def fixed(self) -> float:
@@ -289,6 +290,13 @@ class _Plan:
             return None
         u = self.units
         return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
+
+    @cached_property
+    def _extra_exact(self) -> bool:
+        """Whether the units' marginal costs are whole numbers whose total is below ``2**52``
+        (every running sum of them exact in any order), for the built-in models."""
+        every = self._extra_all
+        return every is not None and _compiled.whole(every)
 
     def _extra(self, ids: IntArray | None) -> FloatArray:
         """The units ``ids``' (``None``: all, in order) costs alone over the empty batch's (>= 0)."""
@@ -387,6 +395,7 @@ class _Plan:
         if rows == 1 and self.all_kept and not self.any_big and not self.keep_micro:
             # the pool of every sequence, none over the budget: what the general form gives
             order = rows_of(rank_of_group, self.units.weight, 1)
+            self.heaviest = order[0]
             return order, np.full((1, 0), -1, dtype=np.int64), np.array([self._bound(order[0])], dtype=np.int64)
         seq = np.flatnonzero(self.kept)
         k = self.units.weight.size
@@ -479,7 +488,12 @@ class _Plan:
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
         """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
-        if self.all_kept:  # every unit holds a kept sequence
+        if self.all_kept and self.heaviest is not None and self._extra_exact:
+            # a tie adds nothing until its last unit, whose running sums are over the same units
+            # in any order: exact (whole numbers) for whole marginal costs, so any tie order will do
+            ids = self.heaviest
+            w = self.units.weight[ids]
+        elif self.all_kept:  # every unit holds a kept sequence
             w = self.units.weight
             ids = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
             w = w[ids]
