@@ -1,7 +1,8 @@
 """The compiled forms of a step's packing and refinement (the ``fast`` extra: numba).
 
-:mod:`fitbatch._kernels.steps` holds :func:`~fitbatch.steps._pack.pack` of one pool and
-:func:`~fitbatch.steps._refine.refine` as numba loops that make the same decisions in the same
+:mod:`fitbatch._kernels.steps` holds :func:`~fitbatch.steps._pack.pack` of one pool,
+:func:`~fitbatch.steps._refine.refine`, the pool's layout (``by_step`` and the totals of
+``_Plan.result``) and the efficiency bound's running sums as numba loops that make the same decisions in the same
 order as the numpy forms, so a partition is the same with or without them (a property test
 compares the two on random steps). They apply to the built-in cost models only
 (:class:`~fitbatch.costs.SumCost`, :class:`~fitbatch.costs.PaddedCost`,
