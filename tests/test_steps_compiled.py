@@ -64,6 +64,11 @@ def assert_same(a: Partition, b: Partition) -> None:
     np.testing.assert_array_equal(a.skipped, b.skipped)
     np.testing.assert_array_equal(a.workload, b.workload)
     assert (a.efficiency, a.n_oversized, a.n_empty) == (b.efficiency, b.n_oversized, b.n_empty)
+    # the layout's sums and the bounds are compiled too (lay_out_pool, bound_terms): the same values
+    for name in ("step_samples", "step_tokens", "step_loss_tokens"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        assert getattr(a, name).dtype == getattr(b, name).dtype
+    assert (a.lower_bound, a.efficiency_bound, a.world, a.ranks) == (b.lower_bound, b.efficiency_bound, b.world, b.ranks)
 
 
 @st.composite
@@ -92,6 +97,8 @@ def steps(draw: Any) -> dict[str, Any]:
     kw["weights"] = {"sizes": None, "workload": lambda L: 24576 * L + L**2,
                      "whole": np.floor(rng.random(n) * 100), "fraction": rng.random(n) * 10,
                      "model": PaddedPolynomial(quadratic=1.0)}[weighting]
+    if draw(st.booleans()):  # the loss tokens' sums per micro-step (fractions: summed in order)
+        kw["loss_sizes"] = np.floor(sizes * rng.random(n) * 4) / 4
     grouping = draw(st.sampled_from([None, "rank", "micro"]))
     if grouping is not None and n:
         kw["groups"] = rng.integers(0, max(1, n // draw(st.sampled_from([2, 4, 16]))), n)
@@ -175,7 +182,7 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     with jit("1"):
         module = _compiled.kernels()
         assert module is not None
-        calls: dict[str, int] = {"pack_pool": 0, "refine": 0}
+        calls: dict[str, int] = {"pack_pool": 0, "refine": 0, "lay_out_pool": 0, "bound_terms": 0}
 
         class Counting:
             def __getattr__(self, name: str) -> Any:
@@ -191,12 +198,14 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
         lengths = np.random.default_rng(0).integers(1, 8192, 1024)
         partition(lengths, 16384, world=8, weights=lambda L: 24576 * L + L**2)
         assert calls["pack_pool"] >= 1 and calls["refine"] >= 1
+        assert calls["lay_out_pool"] == 1 and calls["bound_terms"] == 1
         calls.update(pack_pool=0, refine=0)
         partition(lengths, 16384, world=8, weights=np.random.default_rng(1).random(1024))  # fractions
         assert calls["pack_pool"] >= 1 and calls["refine"] == 0  # the refinement's sums stay in numpy
         calls.update(pack_pool=0, refine=0)
+        calls.update(lay_out_pool=0, bound_terms=0)
         partition(lengths, 16384, world=8, cost=_Custom())
-        assert calls == {"pack_pool": 0, "refine": 0}  # a model of its own: numpy
+        assert calls["pack_pool"] == calls["refine"] == 0  # a model of its own: numpy (but the layout)
 
 
 class _Custom(SumCost):
@@ -212,3 +221,26 @@ def test_off_and_background_load_leave_the_partition_alone() -> None:
     _compiled.settle()
     assert_same(plain, during)
     assert_same(plain, partition(lengths, 16384, world=16))
+
+
+@settings(max_examples=60)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 8, 64]))
+def test_the_bound_reuses_the_stable_order_only_where_ties_cannot_matter(seed: int, per_step: int) -> None:
+    """The efficiency bound takes the units heaviest first in the deal's stable order where the
+    marginal costs are whole (their running sums exact in any order): the bound of numpy's own
+    (unstable) order, on steps full of ties in weight with unequal costs."""
+    from fitbatch.steps._partition import _Plan
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    sizes = rng.integers(1, 50, n)
+    weights = np.floor(rng.random(n) * 5)  # few weights: ties of unequal sizes
+    for mode in ("0", "1"):
+        with jit(mode):
+            plan = _Plan.build(sizes, 60.0, weights, "sum", 1, None, None, "rank", None, "error", None)
+            assert plan.heaviest is None
+            mean = float(weights.sum()) / per_step
+            unstable = plan._efficiency_bound(per_step, mean)
+            plan.micro_rows(np.zeros(n, dtype=np.int64), 1)
+            assert plan.heaviest is not None and plan._extra_exact
+            assert plan._efficiency_bound(per_step, mean) == unstable

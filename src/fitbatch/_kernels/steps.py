@@ -529,8 +529,11 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
     lo = hi - n_take
     ng = g.size
     at = np.empty(ng, dtype=np.int64)
+    # a search key 2 * p + x (0 <= x < 1: the weight passed is under the scale) lies above every
+    # key of the pairs before p and below every key of those after: searching the pair's own
+    # partners finds the position a search of all of them finds (fewer, unpredictable, steps)
     for i in range(ng):
-        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, 0, take.size)
+        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, lo[gp[i]], hi[gp[i]])
     # candidates: the given unit for none, for the partner unit at `at`, for the one before it
     n_above, n_below = 0, 0
     for i in range(ng):
@@ -570,21 +573,21 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
                 continue
             for i1 in range(lo[p], hi[p]):
                 need = w[g[i]] - best[p] - w[take[i1]]
-                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, 0, take.size)
+                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, lo[p], hi[p])
                 if i2 == i1:
                     i2 += 1
                 if i2 < hi[p]:
                     cu[x], v1[x], v2[x], cp[x] = g[i], take[i1], take[i2], p
                     x += 1
-    cu, v1, v2, cp = cu[:x], v1[:x], v2[:x], cp[:x]
     delta = np.empty(x)
-    fits = np.empty(x, dtype=np.bool_)
-    for i in range(x):
+    kept = 0
+    for i in range(x):  # those that fit, compacted in place (in order: kept <= i)
         d = w[cu[i]] - (w[v1[i]] if v1[i] >= 0 else 0.0) - (w[v2[i]] if v2[i] >= 0 else 0.0)
-        delta[i] = d
-        fits[i] = d > 0 and d <= room[cp[i]]
-    cu, v1, v2, cp, delta = cu[fits], v1[fits], v2[fits], cp[fits], delta[fits]
-    x = cu.size
+        if d > 0 and d <= room[cp[i]]:
+            cu[kept], v1[kept], v2[kept], cp[kept], delta[kept] = cu[i], v1[i], v2[i], cp[i], d
+            kept += 1
+    x = kept
+    cu, v1, v2, cp, delta = cu[:x], v1[:x], v2[:x], cp[:x], delta[:x]
     in_c, in_t, in_l = np.zeros(x), np.zeros(x), np.zeros(x)
     for i in range(x):
         a, b = v1[i], v2[i]
@@ -694,3 +697,85 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
         work += done
         if work >= visits:
             break
+
+
+# --------------------------------------------------------------------------- the partition's layout
+
+
+@njit(**_OPTS)
+def lay_out_pool(load: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world: int, sizes: Any,
+                 loss: Any) -> Any:
+    """``by_step`` of one pool of ``world * m`` bins and the per-sequence part of ``_Plan.result``:
+    the order (kept sequences by rank, micro-step, index), the offsets, the micro-steps' sample
+    counts, tokens and loss tokens (summed in index order, as ``np.bincount``), the ``(world,
+    m)`` workloads and the empty micro-batches. The bins' micro-steps come from the same stable
+    sort of their loads, heaviest first; the order from a counting sort (stable: ascending
+    indices within a micro-batch, as ``argsort(kind="stable")`` of the keys)."""
+    nb = load.size
+    heaviest = _stable(-load)
+    key_of_bin = np.empty(nb, dtype=np.int64)
+    step_of_bin = np.empty(nb, dtype=np.int64)
+    workload = np.zeros((world, m))
+    for p in range(nb):  # the heaviest world bins make micro-step 0, ..., ranks in snake order
+        b = heaviest[p]
+        step, lane = p // world, p % world
+        rank = lane if step % 2 == 0 else world - 1 - lane
+        key_of_bin[b] = rank * m + step
+        step_of_bin[b] = step
+        workload[rank, step] = load[b]
+    n = unit_of.size
+    offsets = np.zeros(world * m + 1, dtype=np.int64)
+    samples = np.zeros(m, dtype=np.int64)
+    tokens = np.zeros(m)
+    loss_tokens = np.zeros(m)
+    for s in range(n):  # invariant: offsets[k + 1] counts the kept sequences of key k before s
+        if kept[s]:
+            b = bin_of[unit_of[s]]
+            offsets[key_of_bin[b] + 1] += 1
+            step = step_of_bin[b]
+            samples[step] += 1
+            tokens[step] += sizes[s]
+            loss_tokens[step] += loss[s]
+    n_empty = 0
+    for k in range(world * m):
+        if offsets[k + 1] == 0:
+            n_empty += 1
+        offsets[k + 1] += offsets[k]
+    fill = offsets[:-1].copy()
+    order = np.empty(offsets[-1], dtype=np.int64)
+    for s in range(n):  # ascending indices within each micro-batch
+        if kept[s]:
+            k = key_of_bin[bin_of[unit_of[s]]]
+            order[fill[k]] = s
+            fill[k] += 1
+    return order, offsets, samples, tokens, loss_tokens, workload, n_empty
+
+
+@njit(**_OPTS)
+def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool, room: float,
+                per_step: int) -> Any:
+    """``_Plan._efficiency_bound``'s terms ``(w[i] - w[i + 1]) * steps[i]`` (``w`` heaviest
+    first, ``extra`` the units' marginal costs, ``big`` the oversized): the running sums in
+    order, as ``np.cumsum``; the caller sums the terms (pairwise, in numpy)."""
+    n = w.size
+    terms = np.empty(n)
+    acc, half, n_big, normal = 0.0, 0, 0, 0
+    for i in range(n):
+        if any_big and big[i]:
+            n_big += 1
+        else:
+            normal += 1
+            acc += extra[i]
+            if extra[i] > room / 2:
+                half += 1
+        if not superadditive:
+            need = 0.0
+        elif room > 0:
+            need = max(np.ceil(acc / room * (1 - 1e-12)), float(half))
+        else:
+            need = float(normal)
+        bins = n_big + max(need, 1.0 if normal > 0 else 0.0)
+        steps = np.ceil(bins / per_step)
+        nxt = w[i + 1] if i + 1 < n else 0.0
+        terms[i] = (w[i] - nxt) * steps
+    return terms

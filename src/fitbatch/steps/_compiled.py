@@ -1,7 +1,8 @@
 """The compiled forms of a step's packing and refinement (the ``fast`` extra: numba).
 
-:mod:`fitbatch._kernels.steps` holds :func:`~fitbatch.steps._pack.pack` of one pool and
-:func:`~fitbatch.steps._refine.refine` as numba loops that make the same decisions in the same
+:mod:`fitbatch._kernels.steps` holds :func:`~fitbatch.steps._pack.pack` of one pool,
+:func:`~fitbatch.steps._refine.refine`, the pool's layout (``by_step`` and the totals of
+``_Plan.result``) and the efficiency bound's running sums as numba loops that make the same decisions in the same
 order as the numpy forms, so a partition is the same with or without them (a property test
 compares the two on random steps). They apply to the built-in cost models only
 (:class:`~fitbatch.costs.SumCost`, :class:`~fitbatch.costs.PaddedCost`,
@@ -66,6 +67,10 @@ def _warm(module: ModuleType) -> None:
     bins = [np.array([3.0, 3.0]) for _ in range(4)]
     module.refine(*bins, flat, placed, *units, 10.0, 0, np.zeros(4), True, 1, 2, True, 1, 3.0, 2, True,
                   np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]))
+    bin_of, kept = np.array([0, 1, 1], dtype=np.int64), np.ones(3, dtype=bool)
+    module.lay_out_pool(bins[0], bin_of, order, kept, 1, 2, units[0], units[1])
+    module.bound_terms(units[0], units[1], kept, False, True, 5.0, 2)
+    module.step_time(bins[0], 1, 2, True, 1)
     module.argsort(np.arange(40.0))
     module.argsort_int(np.arange(40))
 

@@ -41,6 +41,8 @@ def settle(order: IntArray, alone: IntArray, units: Units, bound: int, plan: Cap
     rows = order.shape[0]
     m = round_up(max(bound, plan.floor), step)
     bins = pack(order, units, m * width, budget, model, alone) if m else Bins.empty(rows, 0, units.weight.size)
+    if agree is None and not bins.failed.any():  # every row packs at the lower bound (the common case)
+        return m, bins
     packed = {r: (m, _row(bins, r)) for r in range(rows) if m and not bins.failed[r]}
 
     def attempt(count: int, todo: IntArray) -> IntArray:

@@ -287,6 +287,8 @@ def _deal_block(order: IntArray, done: IntArray, live: NDArray[np.bool_], width:
 def rows_of(row_of_unit: IntArray, weight: FloatArray, rows: int) -> IntArray:
     """``(rows, k)`` unit ids, each row's units heaviest first (ties by id), padded with -1."""
     heavy = _compiled.argsort(-weight)
+    if rows == 1:  # every unit in row 0: the heaviest first is the row
+        return heavy[None]
     key = heavy[_compiled.argsort(row_of_unit[heavy])]
     counts = np.bincount(row_of_unit, minlength=rows)
     k = int(counts.max()) if counts.size else 0

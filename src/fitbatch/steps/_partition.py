@@ -16,13 +16,14 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
-from fitbatch.costs import CostModel, resolve_cost
+from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.sizes import as_sizes
 from fitbatch.steps import _compiled
 from fitbatch.steps._count import round_up, settle
@@ -189,6 +190,12 @@ def partition(
     order, alone, bound = plan.micro_rows(np.zeros(plan.group.size, dtype=np.int64), 1)
     m, bins = _balanced(plan, order, alone, -(-int(bound[0]) // world), np.zeros(plan.units.weight.size, dtype=np.int64),
                         world, pooled=True)
+    module = _compiled.kernels()
+    if module is not None:  # by_step and the result's sums compiled: the same values
+        order, offsets, samples, tokens, loss_tokens, workload, n_empty = module.lay_out_pool(
+            bins.load[0], bins.bin_of, plan.unit_of, plan.kept, m, world, plan.sizes, np.ascontiguousarray(plan.loss))
+        return plan.finish(order, offsets, samples, tokens, loss_tokens, workload, int(n_empty), m, ranks, world,
+                              per_step=world)
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
@@ -211,17 +218,18 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     of each); the refinement may then move work into the empty ones.
     """
     width = world if pooled else 1
+    exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
-    slow = step_time(bins.load, pooled, world) * world > bins.load.sum() * (1 + SPREAD) if m else False
+    slow = step_time(bins.load, pooled, world, exact) * world > bins.load.sum() * (1 + SPREAD) if m else False
     if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
         least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
                               width=width)
         if least < m:
             fewer = fewer.padded(m * width)
-            if step_time(fewer.load, pooled, world) < step_time(bins.load, pooled, world):
+            if step_time(fewer.load, pooled, world, exact) < step_time(bins.load, pooled, world, exact):
                 bins = fewer
     bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-    now = step_time(bins.load, pooled, world)
+    now = step_time(bins.load, pooled, world, exact)
     if (m and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
         # still spread after refining at the least count, micro-batches full to the cap: no room
@@ -230,7 +238,7 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
             wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-            if step_time(wider.load, pooled, world) < now:
+            if step_time(wider.load, pooled, world, exact) < now:
                 return more, wider
     return m, bins
 
@@ -264,6 +272,41 @@ class _Plan:
     units: Units = None  # type: ignore[assignment]
     unit_of: IntArray = None  # type: ignore[assignment]  # unit of each sequence
     big: NDArray[np.bool_] = None  # type: ignore[assignment]  # units over the budget alone
+    any_big: bool = False
+    all_kept: bool = True  # no sequence skipped
+    grouped: bool = False  # groups were given
+    heaviest: IntArray | None = None  # every unit, heaviest first (ties by id), once micro_rows found it
+
+    @cached_property
+    def fixed(self) -> float:
+        """The model's cost of an empty batch (what each bin pays before any unit)."""
+        return float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+
+    @cached_property
+    def _extra_all(self) -> FloatArray | None:
+        """Each unit's cost alone over the empty batch's, for the built-in models (one
+        element-wise expression: the same values as on any subset); ``None`` for another."""
+        if type(self.model) not in (SumCost, PaddedCost, PaddedPolynomial):
+            return None
+        u = self.units
+        return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
+
+    @cached_property
+    def _extra_exact(self) -> bool:
+        """Whether the units' marginal costs are whole numbers whose total is below ``2**52``
+        (every running sum of them exact in any order), for the built-in models."""
+        every = self._extra_all
+        return every is not None and _compiled.whole(every)
+
+    def _extra(self, ids: IntArray | None) -> FloatArray:
+        """The units ``ids``' (``None``: all, in order) costs alone over the empty batch's (>= 0)."""
+        every = self._extra_all
+        if every is not None:
+            return every if ids is None else every[ids]
+        u = self.units
+        if ids is None:
+            return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
+        return np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - self.fixed, 0.0)
 
     @classmethod
     def build(cls, sizes: Any, budget: Any, weights: WeightsLike, cost: Any, micro_multiple: Any,
@@ -289,6 +332,7 @@ class _Plan:
             loss=values if loss is None else loss_sizes(loss, n),  # type: ignore[arg-type]
             oversized=choice("oversized", oversized, OVERSIZED),
             kept=np.ones(n, dtype=bool),
+            grouped=groups is not None,
         )
         plan._make_units()
         return plan
@@ -296,15 +340,25 @@ class _Plan:
     def _make_units(self) -> None:
         """Units (groups under ``keep_groups="micro"``, else sequences), over-budget ones found."""
         n = self.sizes.size
-        code = self.group if self.keep_micro else np.arange(n, dtype=np.int64)
-        k = int(code.max()) + 1 if n else 0
-        count = np.bincount(code, minlength=k).astype(np.float64)
-        total = np.bincount(code, self.counted, minlength=k)
-        longest = np.zeros(k)
-        np.maximum.at(longest, code, self.counted)
+        count: NDArray[Any]
+        total: NDArray[Any]
+        longest: NDArray[Any]
+        weight: NDArray[Any]
+        if self.keep_micro:
+            code = self.group
+            k = int(code.max()) + 1 if n else 0
+            count = np.bincount(code, minlength=k).astype(np.float64)
+            total = np.bincount(code, self.counted, minlength=k)
+            longest = np.zeros(k)
+            np.maximum.at(longest, code, self.counted)
+            weight = np.bincount(code, self.weight, minlength=k)
+        else:  # a unit per sequence: the sums over one sequence are its own values (sizes >= 0)
+            code, k = np.arange(n, dtype=np.int64), n
+            count, total, longest, weight = np.ones(n), self.counted, self.counted, self.weight
         alone = self.model.evaluate(count, longest, total) if k else np.zeros(0)
         big = alone > self.budget
-        if big.any():
+        self.any_big = bool(big.any())
+        if self.any_big:
             what = "group" if self.keep_micro else "sequence"
             bad = np.flatnonzero(big)
             if self.oversized == "error":
@@ -317,9 +371,11 @@ class _Plan:
             if self.oversized == "skip":
                 self.kept = ~big[code]
                 big = np.zeros_like(big)
+                self.any_big = False  # left out: none over the budget among the kept
         self.unit_of = code
-        self.units = as_units(np.bincount(code, self.weight, minlength=k), count, longest, total)
+        self.units = as_units(weight, count, longest, total)
         self.big = big
+        self.all_kept = bool(self.kept.all())
 
     def split_ranks(self, world: int) -> IntArray:
         """The rank of each group: groups dealt to ``world`` ranks balancing weight (no cap)."""
@@ -336,6 +392,11 @@ class _Plan:
 
     def micro_rows(self, rank_of_group: IntArray, rows: int) -> tuple[IntArray, IntArray, NDArray[np.int64]]:
         """Each row's units to deal (heaviest first), its oversized units, its lower bound."""
+        if rows == 1 and self.all_kept and not self.any_big and not self.keep_micro:
+            # the pool of every sequence, none over the budget: what the general form gives
+            order = rows_of(rank_of_group, self.units.weight, 1)
+            self.heaviest = order[0]
+            return order, np.full((1, 0), -1, dtype=np.int64), np.array([self._bound(order[0])], dtype=np.int64)
         seq = np.flatnonzero(self.kept)
         k = self.units.weight.size
         row = np.full(k, -1, dtype=np.int64)
@@ -350,49 +411,62 @@ class _Plan:
         bound += (alone >= 0).sum(axis=1)
         return order, alone, bound
 
-    def _bound(self, ids: IntArray) -> int:
-        """Fewest bins the units ``ids`` fit: their marginal costs over the usable budget, and
-        the units over half of it (no two share a bin); 1 for a model known only monotone."""
-        if ids.size == 0:
+    def _bound(self, ids: IntArray | None) -> int:
+        """Fewest bins the units ``ids`` (``None``: all) fit: their marginal costs over the usable
+        budget, and the units over half of it (no two share a bin); 1 for a model known only monotone."""
+        if (self.big.size if ids is None else ids.size) == 0:
             return 0
         if not self.model.superadditive:
             return 1
-        fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
-        u = self.units
-        extra = np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - fixed, 0.0)
-        room = self.budget - fixed
+        extra = self._extra(ids)
+        room = self.budget - self.fixed
         if room <= 0:
-            return int(ids.size)
+            return int(extra.size)
         by_sum = math.ceil(float(extra.sum()) / room * (1 - 1e-12))
         return max(1, by_sum, int((extra > room / 2).sum()))
 
     @property
     def keep_groups_on_rank(self) -> bool:
-        return not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
+        return self.grouped and not self.keep_micro and self.group.size > 0 and int(self.group.max()) + 1 < self.group.size
 
     def result(self, row: IntArray, micro: IntArray, workload: FloatArray, m: int, ranks: tuple[int, ...],
                world: int, gather: Callable[[FloatArray], FloatArray] | None) -> Partition:
         """The partition, from the row (index into ``ranks``) and micro-step of each kept
         sequence and the ``(rows, m)`` workloads; ``gather`` shares them with the other ranks."""
         rows = len(ranks)
-        seq = np.flatnonzero(self.kept)
-        unit = self.unit_of[seq]
         key = row * m + micro
-        order = seq[_compiled.argsort(key)]  # ascending indices within a micro-batch
+        if self.all_kept:  # the kept sequences are all of them: no gathers
+            order = _compiled.argsort(key)  # ascending indices within a micro-batch
+            sizes, loss = self.sizes, self.loss
+        else:
+            seq = np.flatnonzero(self.kept)
+            order = seq[_compiled.argsort(key)]
+            sizes, loss = self.sizes[seq], self.loss[seq]
         n_sizes = np.bincount(key, minlength=rows * m)
         offsets = np.zeros(rows * m + 1, dtype=np.int64)
         np.cumsum(n_sizes, out=offsets[1:])
         local = np.stack([
-            np.bincount(micro, minlength=m).astype(np.float64),
-            np.bincount(micro, self.sizes[seq], minlength=m),
-            np.bincount(micro, self.loss[seq], minlength=m),
+            n_sizes.reshape(rows, m).sum(axis=0).astype(np.float64),  # the micro-steps' counts
+            np.bincount(micro, sizes, minlength=m),
+            np.bincount(micro, loss, minlength=m),
         ])
         if gather is not None:  # the other ranks' totals and workloads
             shared = gather(np.vstack([local, workload]))  # (world, 4, m)
             local, workload = shared[:, :3].sum(axis=0), shared[:, 3]
+            n_empty = int((shared[:, 0] == 0).sum())
+        else:
+            n_empty = int((n_sizes == 0).sum())
+        return self.finish(order, offsets, local[0].astype(np.int64), local[1], local[2], workload, n_empty, m,
+                              ranks, world, per_step=world if gather is None else 1)
+
+    def finish(self, order: IntArray, offsets: IntArray, samples: NDArray[np.int64], tokens: FloatArray,
+                  loss_tokens: FloatArray, workload: FloatArray, n_empty: int, m: int, ranks: tuple[int, ...],
+                  world: int, per_step: int) -> Partition:
+        """The :class:`Partition` of the laid-out micro-batches, with the step's bounds and
+        efficiency (``per_step`` micro-batches a micro-step for the efficiency bound)."""
         slowest = workload.max(axis=0).sum() if m else 0.0
         total = workload.sum()
-        n_big = int((np.bincount(unit, minlength=self.big.size) > 0)[self.big].sum())
+        n_big = int((np.bincount(self.unit_of[self.kept], minlength=self.big.size) > 0)[self.big].sum()) if self.any_big else 0
         return Partition(
             world=world,
             ranks=ranks,
@@ -400,47 +474,67 @@ class _Plan:
             offsets=offsets,
             n_micro=m,
             lower_bound=self._step_bound(world),
-            step_samples=local[0].astype(np.int64),
-            step_tokens=local[1],
-            step_loss_tokens=local[2],
+            step_samples=samples,
+            step_tokens=tokens,
+            step_loss_tokens=loss_tokens,
             workload=workload,
             efficiency=float(total / world / slowest) if slowest > 0 else 1.0,
-            efficiency_bound=self._efficiency_bound(world if gather is None else 1, float(total) / world),
+            efficiency_bound=self._efficiency_bound(per_step, float(total) / world),
             n_oversized=n_big,
-            skipped=np.flatnonzero(~self.kept),
-            n_empty=int((n_sizes == 0).sum()) if gather is None else int((shared[:, 0] == 0).sum()),
+            skipped=np.zeros(0, dtype=np.int64) if self.all_kept else np.flatnonzero(~self.kept),
+            n_empty=n_empty,
         )
 
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
         """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
-        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
-        w = self.units.weight[live]
-        heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
-        ids, w = live[heavy], w[heavy]
-        big = self.big[ids]
-        normal = np.cumsum(~big)
+        if self.all_kept and self.heaviest is not None and self._extra_exact:
+            # a tie adds nothing until its last unit, whose running sums are over the same units
+            # in any order: exact (whole numbers) for whole marginal costs, so any tie order will do
+            ids = self.heaviest
+            w = self.units.weight[ids]
+        elif self.all_kept:  # every unit holds a kept sequence
+            w = self.units.weight
+            ids = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
+            w = w[ids]
+        else:
+            live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+            w = self.units.weight[live]
+            heavy = np.argsort(-w)  # ties in any order: a tie adds nothing until its last unit
+            ids, w = live[heavy], w[heavy]
+        big = self.big[ids] if self.any_big else np.zeros(ids.size, dtype=bool)
+        module = _compiled.kernels()
+        if module is not None:  # the running sums compiled, in the same order
+            room = self.budget - self.fixed
+            extra = self._extra(ids) if self.model.superadditive else w
+            terms = module.bound_terms(w, extra, big, self.any_big, bool(self.model.superadditive), room, per_step)
+            least = float(terms.sum())
+            return mean / max(least, mean) if mean > 0 else 1.0
+        normal = np.cumsum(~big) if self.any_big else np.arange(1, ids.size + 1)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
-            fixed = float(self.model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
-            u, room = self.units, self.budget - fixed
-            extra = np.where(big, 0.0, np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids])
-                                                  - fixed, 0.0))
+            room = self.budget - self.fixed
+            extra = self._extra(ids)
+            if self.any_big:
+                extra = np.where(big, 0.0, extra)
             if room > 0:
                 need = np.maximum(np.ceil(np.cumsum(extra) / room * (1 - 1e-12)), np.cumsum(extra > room / 2))
             else:
                 need = normal.astype(np.float64)
         else:
             need = np.zeros(w.size)
-        bins = np.cumsum(big) + np.maximum(need, normal > 0)
+        bins = (np.cumsum(big) + np.maximum(need, normal > 0)) if self.any_big else np.maximum(need, 1.0)
         steps = np.ceil(bins / per_step)
         least = float(((w - np.r_[w[1:], 0.0]) * steps).sum())
         return mean / max(least, mean) if mean > 0 else 1.0
 
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
-        live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
-        n_big = int(self.big[live].sum())
-        need = n_big + self._bound(live[~self.big[live]])
+        if self.all_kept and not self.any_big:  # every unit, none over the budget
+            need = self._bound(None)
+        else:
+            live = np.flatnonzero(np.bincount(self.unit_of[self.kept], minlength=self.big.size))
+            n_big = int(self.big[live].sum())
+            need = n_big + self._bound(live[~self.big[live]])
         m = max(-(-need // world), self.floor)
         return round_up(m, self.step)
 
@@ -482,10 +576,10 @@ def _int_option(name: str, value: Any) -> int:
 
 def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
     """``weights`` as one finite number >= 0 per sequence."""
-    if weights is None:
-        out: Any = sizes
-    elif isinstance(weights, CostModel):
-        out = weights.sample_cost(sizes)
+    if weights is None:  # the sizes: checked finite and >= 0 already
+        return sizes
+    if isinstance(weights, CostModel):
+        out: Any = weights.sample_cost(sizes)
     elif callable(weights):
         out = weights(sizes.copy())
     elif isinstance(weights, (str, bytes)):
@@ -498,8 +592,8 @@ def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
         raise TypeError(f"weights must give one number per sequence, got {type(out).__name__}") from None
     if arr.shape != sizes.shape:
         raise ValueError(f"weights must have one entry per sequence: shape {sizes.shape}, got shape {arr.shape}")
-    bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
-    if bad.size:
+    if arr.size and not (arr.min() >= 0 and arr.max() < np.inf):  # NaN fails the first
+        bad = np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))
         raise ValueError(f"weights must be finite and >= 0; {bad.size} bad: {format_offenders(bad, arr[bad])}")
     return np.ascontiguousarray(arr)
 

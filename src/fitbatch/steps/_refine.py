@@ -74,13 +74,27 @@ def steps_of(load: FloatArray, pooled: bool, world: int) -> IntArray:
     return pos // world if pooled else pos
 
 
-def step_time(load: FloatArray, pooled: bool, world: int) -> float:
-    """The sum over micro-steps of the slowest bin (``pooled``: rows of ``world * m`` bins)."""
+def step_time(load: FloatArray, pooled: bool, world: int, exact: bool = False) -> float:
+    """The sum over micro-steps of the slowest bin (``pooled``: rows of ``world * m`` bins;
+    ``exact``: every load a whole number, their total below ``2**52``, so any order sums alike)."""
     if load.size == 0:
         return 0.0
-    step = steps_of(load, pooled, world)
-    slowest = np.zeros(int(step.max()) + 1)
-    np.maximum.at(slowest, step.ravel(), load.ravel())
+    if exact:  # whole loads below 2**52: the compiled in-order sum is the pairwise one
+        module = _compiled.kernels()
+        if module is not None:
+            return float(module.step_time(np.ascontiguousarray(load).reshape(-1), load.shape[0], load.shape[1],
+                                          pooled, world))
+    # micro-step j's slowest bin is the j-th heaviest load (``pooled``: the (j * world)-th of the
+    # row; else the most, over rows, of each row's j-th heaviest): the values steps_of's layout
+    # gives, in the same order, so the same sum
+    if pooled and load.shape[0] == 1:
+        slowest = np.ascontiguousarray(np.sort(load[0])[::-1][::world])
+    elif pooled:
+        step = steps_of(load, pooled, world)
+        slowest = np.zeros(int(step.max()) + 1)
+        np.maximum.at(slowest, step.ravel(), load.ravel())
+    else:
+        slowest = np.sort(load, axis=1).max(axis=0)[::-1].copy()
     return float(slowest.sum())
 
 
@@ -103,9 +117,12 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
     if nb == 0 or world == 1 and pooled or not pooled and nb == 1:
         return bins
     placed = np.flatnonzero(bins.bin_of >= 0)
-    flat = np.full(bins.bin_of.size, -1, dtype=np.int64)
-    flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
-    load, count, longest, total = (a.reshape(-1).copy() for a in (bins.load, bins.count, bins.longest, bins.total))
+    if rows == 1:  # a unit's flat bin is its bin (-1: not placed)
+        flat = bins.bin_of.copy()
+    else:
+        flat = np.full(bins.bin_of.size, -1, dtype=np.int64)
+        flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
+    load, count, longest, total = np.stack([bins.load, bins.count, bins.longest, bins.total]).reshape(4, -1)
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
     balance = placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
@@ -122,7 +139,10 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
                 most, balance)
     bins.load, bins.count = load.reshape(rows, nb), count.reshape(rows, nb)
     bins.longest, bins.total = longest.reshape(rows, nb), total.reshape(rows, nb)
-    bins.bin_of[placed] = flat[placed] % nb
+    if rows == 1:
+        bins.bin_of[:] = flat
+    else:
+        bins.bin_of[placed] = flat[placed] % nb
     return bins
 
 
