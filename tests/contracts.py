@@ -8,13 +8,14 @@ plan-quality metrics at the bottom come from ``fitbatch.plan._metrics`` (tests n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,22 @@ def run_processes(commands: list[list[str]], timeout: float) -> list[str]:
 
 # --------------------------------------------------------------------------- quality metrics
 # The library's own metrics (fitbatch.plan._metrics), under the names the tests use.
+
+
+@contextlib.contextmanager
+def jit_mode(mode: str) -> Iterator[None]:
+    """``FITBATCH_JIT=mode`` inside the block (``"0"`` numpy only, ``"1"`` compiled at once)."""
+    before = os.environ.get("FITBATCH_JIT")
+    os.environ["FITBATCH_JIT"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FITBATCH_JIT"]
+        else:
+            os.environ["FITBATCH_JIT"] = before
+
+
 from fitbatch.plan._metrics import batch_of_sample as batch_ids  # noqa: E402, F401
 from fitbatch.plan._metrics import position_size_correlation as spearman_position_size  # noqa: E402, F401
 from fitbatch.plan._metrics import repeat_rate  # noqa: E402, F401

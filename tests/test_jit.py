@@ -6,17 +6,16 @@ Every comparison runs the same call twice, with ``FITBATCH_JIT=0`` (numpy) and `
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import reference as R
 from contracts import COSTS
+from contracts import jit_mode as jit
 from hypothesis import given
 from hypothesis import strategies as st
 from test_kernels import descending_case, make_sizes, ns, ref_carry
@@ -35,17 +34,6 @@ numba = pytest.importorskip("numba", reason="the fast extra (numba) is not insta
 COMPILED = ("sum", "padded", "polynomial")
 
 
-@contextlib.contextmanager
-def jit(mode: str) -> Iterator[None]:
-    before = os.environ.get("FITBATCH_JIT")
-    os.environ["FITBATCH_JIT"] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FITBATCH_JIT"]
-        else:
-            os.environ["FITBATCH_JIT"] = before
 
 
 def both(fn):  # noqa: ANN001, ANN202 - a test helper

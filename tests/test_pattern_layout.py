@@ -5,13 +5,10 @@ numpy's (the shuffles are numpy's ``Generator.shuffle``, draw for draw)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from contracts import check_plan
+from contracts import jit_mode as jit
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,19 +16,6 @@ import fitbatch
 from fitbatch._kernels import histogram
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import pattern_layout as L
-
-
-@contextlib.contextmanager
-def jit(mode: str) -> Iterator[None]:
-    before = os.environ.get("FITBATCH_JIT")
-    os.environ["FITBATCH_JIT"] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FITBATCH_JIT"]
-        else:
-            os.environ["FITBATCH_JIT"] = before
 
 
 def _loops():  # noqa: ANN202 - the compiled module, or a skip

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
+from contracts import jit_mode as jit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,17 +34,6 @@ COSTS: dict[str, Any] = {
 }
 
 
-@contextmanager
-def jit(mode: str) -> Iterator[None]:
-    before = os.environ.get("FITBATCH_JIT")
-    os.environ["FITBATCH_JIT"] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["FITBATCH_JIT"]
-        else:
-            os.environ["FITBATCH_JIT"] = before
 
 
 def both(call: Callable[[], Partition]) -> tuple[Partition, Partition]:
