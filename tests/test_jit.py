@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -479,3 +481,29 @@ def test_plans_are_the_same_while_loops_wait_for_machine_code(n, monkeypatch):
         assert _jit.enabled()
         fresh = fitbatch.plan_batches(sizes, 16384, cost="sum", strategy="packed", epoch=1)
     assert np.array_equal(plain.order, fresh.order) and np.array_equal(plain.offsets, fresh.offsets)
+
+
+def test_a_companion_load_never_waits_for_another_ones_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh install compiles a companion module for seconds in its loader: loading another
+    module meanwhile goes on (each module has its own lock)."""
+    monkeypatch.setattr(_jit, "_companions", {})
+    monkeypatch.setattr(_jit, "_companion_threads", {})
+    monkeypatch.setattr(_jit, "_companion_loads", {})
+    compiling, done = threading.Event(), threading.Event()
+
+    def slow(module: Any) -> None:
+        compiling.set()
+        done.wait(30)
+
+    first = threading.Thread(target=_jit._load_companion, args=("steps", slow), daemon=True)
+    first.start()
+    assert compiling.wait(30)
+    second = threading.Thread(target=_jit._load_companion, args=("compiled_histogram", None), daemon=True)
+    second.start()
+    second.join(30)
+    finished_while_first_compiles = not second.is_alive() and not done.is_set()
+    done.set()
+    first.join(30)
+    assert finished_while_first_compiles  # (with one lock for all, it waited for the first)
+    assert _jit._companions["compiled_histogram"] is not None
+    assert _jit._companions["steps"] is not None

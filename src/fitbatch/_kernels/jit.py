@@ -272,7 +272,10 @@ def _compile_in_background() -> None:
 
 _companions: dict[str, ModuleType | None] = {}  # further modules of loops, loaded (None: could not be)
 _companion_threads: dict[str, threading.Thread] = {}
-_companion_lock = threading.Lock()
+_companion_lock = threading.Lock()  # starting a thread (held for moments)
+# one per module, held through its import and warm-up (a fresh install's compile: seconds), so
+# loading one module never waits for another's compile
+_companion_loads: dict[str, threading.Lock] = {}
 
 
 def companion(name: str, warm: Callable[[ModuleType], Any] | None = None, *, now: bool = False) -> ModuleType | None:
@@ -293,7 +296,7 @@ def companion(name: str, warm: Callable[[ModuleType], Any] | None = None, *, now
         return None
     if name in _companions:
         return _companions[name]
-    if name in _companion_threads:  # under way: its thread holds the lock until it is done
+    if name in _companion_threads:  # under way: its thread holds the module's lock until it is done
         return None
     if now or mode == "always" or _numba_imported_by_program():
         return _load_companion(name, warm)
@@ -327,6 +330,8 @@ def _numba_imported_by_program() -> bool:
 
 def _load_companion(name: str, warm: Callable[[ModuleType], Any] | None) -> ModuleType | None:
     with _companion_lock:
+        load = _companion_loads.setdefault(name, threading.Lock())
+    with load:
         if name in _companions:
             return _companions[name]
         module: ModuleType | None = None
