@@ -288,8 +288,7 @@ class _Plan:
         element-wise expression: the same values as on any subset); ``None`` for another."""
         if type(self.model) not in (SumCost, PaddedCost, PaddedPolynomial):
             return None
-        u = self.units
-        return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
+        return self._marginal(slice(None))
 
     @cached_property
     def _extra_exact(self) -> bool:
@@ -303,10 +302,12 @@ class _Plan:
         every = self._extra_all
         if every is not None:
             return every if ids is None else every[ids]
+        return self._marginal(slice(None) if ids is None else ids)
+
+    def _marginal(self, at: IntArray | slice) -> FloatArray:
+        """The model's cost of each unit ``at`` alone over the empty batch's (>= 0)."""
         u = self.units
-        if ids is None:
-            return np.maximum(self.model.evaluate(u.count, u.longest, u.total) - self.fixed, 0.0)
-        return np.maximum(self.model.evaluate(u.count[ids], u.longest[ids], u.total[ids]) - self.fixed, 0.0)
+        return np.maximum(self.model.evaluate(u.count[at], u.longest[at], u.total[at]) - self.fixed, 0.0)
 
     @classmethod
     def build(cls, sizes: Any, budget: Any, weights: WeightsLike, cost: Any, micro_multiple: Any,
