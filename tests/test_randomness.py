@@ -428,7 +428,7 @@ def test_an_epoch_no_refit_brings_within_its_allowance_takes_the_sorted_plan(few
     by the sorted plan, ties still shuffled, so "never more in any epoch" holds."""
     from fitbatch.sizes import as_sizes
     from fitbatch.strategies._base import Context, Result
-    from fitbatch.strategies._ordered import within_allowance
+    from fitbatch.strategies._ordered import _allowance, within_allowance
 
     sizes = np.random.default_rng(0).integers(1, 90, 300).astype(np.float64)
     ctx = Context(as_sizes(sizes), 1000.0, fitbatch.PaddedCost(), None, 1, True, 0, 0)
@@ -441,11 +441,11 @@ def test_an_epoch_no_refit_brings_within_its_allowance_takes_the_sorted_plan(few
         tried.append((width, scale))
         return lavish
 
-    got = within_allowance(ctx, lavish, few, refit)
+    got = within_allowance(ctx, lavish, few, refit, _allowance(ctx, few))
     assert tried, "it tried to fit again first"
     assert got.order.tolist() == exact.order.tolist() and got.starts.tolist() == exact.starts.tolist()
     one_more = Result(exact.order, np.append(exact.starts, n - 1), np.zeros(exact.starts.size + 1, bool))
-    kept = within_allowance(ctx, one_more, True, refit)
+    kept = within_allowance(ctx, one_more, True, refit, _allowance(ctx, True))
     assert kept is one_more, "a few-batch epoch may keep one batch more than sorting"
 
 

@@ -29,7 +29,7 @@ from fitbatch.strategies._mixing import (
     check_randomness,
     mixed_levels,
 )
-from fitbatch.strategies._ordered import within_allowance
+from fitbatch.strategies._ordered import _allowance, within_allowance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +123,7 @@ class Buckets(Strategy):
         result, few = self._plan(ctx, LEVEL_BATCHES, 1.0)
         if self.boundaries is not None or self.randomness != "auto":
             return result
-        return within_allowance(ctx, result, few, lambda width, scale: self._plan(ctx, width, scale)[0])
+        return within_allowance(ctx, result, few, lambda width, scale: self._plan(ctx, width, scale)[0], _allowance(ctx, few))
 
     def _plan(self, ctx: Context, width: float, scale: float) -> tuple[Result, bool]:
         """The plan over buckets fitted with ``width`` and ``scale``, and whether they are

@@ -241,7 +241,7 @@ def within_allowance(
     result: Result,
     few: bool,
     refit: Callable[[float, float], Result],
-    allowance: tuple[int, int] | None | Literal[False] = False,
+    allowance: tuple[int, int] | None,
 ) -> Result:
     """An ``"auto"`` plan within its batch allowance against exact sorting, else the fewest.
 
@@ -255,10 +255,8 @@ def within_allowance(
     same batches every epoch would be the cost); an epoch over that, or any other epoch still
     over its cap, takes the sorted plan, its ties still shuffled.
     ``refit(width, scale)`` plans with few-batch levels of ``width`` of a batch, or with the
-    target scaled by ``scale``; ``allowance``: :func:`_allowance`'s answer when already asked.
+    target scaled by ``scale``; ``allowance``: :func:`_allowance`'s answer for the epoch.
     """
-    if allowance is False:
-        allowance = _allowance(ctx, few)
     if allowance is None:
         return result
     allowed, sorted_count = allowance
