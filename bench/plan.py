@@ -12,6 +12,10 @@ Run from the repository root:
     python bench/plan.py --frontier --families --synthetic --pairs 3 --kinds integer  # held-out sets (issue #39)
     python bench/plan.py --frontier --families --pairs 3 --kinds integer --sets zipf "few values" \
         --lhotse-cache /tmp/lhotse_cells.json  # only these sets; lhotse measured once, then read back
+    python bench/plan.py --frontier --families --synthetic --pairs 3 --kinds integer \
+        --lhotse-buckets 10 30 60   # which of lhotse's bucket counts dominate the default (issue #39)
+    python bench/plan.py --frontier --families --synthetic --pairs 3 --kinds integer \
+        --level-targets 0.02 0.03 0.05   # what-if: the auto level fit aiming at other batch excesses
     python bench/plan.py --few-batch     # plan time of few-batch epochs, cheapest vs greedy cuts
 
 It prints markdown tables:
@@ -149,8 +153,8 @@ def speed_table(name: str, sizes: np.ndarray, repeat: int, memory: bool) -> str:
     return "\n".join([head, *rows])
 
 
-def lhotse_plans(sizes: np.ndarray, epochs: int) -> list[fitbatch.BatchPlan] | None:
-    """lhotse's DynamicBucketingSampler (30 buckets, seed 0) for epochs 0 .. epochs - 1, as plans."""
+def lhotse_plans(sizes: np.ndarray, epochs: int, num_buckets: int = 30) -> list[fitbatch.BatchPlan] | None:
+    """lhotse's DynamicBucketingSampler (``num_buckets``, seed 0) for epochs 0 .. epochs - 1, as plans."""
     try:
         from lhotse import CutSet
         from lhotse.dataset.sampling.dynamic_bucketing import DynamicBucketingSampler
@@ -162,7 +166,7 @@ def lhotse_plans(sizes: np.ndarray, epochs: int) -> list[fitbatch.BatchPlan] | N
     sz = fitbatch.as_sizes(sizes)
     plans = []
     for epoch in range(epochs):
-        sampler = DynamicBucketingSampler(cuts, max_duration=BUDGET, shuffle=True, seed=0, num_buckets=30)
+        sampler = DynamicBucketingSampler(cuts, max_duration=BUDGET, shuffle=True, seed=0, num_buckets=num_buckets)
         sampler.set_epoch(epoch)
         batches = [[int(c.id.split("-")[-1]) if "-" in c.id else int(c.id) for c in b] for b in sampler]
         order = np.asarray([i for b in batches for i in b], dtype=np.int64)
@@ -223,6 +227,7 @@ KNOBS = (None, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01, 0.005, "auto")
 
 LHOTSE_CACHE: str | None = None  # --lhotse-cache: lhotse's cells per (N, set, sizes, pairs), JSON
 SET_FILTER: tuple[str, ...] = ()  # --sets: only the sets whose name holds one of these
+LHOTSE_BUCKETS: tuple[int, ...] = (30,)  # --lhotse-buckets: lhotse's bucket counts beside the default (--pairs)
 
 
 def frontier_sets(
@@ -292,19 +297,42 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: 
         return float(np.mean([p.stats().padding_efficiency for p in plans])), reps, max(len(p) for p in plans) / opt
 
     cache = json.loads(Path(LHOTSE_CACHE).read_text()) if LHOTSE_CACHE and Path(LHOTSE_CACHE).exists() else {}
-    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic, with_families, kinds):
-        fe, fr, fb = cell([fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)], keep.size, opt)
-        key = f"{n}|{name}|{kind}|{pairs}"
+
+    def theirs(keep: np.ndarray, key: str, opt: int, buckets: int) -> tuple[float, np.ndarray, float, bool]:
+        if buckets != 30:
+            key += f"|b{buckets}"
         if key not in cache:
-            theirs = lhotse_plans(keep, pairs + 1)
-            if theirs is None:
+            plans = lhotse_plans(keep, pairs + 1, buckets)
+            if plans is None:
                 raise SystemExit("--pairs needs lhotse (pip install lhotse) or --lhotse-cache with this row")
-            le, lr, lb = cell(theirs, keep.size, opt)
+            le, lr, lb = cell(plans, keep.size, opt)
             cache[key] = {"eff": le, "reps": lr.tolist(), "batches": lb}
             if LHOTSE_CACHE:
                 Path(LHOTSE_CACHE).write_text(json.dumps(cache, indent=1))
-        le, lr, lb = cache[key]["eff"], np.asarray(cache[key]["reps"]), cache[key]["batches"]
-        if cache[key].get("rounded"):  # cells copied from a printed table: compare as printed
+        got = cache[key]
+        return got["eff"], np.asarray(got["reps"]), got["batches"], bool(got.get("rounded"))
+
+    grid = len(LHOTSE_BUCKETS) > 1 or LHOTSE_BUCKETS[0] != 30
+    for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic, with_families, kinds):
+        fe, fr, fb = cell([fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)], keep.size, opt)
+        key = f"{n}|{name}|{kind}|{pairs}"
+        if grid:  # lhotse at each bucket count: which settings dominate the default, which it dominates
+            over, under, cells = [], [], []
+            for buckets in LHOTSE_BUCKETS:
+                le, lr, lb, _ = theirs(keep, key, opt, buckets)
+                cells.append(f"{buckets}: {le:.3f} / {lr.mean():.3f} / {lb:.3f}")
+                if le >= fe and lr.mean() <= fr.mean() and lb <= fb:
+                    over.append(str(buckets))
+                if fe >= le and fr.mean() <= lr.mean() and fb <= lb:
+                    under.append(str(buckets))
+            rows.append(
+                f"| {n:,} | {name} | {kind} | {fe:.3f} / {fr.mean():.3f} / {fb:.3f} | {'; '.join(cells)} | "
+                f"{', '.join(under) or 'none'} | {', '.join(over) or 'none'} |"
+            )
+            print(rows[-1], flush=True, file=sys.stderr)
+            continue
+        le, lr, lb, rounded = theirs(keep, key, opt, 30)
+        if rounded:  # cells copied from a printed table: compare as printed
             fe, fr, fb = round(fe, 3), np.round(fr, 3), round(fb, 3)
         wins = int(np.sum(fr <= lr))
         ok = fe >= le and fr.mean() <= lr.mean() and fb <= 1.05
@@ -315,12 +343,67 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: 
             f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} | {'yes' if ok39 else 'no'} |"
         )
         print(rows[-1], flush=True, file=sys.stderr)
+    if grid:
+        return "\n".join([
+            f"\n### The default beside lhotse at {', '.join(map(str, LHOTSE_BUCKETS))} buckets over {pairs} epoch pairs "
+            f"(budget {BUDGET:g}, padded cost)\n\n"
+            "| N | set | sizes | default: padding eff / repeat (mean) / batches vs sorted (most) "
+            "| lhotse per bucket count, the same cells | bucket counts the default dominates "
+            "| bucket counts that dominate the default |\n|---|---|---|---|---|---|---|",
+            *rows,
+        ])
     head = (
         f"\n### The default beside lhotse over {pairs} epoch pairs (budget {BUDGET:g}, padded cost)\n\n"
         "| N | set | sizes | padding eff (mean) | repeat per pair (min-max) | repeat (mean) | batches vs sorted (most) "
         "| pairs with repeat <= lhotse's | dominates on the means (#18: batches <= 1.05x sorted) "
         "| dominates on the means (#39: batches <= lhotse's) |\n"
         "|---|---|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([head, *rows])
+
+
+def level_target_table(ns: list[int], pairs: int, targets: list[float], with_synthetic: bool, with_families: bool = False,
+                       kinds: tuple[str, ...] = ("integer", "continuous")) -> str:
+    """What-if (not a setting of the library): the default's ``"auto"`` level fit aiming at each
+    batch excess of ``targets`` instead of ``auto_excess(n)``, everything else as is (on sets of up
+    to 100,000 samples the densest batches still split into what is left of the 5 % allowance).
+    Cells: padding eff (mean) / repeat (mean of ``pairs``) / batches vs sorted (most), ✓ where
+    that dominates lhotse's 30-bucket cell (read from ``--lhotse-cache`` or measured)."""
+    from fitbatch.strategies import _base, _mixing
+
+    cache = json.loads(Path(LHOTSE_CACHE).read_text()) if LHOTSE_CACHE and Path(LHOTSE_CACHE).exists() else {}
+    original = _mixing.auto_excess
+    rows = []
+    try:
+        for n, name, kind, keep, opt in frontier_sets(ns, with_synthetic, with_families, kinds):
+            key = f"{n}|{name}|{kind}|{pairs}"
+            if key not in cache:
+                plans = lhotse_plans(keep, pairs + 1)
+                if plans is None:
+                    raise SystemExit("--level-targets needs lhotse or --lhotse-cache with this row")
+                reps = [repeat_rate(plans[e], plans[e + 1], keep.size) for e in range(pairs)]
+                cache[key] = {"eff": float(np.mean([p.stats().padding_efficiency for p in plans])), "reps": reps,
+                              "batches": max(len(p) for p in plans) / opt}
+            le, lr, lb = cache[key]["eff"], float(np.mean(cache[key]["reps"])), cache[key]["batches"]
+            cells = []
+            for target in targets:
+                _mixing.auto_excess = lambda _n, t=target: t  # type: ignore[assignment]
+                _base._SHARED.clear()  # level fits are kept by their settings, which hold no target
+                plans = [fitbatch.plan_batches(keep, BUDGET, epoch=e) for e in range(pairs + 1)]
+                fe = float(np.mean([p.stats().padding_efficiency for p in plans]))
+                fr = float(np.mean([repeat_rate(plans[e], plans[e + 1], keep.size) for e in range(pairs)]))
+                fb = max(len(p) for p in plans) / opt
+                ok = fe >= le and fr <= lr and fb <= lb
+                cells.append(f"{fe:.3f} / {fr:.3f} / {fb:.3f}{' ✓' if ok else ''}")
+            rows.append(f"| {n:,} | {name} | {kind} | {le:.3f} / {lr:.3f} / {lb:.3f} | " + " | ".join(cells) + " |")
+            print(rows[-1], flush=True, file=sys.stderr)
+    finally:
+        _mixing.auto_excess = original
+        _base._SHARED.clear()
+    head = (
+        f"\n### The auto level fit aiming at other batch excesses (what-if; {pairs} epoch pairs, budget {BUDGET:g})\n\n"
+        "| N | set | sizes | lhotse (30 buckets) | " + " | ".join(f"level target {t:g}" for t in targets) + " |\n"
+        "|---|---|---|---|" + "---|" * len(targets)
     )
     return "\n".join([head, *rows])
 
@@ -412,13 +495,22 @@ def main() -> None:
     parser.add_argument("--lhotse-cache", default=None,
                         help="--pairs: read lhotse's cells from this JSON file, and write there those it had to measure "
                              "(lhotse's plans do not depend on fitbatch: measure them once, then iterate on fitbatch)")
+    parser.add_argument("--lhotse-buckets", type=int, nargs="+", default=[30],
+                        help="--pairs: lhotse's num_buckets; more than one (or not 30) prints which settings dominate "
+                             "the default and which the default dominates (issue #39: below 20k no setting should)")
+    parser.add_argument("--level-targets", type=float, nargs="+", default=None,
+                        help="--pairs: what-if table of the auto level fit aiming at these batch excesses (issue #39)")
     args = parser.parse_args()
-    global LHOTSE_CACHE, SET_FILTER
-    LHOTSE_CACHE, SET_FILTER = args.lhotse_cache, tuple(args.sets)
+    global LHOTSE_CACHE, SET_FILTER, LHOTSE_BUCKETS
+    LHOTSE_CACHE, SET_FILTER, LHOTSE_BUCKETS = args.lhotse_cache, tuple(args.sets), tuple(args.lhotse_buckets)
     if args.few_batch:
         print(few_batch_table([10_000, 20_000], max(args.repeat, 5)), flush=True)
         return
     logging.getLogger("fitbatch").setLevel(logging.ERROR)  # skipped oversized samples are in the tables
+    if args.frontier and args.pairs and args.level_targets:
+        print(level_target_table(args.frontier_n, args.pairs, args.level_targets, args.synthetic, args.families,
+                                 tuple(args.kinds)), flush=True)
+        return
     if args.frontier and args.pairs:
         print(pairs_table(args.frontier_n, args.pairs, args.synthetic, args.families, tuple(args.kinds)), flush=True)
         return
