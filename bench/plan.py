@@ -285,6 +285,14 @@ def frontier_table(ns: list[int], with_lhotse: bool, with_synthetic: bool = Fals
     return "\n".join([head, *rows]), points
 
 
+DIFFERENT: set[str] = set()  # rows whose cached lhotse cell was measured on another set
+
+
+def fingerprint(sizes: np.ndarray) -> str:
+    """The set a cached lhotse cell was measured on: count and total of the sizes."""
+    return f"{sizes.size}:{float(np.sum(sizes)):.0f}"
+
+
 def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: bool = False,
                 kinds: tuple[str, ...] = ("integer", "continuous")) -> str:
     """The default (``pooled``, ``randomness="auto"``) beside lhotse over ``pairs`` consecutive
@@ -306,10 +314,14 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: 
             if plans is None:
                 raise SystemExit("--pairs needs lhotse (pip install lhotse) or --lhotse-cache with this row")
             le, lr, lb = cell(plans, keep.size, opt)
-            cache[key] = {"eff": le, "reps": lr.tolist(), "batches": lb}
+            cache[key] = {"eff": le, "reps": lr.tolist(), "batches": lb, "set": fingerprint(keep)}
             if LHOTSE_CACHE:
                 Path(LHOTSE_CACHE).write_text(json.dumps(cache, indent=1))
         got = cache[key]
+        if got.get("set") not in (None, fingerprint(keep)):  # e.g. "doc paragraphs" on another site-packages
+            print(f"# {key}: lhotse's cell was measured on another set ({got['set']} against {fingerprint(keep)})",
+                  file=sys.stderr)
+            DIFFERENT.add(key.rsplit("|", 1)[0])
         return got["eff"], np.asarray(got["reps"]), got["batches"], bool(got.get("rounded"))
 
     grid = len(LHOTSE_BUCKETS) > 1 or LHOTSE_BUCKETS[0] != 30
@@ -337,8 +349,10 @@ def pairs_table(ns: list[int], pairs: int, with_synthetic: bool, with_families: 
         wins = int(np.sum(fr <= lr))
         ok = fe >= le and fr.mean() <= lr.mean() and fb <= 1.05
         ok39 = fe >= le and fr.mean() <= lr.mean() and fb <= lb  # issue #39: no more batches than lhotse's
+        if f"{n}|{name}|{kind}" in DIFFERENT:
+            ok = ok39 = False  # not the same set: no verdict
         rows.append(
-            f"| {n:,} | {name} | {kind} | {fe:.3f} / {le:.3f} | "
+            f"| {n:,} | {name}{' (lhotse: another set)' if f'{n}|{name}|{kind}' in DIFFERENT else ''} | {kind} | {fe:.3f} / {le:.3f} | "
             f"{fr.min():.3f}-{fr.max():.3f} / {lr.min():.3f}-{lr.max():.3f} | **{fr.mean():.3f}** / {lr.mean():.3f} | "
             f"{fb:.3f} / {lb:.3f} | {wins} of {pairs} | {'yes' if ok else 'no'} | {'yes' if ok39 else 'no'} |"
         )
