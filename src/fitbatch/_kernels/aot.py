@@ -274,9 +274,11 @@ def _workload() -> None:
                     with contextlib.suppress(ValueError, TypeError):
                         list(fitbatch.plan_batches(held, 4096, cost=cost, strategy=strategy, epoch=epoch))
     # sum-cost packing on the length histogram (pattern layouts: compiled_histogram), shuffled and not
-    histogram = [np.clip(np.ceil(rng.lognormal(4.5, 0.8, 70_000)), 1, 256).astype(np.int64),
-                 (rng.integers(1, 17, 60_000) * 24).astype(np.int64)]
-    for sizes, budget in zip(histogram, (256, 512)):
+    # (sets whose patterns the layout takes: near the bound; 128 and 256 tokens at most)
+    histogram = [np.clip(np.ceil(np.random.default_rng(seed).lognormal(mu, 0.8, 70_000)), 1, top).astype(np.int64)
+                 for seed, mu, top in ((1, 3.5, 128), (0, 4.5, 256))]
+    histogram.append((rng.integers(1, 17, 60_000) * 24).astype(np.int64))
+    for sizes, budget in zip(histogram, (128, 256, 512)):
         for epoch in range(2):
             for shuffle in (True, False):
                 with contextlib.suppress(ValueError, TypeError):
@@ -312,6 +314,9 @@ def build(target: Path | None = None, *, workload: bool = True) -> Path | None:
         start = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
+            from numba.pycc.platform import Toolchain
+
+            Toolchain()  # no C compiler: fail now, before the workload compiles anything
             if workload:
                 _workload()
             manifest = _compile_all(tmp)
