@@ -1,6 +1,6 @@
 """The ahead-of-time cache of the compiled loops (``fitbatch._kernels.aot``) gives numba's and numpy's results.
 
-One cache is built per session into a tmp folder (``python -m fitbatch._kernels.aot build``, as a
+One cache is built per session into a tmp folder (``python -m fitbatch._kernels.aot_build``, as a
 user would at install time); plans and partitions are compared with its loops, numba's JIT and
 numpy, in this process (the modules swapped in :mod:`fitbatch._kernels.jit`) and in fresh
 processes (where the cache is found as a user's process finds it, and numba is never imported).
@@ -83,7 +83,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The cache root (``FITBATCH_CACHE_DIR``) with this install's cache built, as a user builds it."""
     root = tmp_path_factory.mktemp("fitbatch-cache")
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "fitbatch._kernels.aot", "build", "--quiet"],
+    out = subprocess.run([sys.executable, "-m", "fitbatch._kernels.aot_build", "--quiet"],
                          env={**os.environ, "FITBATCH_CACHE_DIR": str(root)}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     built = list((root / "aot").glob("*/manifest.json"))
@@ -252,7 +252,7 @@ def test_off_switches(cache: Path) -> None:
 
 
 def test_a_missing_compiler_leaves_no_cache(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "fitbatch._kernels.aot", "build", "--quiet", "--dir", str(tmp_path / "k")],
+    out = subprocess.run([sys.executable, "-m", "fitbatch._kernels.aot_build", "--quiet", "--dir", str(tmp_path / "k")],
                          env={**os.environ, "CC": str(tmp_path / "no-such-cc")}, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "compiler" in out.stderr
@@ -281,7 +281,7 @@ def test_a_process_that_loads_numba_starts_the_build_after_its_plan(monkeypatch:
         with _jit.planning():
             _jit._want_build()  # as _import does when it loads numba's JIT
             assert started == []  # not during the plan
-        assert started == [[sys.executable, "-m", "fitbatch._kernels.aot", "build", "--quiet"]]
+        assert started == [[sys.executable, "-m", "fitbatch._kernels.aot_build", "--quiet"]]
         _jit._want_build()
         assert len(started) == 1  # once per process
     with _env(FITBATCH_CACHE_DIR=str(tmp_path), FITBATCH_AOT="0"):

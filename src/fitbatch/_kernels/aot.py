@@ -9,24 +9,27 @@ compiled call. This module compiles the same loops once, ahead of time, with
 in milliseconds without importing numba. ``numba.pycc`` is deprecated upstream: where it is gone
 (or fails) the build fails and the loader uses numba's JIT as before.
 
-What is exported is read from the dispatchers, not from a list kept here: the builder (a
-separate process) runs the loader's warm-up calls and a small workload of plans, packings and
-partitions under ``FITBATCH_JIT=1``, then exports every signature numba compiled for each
-public kernel (``name__0``, ``name__1``, ...). The loaded module holds, per kernel, a small shim
-that checks the argument types against those signatures (dtype, dimensions, layout, writable)
-and calls the matching export; a call no signature matches (an unexpected dtype or layout) goes
-to the numba dispatcher instead (imported then), never to machine code built for other types.
-The machine code is the same LLVM output of the same loops, so a plan or partition is the same
-with this cache, with numba's JIT, and in numpy (``FITBATCH_JIT=0``).
+What is exported is read from the dispatchers, not from a list kept here: the builder
+(:mod:`fitbatch._kernels.aot_build`, a separate process) runs the loader's warm-up calls and a
+small workload of plans, packings and partitions under ``FITBATCH_JIT=1``, then exports every
+signature numba compiled for each public kernel (``name__0``, ``name__1``, ...). The loaded
+module holds, per kernel, a small shim that checks the argument types against those signatures
+(dtype, dimensions, layout, writable) and calls the matching export; a call no signature
+matches (an unexpected dtype or layout) goes to the numba dispatcher instead (imported then),
+never to machine code built for other types. The machine code comes from the same loops through
+the same compiler, so a plan or partition is the same with this cache, with numba's JIT, and in
+numpy (``FITBATCH_JIT=0``).
 
 The cache lives in ``$FITBATCH_CACHE_DIR/aot/<key>/`` (else ``$XDG_CACHE_HOME/fitbatch/aot``,
 else ``~/.cache/fitbatch/aot``), ``<key>`` naming the fitbatch, numba and numpy versions, the
-Python and platform tags and a hash of the kernel sources, so a changed kernel or upgraded numba
-builds a new one. A process that had to load numba's JIT starts a build in a background
-process after its plan (``nice``, its own session; an ``O_EXCL`` lock file so the ranks of a node
-build it once); ``python -m fitbatch._kernels.aot build`` (or ``fitbatch`` users' install step)
-builds it now. ``FITBATCH_AOT=0`` turns the cache off (neither loaded nor built),
-``FITBATCH_JIT=0`` every compiled loop.
+Python and platform tags and a hash of the kernel sources and the loader, so a changed kernel or
+an upgraded numba builds a new one (old folders stay: delete them at will). A process that had
+to load numba's JIT starts a build in a background process after its plan (``nice``, its own
+session; an ``O_EXCL`` lock file so the ranks of a node build it once);
+``python -m fitbatch._kernels.aot_build`` builds it now, at install time (``--print-path``: the
+folder). ``FITBATCH_AOT=0`` turns the cache off (neither loaded nor built), ``FITBATCH_JIT=0``
+every compiled loop. The machine code is for a generic CPU of the platform (pycc's default), so
+a cache folder shared by unlike nodes still runs.
 
 >>> isinstance(key(), (str, type(None)))
 True
@@ -115,17 +118,17 @@ def _compute_key() -> str | None:
     h = hashlib.sha256()
     try:
         numba_version = (Path(spec.origin).parent / "_version.py").read_bytes()
-        for path in [_HERE / f"{name}.py" for name in MODULES] + [_HERE / "jit.py", _HERE / "aot.py"]:
+        for path in [_HERE / f"{name}.py" for name in MODULES] + [_HERE / "jit.py", _HERE / "aot.py", _HERE / "aot_build.py"]:
             h.update(path.read_bytes())
     except OSError:
         return None
     h.update(numba_version)
     found = re.search(rb'"version": "([^"]+)"', numba_version)
     numba = found.group(1).decode() if found else "unknown"
-    from fitbatch import __version__
-
+    init = (_HERE.parent / "__init__.py").read_text()  # (importing fitbatch here would be a cycle)
+    version = re.search(r'__version__ = "([^"]+)"', init)
     tag = f"{sys.implementation.cache_tag}-{sysconfig.get_platform()}".replace(os.sep, "_")
-    return f"{__version__}-numba{numba}-numpy{np.__version__}-{tag}-{h.hexdigest()[:16]}"
+    return f"{version.group(1) if version else 'unknown'}-numba{numba}-numpy{np.__version__}-{tag}-{h.hexdigest()[:16]}"
 
 
 def directory() -> Path | None:
@@ -250,49 +253,10 @@ def _fallback(name: str, kernel: str) -> Callable[..., Any]:
 # --- building -----------------------------------------------------------------------------
 
 
-def _workload() -> None:
-    """Plans, packings and partitions that call every kernel the way the library does (the
-    signatures exported are those numba compiles here), on small seeded sets."""
-    import fitbatch
-    from fitbatch._kernels import jit
-    from fitbatch.steps import _compiled, partition
-
-    compiled = jit._load()
-    if compiled is not None:
-        jit._warm(compiled)
-    steps = jit.companion("steps", _compiled._warm, now=True)
-    if steps is None:
-        raise RuntimeError("the step kernels could not be loaded")
-    rng = np.random.default_rng(0)
-    ints = np.clip(np.ceil(rng.lognormal(5.0, 1.0, 30_000)), 1, 512)
-    fractional = ints * 0.75 + 0.125
-    for sizes in (ints.astype(np.int64), fractional):
-        held = fitbatch.as_sizes(sizes)
-        for strategy in ("sequential", "sorted", "pooled", "buckets", "packed"):
-            for cost in ("padded", "sum"):
-                for epoch in range(2):
-                    with contextlib.suppress(ValueError, TypeError):
-                        list(fitbatch.plan_batches(held, 4096, cost=cost, strategy=strategy, epoch=epoch))
-    # sum-cost packing on the length histogram (pattern layouts: compiled_histogram), shuffled and not
-    # (sets whose patterns the layout takes: near the bound; 128 and 256 tokens at most)
-    histogram = [np.clip(np.ceil(np.random.default_rng(seed).lognormal(mu, 0.8, 70_000)), 1, top).astype(np.int64)
-                 for seed, mu, top in ((1, 3.5, 128), (0, 4.5, 256))]
-    histogram.append((rng.integers(1, 17, 60_000) * 24).astype(np.int64))
-    for sizes, budget in zip(histogram, (128, 256, 512)):
-        for epoch in range(2):
-            for shuffle in (True, False):
-                with contextlib.suppress(ValueError, TypeError):
-                    plan = fitbatch.plan_batches(sizes, budget, cost="sum", strategy="packed", epoch=epoch, shuffle=shuffle)
-                    plan.counts, plan.costs  # noqa: B018 - measured per batch kind (gather_kinds)
-    for cost in ("sum", "padded"):
-        with contextlib.suppress(ValueError, TypeError):
-            partition(ints.astype(np.int64)[:3000], 8192.0, world=8, cost=cost)
-            partition(ints.astype(np.int64)[:3000], 8192.0, world=8, cost=cost, weights=ints[:3000] ** 2)
-
-
-def build(target: Path | None = None, *, workload: bool = True) -> Path | None:
+def build(target: Path | None = None, workload: Callable[[], Any] | None = None) -> Path | None:
     """Build the cache of this key now, in a fresh process with ``FITBATCH_JIT=1`` and
-    ``FITBATCH_AOT=0`` (as :func:`main` runs it: it imports numba and compiles); the folder, or ``None`` where another process holds the lock. Raises where the build fails.
+    ``FITBATCH_AOT=0`` after running ``workload`` (as :mod:`fitbatch._kernels.aot_build` runs
+    it: it imports numba and compiles); the folder, or ``None`` where another process holds the lock. Raises where the build fails.
 
     ``target`` defaults to :func:`directory`. Built in a temporary folder beside it and renamed
     into place, so a reader sees all of it or none.
@@ -317,8 +281,8 @@ def build(target: Path | None = None, *, workload: bool = True) -> Path | None:
             from numba.pycc.platform import Toolchain
 
             Toolchain()  # no C compiler: fail now, before the workload compiles anything
-            if workload:
-                _workload()
+            if workload is not None:
+                workload()
             manifest = _compile_all(tmp)
             manifest["seconds"] = round(time.perf_counter() - start, 1)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -401,7 +365,7 @@ def _compile_all(out: Path) -> dict[str, Any]:
 
 
 def build_in_background() -> bool:
-    """Start ``python -m fitbatch._kernels.aot build`` in a detached, low-priority process
+    """Start ``python -m fitbatch._kernels.aot_build`` in a detached, low-priority process
     (once per process; nothing when disabled, built, or another process holds the lock).
     Whether one was started."""
     import subprocess
@@ -413,7 +377,7 @@ def build_in_background() -> bool:
         return False
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "fitbatch._kernels.aot", "build", "--quiet"],
+            [sys.executable, "-m", "fitbatch._kernels.aot_build", "--quiet"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
             preexec_fn=_lower_priority if os.name == "posix" else None,  # noqa: PLW1509 - nice only
@@ -429,29 +393,3 @@ def build_in_background() -> bool:
 def _lower_priority() -> None:  # pragma: no cover - runs in the child
     with contextlib.suppress(OSError):
         os.nice(19)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fitbatch._kernels.aot build|path``: build this install's cache now, or print its folder."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m fitbatch._kernels.aot", description="fitbatch's ahead-of-time compiled loops")
-    p.add_argument("command", choices=("build", "path"))
-    p.add_argument("--dir", help="the cache folder to build (default: the key's folder under the cache root)")
-    p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
-    if args.command == "path":
-        sys.stdout.write(f"{directory()}\n")
-        return 0
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    # a fresh process: the workload runs numba's dispatchers (compiled at once), not an older cache
-    os.environ["FITBATCH_AOT"] = "0"
-    os.environ["FITBATCH_JIT"] = "1"
-    target = build(Path(args.dir) if args.dir else None)
-    if target is None:
-        logger.info("another process is building it")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
