@@ -275,6 +275,8 @@ def build(target: Path | None = None, workload: Callable[[], Any] | None = None)
             return None
         if (target / MANIFEST).is_file():
             return target
+        for left in target.parent.glob(f".{target.name}.*"):  # a killed build's (the lock is ours)
+            shutil.rmtree(left, ignore_errors=True)
         start = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
