@@ -280,7 +280,11 @@ def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tu
 def table(fs: Any, n: int, budget: int, repeat: int, epochs: int = 0, sets: Any = SETS) -> None:
     """One markdown table: fairseq and every fitbatch strategy on ``n`` samples of each set."""
     jit = os.environ.get("FITBATCH_JIT", "")
+    from fitbatch._kernels import aot
+
     default = "numba loaded first (--settle)" if SETTLED[0] else "numba loads in the background from 256k samples planned (default)"
+    if aot.enabled() and aot.available() and not SETTLED[0]:
+        default = "the ahead-of-time cache, loaded at the first plan"
     compiled = {"0": "numpy only (FITBATCH_JIT=0)", "1": "numba loaded (FITBATCH_JIT=1)"}.get(jit, default)
     how = f"fitbatch: mean per epoch over epochs 1-{epochs} of one Sizes" if epochs else f"best of {repeat} rounds, {CLOCK[0]} clock"
     print(f"\n{n:,} samples per set (resampled, seed 0), budget {budget} padded tokens, "
