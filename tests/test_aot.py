@@ -232,11 +232,21 @@ def test_arguments_no_export_fits_go_to_numba(ahead: dict[str, ModuleType]) -> N
     assert not aot.fell_back
     assert module.all_integral(np.array([1.0, 2.5], dtype=np.float32)) is False
     assert module.all_integral(np.ones(6)[::2]) is True  # not contiguous
-    frozen = np.ones(3)
-    frozen.flags.writeable = False
-    assert module.all_integral(frozen) is True
     assert aot.fell_back == {"all_integral"}
     aot.fell_back.clear()
+
+
+def test_read_only_arrays_find_the_read_only_exports(ahead: dict[str, ModuleType]) -> None:
+    """Where a loop never writes its arrays a read-only variant is exported (read-only sizes
+    from np.load(mmap_mode="r")); where it writes one (in-place first fit) there is none."""
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    aot.fell_back.clear()
+    assert ahead["compiled"].all_integral(frozen) is True
+    assert not aot.fell_back
+    shims = ahead["compiled"]
+    assert len(shims.greedy.signatures) == 2
+    assert len(shims.first_fit_in_place.signatures) == 1
 
 
 def test_off_switches(cache: Path) -> None:

@@ -208,7 +208,8 @@ def _check(a: str, spec: dict[str, Any]) -> str:
         parts.append(f"{a}.flags.c_contiguous")
     elif layout == "F":  # numba types a C-and-F-contiguous array as C
         parts.append(f"{a}.flags.f_contiguous and not {a}.flags.c_contiguous")
-    parts.append(f"{'not ' if spec['readonly'] else ''}{a}.flags.writeable")
+    if not spec["readonly"]:  # (a read-only parameter takes a writable array too: the loop never writes it)
+        parts.append(f"{a}.flags.writeable")
     if spec["aligned"]:
         parts.append(f"{a}.flags.aligned")
     return "(" + " and ".join(parts) + ")"
@@ -343,6 +344,7 @@ def _compile_all(out: Path) -> dict[str, Any]:
         for kernel, dispatcher in sorted(vars(source).items()):
             if kernel.startswith("_") or not isinstance(dispatcher, CPUDispatcher):
                 continue
+            _read_only_variants(dispatcher)
             exports: list[list[Any]] = []
             for i, sig in enumerate(dispatcher.nopython_signatures):
                 specs = [_spec_of(t) for t in sig.args]
@@ -364,6 +366,22 @@ def _compile_all(out: Path) -> dict[str, Any]:
             raise RuntimeError(f"pycc wrote no extension module for {name}")
         manifest["modules"][name] = {"file": files[0], "kernels": kernels}
     return manifest
+
+
+def _read_only_variants(dispatcher: Any) -> None:
+    """Compile each signature again with every array read-only where numba accepts it (its
+    typing rejects a loop that writes one): a user's read-only sizes (``np.load(mmap_mode="r")``)
+    then find an export (the shim passes writable arrays to those parameters too)."""
+    from numba.core import types as nt
+
+    for sig in list(dispatcher.nopython_signatures):
+        args = tuple(t.copy(readonly=True) if isinstance(t, nt.Array) and t.mutable else t for t in sig.args)
+        if args == tuple(sig.args) or args in dispatcher.overloads:
+            continue
+        try:
+            dispatcher.compile(args)
+        except Exception:  # noqa: BLE001, S112 - the loop writes an argument: no read-only variant
+            continue
 
 
 def build_in_background() -> bool:
