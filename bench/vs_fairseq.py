@@ -9,6 +9,7 @@ from a fairseq checkout:
     python bench/vs_fairseq.py --n 10000000 --repeat 3    # with fairseq installed
     python bench/vs_fairseq.py --fairseq-built DIR --n 20000 1000000 --repeat 5   # DIR: an earlier build
     python bench/vs_fairseq.py --fairseq-built DIR --first-call --n 1000000       # fresh process per cell
+    python bench/vs_fairseq.py --fairseq-built DIR --first-call --n 1000000 --aot off  # numba's JIT only
     python bench/vs_fairseq.py --fairseq-built DIR --clock cpu --settle --n 20000  # numba loaded first
     python bench/vs_fairseq.py --memory --n 10000000                               # peak bytes per sample
     FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30  # small sets, numpy
@@ -139,10 +140,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle", action="store_true",
                    help="load numba first (a process that has planned enough for its background load): the compiled loops' "
                         "times, not numpy's while the load is under way")
+    p.add_argument("--aot", choices=("auto", "off"), default="auto",
+                   help="the ahead-of-time cache of the compiled loops (python -m fitbatch._kernels.aot_build): "
+                        "auto uses it where built, off sets FITBATCH_AOT=0 here and in the processes started")
     p.add_argument("--memory", action="store_true",
                    help="instead: tracemalloc peak of plan_batches per sample, a fresh process per cell (numba loaded first)")
     args = p.parse_args(argv)
     CLOCK[0] = args.clock
+    if args.aot == "off":
+        os.environ["FITBATCH_AOT"] = "0"
+    from fitbatch._kernels import aot
+
+    state = "off" if not aot.enabled() else "built" if aot.available() else "not built"
+    print(f"ahead-of-time cache of the compiled loops: {state} ({aot.directory()})")
     if args.memory:
         for n in args.n:
             peaks(n, args.budget, args.sets)
@@ -186,7 +196,10 @@ else:
     import fitbatch
     options = dict(cost="sum", strategy="packed") if cell == "packed, sum cost" else dict(strategy=cell)
     batches = list(fitbatch.plan_batches(sizes, {budget}, **options))
-print(time.perf_counter() - wall, time.process_time() - cpu, "numba" in sys.modules)
+jit = sys.modules.get("fitbatch._kernels.jit")
+module = getattr(jit, "_module", None)
+loops = "numpy" if module is None else "ahead-of-time" if module.__name__.startswith("fitbatch._kernels.aot") else "numba"
+print(time.perf_counter() - wall, time.process_time() - cpu, "numba" in sys.modules, "-" if jit is None else loops)
 """
 
 
@@ -232,22 +245,22 @@ def first_calls(built: str | None, n: int, budget: int, repeat: int, sets: list[
     cells += [*STRATEGIES, "packed, sum cost"]
     print(f"\nFirst call of a process, {n:,} samples, budget {budget}: import numpy + the library, load the "
           f"sizes, plan, batches as index arrays (best of {repeat}, cells in turn; CPU counts every thread)\n")
-    print("| set | plan | wall s | CPU s | numba imported by then |")
-    print("|---|---|---:|---:|---|")
+    print("| set | plan | wall s | CPU s | numba imported by then | compiled loops loaded |")
+    print("|---|---|---:|---:|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in sets:
             path = str(Path(tmp) / f"{name}.npy")
             np.save(path, sizes_of(name, n, budget))
-            best = {c: (float("inf"), float("inf"), False) for c in cells}
+            best = {c: (float("inf"), float("inf"), False, "-") for c in cells}
             for _ in range(max(repeat, 1)):
                 for c in cells:
                     code = FIRST.format(path=path, cell=c, built=built or "", budget=budget)
                     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-                    wall, cpu, numba = out.stdout.split()
+                    wall, cpu, numba, loops = out.stdout.split()
                     if float(wall) < best[c][0]:
-                        best[c] = (float(wall), float(cpu), numba == "True")
-            for c, (wall, cpu, numba) in best.items():
-                print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | {wall:.3f} | {cpu:.3f} | {'yes' if numba else 'no'} |")
+                        best[c] = (float(wall), float(cpu), numba == "True", loops)
+            for c, (wall, cpu, numba, loops) in best.items():
+                print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | {wall:.3f} | {cpu:.3f} | {'yes' if numba else 'no'} | {loops} |")
 
 
 def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tuple[float, list[Any]]:
@@ -267,7 +280,11 @@ def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tu
 def table(fs: Any, n: int, budget: int, repeat: int, epochs: int = 0, sets: Any = SETS) -> None:
     """One markdown table: fairseq and every fitbatch strategy on ``n`` samples of each set."""
     jit = os.environ.get("FITBATCH_JIT", "")
+    from fitbatch._kernels import aot
+
     default = "numba loaded first (--settle)" if SETTLED[0] else "numba loads in the background from 256k samples planned (default)"
+    if aot.enabled() and aot.available() and not SETTLED[0]:
+        default = "the ahead-of-time cache, loaded at the first plan"
     compiled = {"0": "numpy only (FITBATCH_JIT=0)", "1": "numba loaded (FITBATCH_JIT=1)"}.get(jit, default)
     how = f"fitbatch: mean per epoch over epochs 1-{epochs} of one Sizes" if epochs else f"best of {repeat} rounds, {CLOCK[0]} clock"
     print(f"\n{n:,} samples per set (resampled, seed 0), budget {budget} padded tokens, "

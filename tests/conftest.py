@@ -37,6 +37,12 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("FITBATCH_HYPOTHESIS", "fitbatch"))
 
+# No ahead-of-time cache of the compiled loops (fitbatch._kernels.aot) unless a test asks for one:
+# a plan that loads numba's JIT would start building it in the background (a minute of CPU),
+# and one built earlier in ~/.cache would stand in for the numba loops the tests compare.
+# Subprocesses inherit it; tests/test_aot.py builds its own cache in a tmp folder.
+os.environ.setdefault("FITBATCH_AOT", "0")
+
 
 def load_lengths(name: str) -> np.ndarray:
     """A real length set copied into tests/data (see /work/shared/data/README.md)."""

@@ -24,6 +24,14 @@ module, so later processes load it. A plan never depends on when the background 
 finishes: loops whose result could differ from numpy's in the last rounding (running sums of
 fractional sizes) use the compiled form only once it was asked for at a point fixed by the work
 (``WAIT_AT``, ``wait``, ``FITBATCH_JIT=1``, numba imported by the program).
+
+An ahead-of-time cache of the same loops (:mod:`fitbatch._kernels.aot`: extension modules built
+with ``numba.pycc`` once per install and key) is imported instead where it is built: in
+milliseconds and without numba, so it counts as loaded from the first call of the process (the
+thresholds above only hide numba's import). A process that loaded numba's JIT starts building it
+in a background process after its plan; ``FITBATCH_AOT=0`` turns it off. The thresholds and the
+rule above for the last rounding apply to it unchanged, and a call its exports do not fit (an
+unexpected dtype) goes to numba: a plan is the same with it, with numba's JIT and in numpy.
 """
 
 from __future__ import annotations
@@ -86,6 +94,8 @@ _plans = 0  # plans finished in this process (outermost planning() blocks)
 _later: dict[str, Callable[[ModuleType], Any]] = {}
 _compiling: set[str] = set()  # ... and those whose background compile has started
 _compile_thread: threading.Thread | None = None
+_aot_looked = False  # the ahead-of-time cache was looked for (once per process)
+_build_wanted = False  # numba's JIT was loaded: build the ahead-of-time cache after the plan
 _NO_FORCE = np.zeros(0, dtype=np.bool_)
 _NO_ORDER = np.zeros(0, dtype=np.int64)
 
@@ -119,6 +129,10 @@ def _import() -> ModuleType | None:
     if importlib.util.find_spec("numba") is None:
         logger.debug("numba is not installed: the greedy loops run in numpy")
         return None
+    ahead = _aot_load("compiled")
+    if ahead is not None:
+        return ahead
+    _want_build()
     try:
         from fitbatch._kernels import compiled as _jit_kernels
 
@@ -162,6 +176,8 @@ def planning(counted: bool = True) -> Iterator[None]:
             _load_in_background()
         if _later and not _planning:
             _compile_in_background()
+        if _build_wanted and not _planning:
+            _want_build()
 
 
 def loading() -> bool:
@@ -298,6 +314,10 @@ def companion(name: str, warm: Callable[[ModuleType], Any] | None = None, *, now
         return _companions[name]
     if name in _companion_threads:  # under way: its thread holds the module's lock until it is done
         return None
+    ahead = _aot_load(name)
+    if ahead is not None:  # built ahead of time: milliseconds, at once
+        _companions[name] = ahead
+        return ahead
     if now or mode == "always" or _numba_imported_by_program():
         return _load_companion(name, warm)
     with _companion_lock:
@@ -325,7 +345,9 @@ def settle_companion(name: str) -> ModuleType | None:
 
 def _numba_imported_by_program() -> bool:
     """numba is imported, and not by one of fitbatch's own background loads."""
-    return "numba" in sys.modules and _thread is None and not _companion_threads
+    aot = sys.modules.get("fitbatch._kernels.aot")
+    fell_back = aot is not None and bool(getattr(aot, "fell_back", ()))  # imported for a call no export fits
+    return "numba" in sys.modules and _thread is None and not _companion_threads and not fell_back
 
 
 def _load_companion(name: str, warm: Callable[[ModuleType], Any] | None) -> ModuleType | None:
@@ -337,14 +359,61 @@ def _load_companion(name: str, warm: Callable[[ModuleType], Any] | None) -> Modu
         module: ModuleType | None = None
         if importlib.util.find_spec("numba") is not None:
             try:
+                ahead = _aot_load(name)
+                if ahead is not None:
+                    _companions[name] = ahead
+                    return ahead
                 module = importlib.import_module(f"fitbatch._kernels.{name}")
                 if warm is not None:
                     warm(module)
+                _want_build()
             except Exception as exc:  # noqa: BLE001 - a numba that does not fit this numpy, ...
                 logger.warning("the compiled loops of %s could not be loaded (%s: %s); using numpy", name, type(exc).__name__, exc)
                 module = None
         _companions[name] = module
         return module
+
+
+def _aot_load(name: str) -> ModuleType | None:
+    """The ahead-of-time module of ``fitbatch._kernels.<name>`` where it is built (and works), else ``None``."""
+    try:
+        from fitbatch._kernels import aot
+
+        module = aot.load(name)
+        if module is not None and name == "compiled":
+            _probe(module)
+    except Exception as exc:  # noqa: BLE001 - numba's JIT (or numpy) instead, never a wrong result
+        logger.debug("the ahead-of-time loops of %s are not usable (%s: %s)", name, type(exc).__name__, exc)
+        return None
+    return module
+
+
+def _from_aot() -> None:
+    """Take the ahead-of-time module as the compiled loops when it is built (looked for once):
+    it loads in milliseconds, so it is there from the first call (no background load)."""
+    global _aot_looked, _module, _tried
+    _aot_looked = True
+    module = _aot_load("compiled")
+    if module is not None:
+        with _lock:
+            if not _tried:
+                _module, _tried = module, True
+
+
+def _want_build() -> None:
+    """numba's JIT was loaded (no ahead-of-time cache): build the cache in a background process,
+    after the plan under way (if any), so that later processes import it instead."""
+    global _build_wanted
+    if _planning:
+        _build_wanted = True
+        return
+    _build_wanted = False
+    try:
+        from fitbatch._kernels import aot
+
+        aot.build_in_background()
+    except Exception as exc:  # noqa: BLE001 - no cache: numba's JIT next time too
+        logger.debug("the ahead-of-time build could not start (%s: %s)", type(exc).__name__, exc)
 
 
 def _kernels(work: int, wait: bool = False) -> ModuleType | None:
@@ -363,6 +432,8 @@ def _kernels(work: int, wait: bool = False) -> ModuleType | None:
     if mode == "always" or wait or work >= WAIT_AT or (_thread is None and "numba" in sys.modules):
         _eager = True
         return _load()
+    if not _tried and not _aot_looked:
+        _from_aot()
     if _tried:
         return _module
     if _work >= LOAD_AT:
