@@ -337,3 +337,28 @@ def test_console_script_is_installed() -> None:
         pytest.skip("the fitbatch console script is not on PATH (package not installed with pip)")
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert proc.returncode == 0 and proc.stdout.startswith("fitbatch ")
+
+
+def test_compile_print_path_is_this_installs_cache_folder(tmp_path: Path) -> None:
+    """``fitbatch compile --print-path``: the folder the loader reads (under FITBATCH_CACHE_DIR),
+    without building anything."""
+    pytest.importorskip("numba")
+    from fitbatch._kernels import aot
+
+    proc = subprocess.run([sys.executable, "-m", "fitbatch", "compile", "--print-path"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "FITBATCH_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    printed = Path(proc.stdout.strip())
+    assert printed.parent == tmp_path / "aot"
+    assert printed.name == aot.directory().name  # the same key in this process (only the root differs)
+    assert not printed.exists()
+
+
+def test_compile_without_numba_is_one_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "numba" else real(name, *a))
+    assert cli.main(["compile"]) == 2  # EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fitbatch[fast]" in err[0], err

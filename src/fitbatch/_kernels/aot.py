@@ -406,6 +406,8 @@ def build_in_background() -> bool:
         logger.debug("could not start the ahead-of-time build (%s: %s)", type(exc).__name__, exc)
         return False
     _spawned.append(popen)
+    # reaped when it ends (no zombie left while this process runs on)
+    threading.Thread(target=popen.wait, name="fitbatch-aot-build", daemon=True).start()
     logger.debug("building the ahead-of-time loops in the background (pid %d) into %s", popen.pid, d)
     return True
 

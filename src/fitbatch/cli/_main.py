@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -455,6 +456,26 @@ def _add_plan(sub: Any) -> None:
     index.add_argument("--workers", type=_positive, default=None, metavar="N")
     index.add_argument("--rows-per-shard", type=_positive, default=1_000_000, metavar="R")
     index.set_defaults(func=_index)
+    compile_ = sub.add_parser("compile", help="build the compiled loops' ahead-of-time cache now (the fast extra and a C compiler)")
+    compile_.add_argument("--dir", default=None, help="the cache folder to build (default: this install's, under FITBATCH_CACHE_DIR)")
+    compile_.add_argument("--print-path", action="store_true", help="print this install's cache folder and exit")
+    compile_.set_defaults(func=_compile)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """``fitbatch compile``: :mod:`fitbatch._kernels.aot_build` (once after installing the fast extra,
+    so that no process pays numba's import before its first compiled loop)."""
+    if importlib.util.find_spec("numba") is None:
+        raise ImportError("`fitbatch compile` needs numba: pip install 'fitbatch[fast]'")
+    from fitbatch._kernels import aot_build
+
+    argv = (["--dir", args.dir] if args.dir else []) + (["--print-path"] if args.print_path else [])
+    try:
+        return aot_build.main(argv + ([] if args.verbose else ["--quiet"]))
+    except Exception as exc:  # noqa: BLE001 - no C compiler, a numba that cannot build: one line, status 2
+        print(f"fitbatch: error: the ahead-of-time build failed ({type(exc).__name__}: {error_line(exc)}); "
+              "compiled loops still load through numba's JIT", file=sys.stderr)
+        return EXIT_ERROR
 
 
 class _Parser(argparse.ArgumentParser):
