@@ -27,8 +27,8 @@ from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, res
 from fitbatch.sizes import as_sizes
 from fitbatch.steps import _compiled
 from fitbatch.steps._count import round_up, settle
-from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
-from fitbatch.steps._refine import refine, step_time
+from fitbatch.steps._pack import EXACT_ROUNDS, Bins, IntArray, Units, as_units, pack, rows_of
+from fitbatch.steps._refine import _CONSTS, BALANCED_UP_TO, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS, refine, step_time
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +178,10 @@ def partition(
     ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
     world = _int_option("world", world)
+    if groups is None and cp_size is None:  # one pool: the whole partition in one compiled call where it applies
+        done = _pooled(sizes, budget, world, weights, cost, micro_multiple, min_micro, keep_groups, loss_sizes, oversized)
+        if done is not None:
+            return done
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
                        loss_sizes, oversized, cp_size)
     ranks = tuple(range(world))
@@ -197,6 +201,71 @@ def partition(
         return plan.finish(order, offsets, samples, tokens, loss_tokens, workload, int(n_empty), m, ranks, world,
                               per_step=world)
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
+
+
+#: the built-in cost models by name (frozen: one instance each will do)
+_MODELS: dict[str, CostModel] = {}
+
+
+def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any, micro_multiple: Any, min_micro: Any,
+            keep_groups: Any, loss: Any, oversized: Any) -> Partition | None:
+    """:func:`partition` of a step without groups or ``cp_size``, by one compiled call
+    (:func:`fitbatch._kernels.steps.partition_pool`: the calls the general form makes, on the
+    same values, so the same partition), or ``None`` where it does not apply (not loaded, a
+    cost model of its own, a unit over the budget alone, weights that are not whole numbers,
+    a packing that needs more micro-batches than the bound, bad input): the general form then
+    runs (and raises what is bad)."""
+    module = _compiled.kernels()
+    if module is None:
+        return None
+    try:
+        values = _plain_sizes(sizes)
+        if values is None:
+            return None
+        model = _MODELS.get(cost) if isinstance(cost, str) else cost
+        if model is None:
+            model = _MODELS.setdefault(cost, resolve_cost(cost))
+        kind = _compiled.cost_kind(model)
+        if kind is None:
+            return None
+        weight = _weights(weights, values)
+        n = values.size
+        loss_values = values if loss is None else loss_sizes(loss, n)
+        step = _int_option("micro_multiple", micro_multiple)
+        floor = 0 if min_micro is None else _int_option("min_micro", min_micro)
+        cap = parse_budget(budget)
+        choice("keep_groups", keep_groups, KEEP_GROUPS)
+        choice("oversized", oversized, OVERSIZED)
+    except (TypeError, ValueError):
+        return None
+    status, m, order, offsets, samples, tokens, loss_tokens, workload, n_empty, lower, efficiency, bound = (
+        module.partition_pool(values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1],
+                              bool(model.uses_max), step, floor, world, EXACT_ROUNDS, _CONSTS, _TUNE))
+    if status:
+        return None
+    return Partition(world=world, ranks=tuple(range(world)), order=order, offsets=offsets, n_micro=int(m),
+                     lower_bound=int(lower), step_samples=samples, step_tokens=tokens, step_loss_tokens=loss_tokens,
+                     workload=workload, efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
+                     skipped=np.zeros(0, dtype=np.int64), n_empty=int(n_empty))
+
+
+def _plain_sizes(sizes: Any) -> FloatArray | None:
+    """1-D sizes as float64, checked as :func:`~fitbatch.sizes.as_sizes` checks them (a numpy
+    array of int64, int32 or float64 without a conversion's detours), or ``None`` (2-D sizes)."""
+    if type(sizes) is np.ndarray and sizes.ndim == 1 and sizes.dtype in _PLAIN:
+        if sizes.dtype == np.float64:
+            if sizes.size and not (sizes.min() >= 0 and sizes.max() < np.inf):  # NaN fails the first
+                return None
+            return np.ascontiguousarray(sizes)
+        if sizes.size and (sizes.min() < 0 or sizes.max() > _MAX_EXACT):
+            return None
+        return sizes.astype(np.float64)
+    values = as_sizes(sizes).values
+    return values if values.ndim == 1 else None
+
+
+_PLAIN = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.int32))
+_MAX_EXACT = 2**53
 
 
 #: the packing into the fewest micro-batches is tried when the forced count's step is this much
@@ -241,6 +310,11 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             if step_time(wider.load, pooled, world, exact) < now:
                 return more, wider
     return m, bins
+
+
+#: the compiled whole partition's constants (fitbatch._kernels.steps.partition_pool)
+_TUNE = np.array([SPREAD, MORE, FULL, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS, BALANCED_UP_TO,
+                  _compiled.EXACT_BELOW], dtype=np.float64)
 
 
 def _fill(bins: Bins, plan: _Plan) -> float:
