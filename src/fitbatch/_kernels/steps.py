@@ -906,11 +906,13 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     placed = np.arange(n)
     balance = n <= balanced_up_to
     most = min(passes, max(passes_small, n // per_pass))
-    if world > 1:
+    terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
+    least = np_sum(terms)  # _Plan.least_time: no split runs faster
+    if world > 1 and step_time(load, one, nb, yes, world) > least:
         refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                yes, world, load.sum() / world * (1 + close), most, balance, consts)
     now = step_time(load, one, nb, yes, world)
-    if now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
+    if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
         for b in range(nb):
             cost[b] = min(_cost(kind, params, bc[b], bl[b], bt[b]), budget)
@@ -919,7 +921,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                                   more * world, budget, kind, params, exact_rounds)
             if not w_failed:
-                if world > 1:
+                if world > 1 and step_time(w_load, one, more * world, yes, world) > least:
                     refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
                            consts)
@@ -938,8 +940,6 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             total += workload[r, j]
     lower = -(-max(bound_p, floor) // step) * step
     efficiency = total / world / slowest if slowest > 0 else 1.0
-    terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
-    least = np_sum(terms)
     mean = total / world
     eff_bound = mean / max(least, mean) if mean > 0 else 1.0
     return 0, m, order, offsets, samples, tokens, loss_tokens, workload, n_empty, lower, efficiency, eff_bound

@@ -284,29 +284,33 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     Where ``micro_multiple`` or ``min_micro`` raise the count above what the cap needs, the
     packing into the fewest micro-batches, padded with empty ones, is the start if its step
     runs faster (spreading the same work over more micro-steps adds the slowest rank's share
-    of each); the refinement may then move work into the empty ones.
+    of each); the refinement may then move work into the empty ones. A step already as fast as
+    any split of its units can run (:meth:`_Plan.least_time`) is not refined.
     """
     width = world if pooled else 1
     exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
     slow = step_time(bins.load, pooled, world, exact) * world > bins.load.sum() * (1 + SPREAD) if m else False
     if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
-        least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
-                              width=width)
-        if least < m:
+        fewest, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
+                               width=width)
+        if fewest < m:
             fewer = fewer.padded(m * width)
             if step_time(fewer.load, pooled, world, exact) < step_time(bins.load, pooled, world, exact):
                 bins = fewer
-    bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+    least = plan.least_time(world)  # no split of these units runs faster: at it, nothing to gain
+    if step_time(bins.load, pooled, world, exact) > least:
+        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
     now = step_time(bins.load, pooled, world, exact)
-    if (m and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
+    if (m and now > least and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
         more = m + plan.step
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
-            wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+            if step_time(wider.load, pooled, world, exact) > least:
+                wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
             if step_time(wider.load, pooled, world, exact) < now:
                 return more, wider
     return m, bins
@@ -350,6 +354,7 @@ class _Plan:
     all_kept: bool = True  # no sequence skipped
     grouped: bool = False  # groups were given
     heaviest: IntArray | None = None  # every unit, heaviest first (ties by id), once micro_rows found it
+    _least: dict[int, float] = dataclasses.field(default_factory=dict)  # least_time by micro-batches a micro-step
 
     @cached_property
     def fixed(self) -> float:
@@ -563,6 +568,18 @@ class _Plan:
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
         """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
+        least = self.least_time(per_step)
+        return mean / max(least, mean) if mean > 0 else 1.0
+
+    def least_time(self, per_step: int) -> float:
+        """A lower bound on the time of any split of the kept units, where ``per_step``
+        micro-batches run in a micro-step (the efficiency bound's least time, before it is
+        raised to the mean)."""
+        if per_step not in self._least:
+            self._least[per_step] = self._least_time(per_step)
+        return self._least[per_step]
+
+    def _least_time(self, per_step: int) -> float:
         if self.all_kept and self.heaviest is not None and self._extra_exact:
             # a tie adds nothing until its last unit, whose running sums are over the same units
             # in any order: exact (whole numbers) for whole marginal costs, so any tie order will do
@@ -583,8 +600,7 @@ class _Plan:
             room = self.budget - self.fixed
             extra = self._extra(ids) if self.model.superadditive else w
             terms = module.bound_terms(w, extra, big, self.any_big, bool(self.model.superadditive), room, per_step)
-            least = float(terms.sum())
-            return mean / max(least, mean) if mean > 0 else 1.0
+            return float(terms.sum())
         normal = np.cumsum(~big) if self.any_big else np.arange(1, ids.size + 1)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
             room = self.budget - self.fixed
@@ -599,8 +615,7 @@ class _Plan:
             need = np.zeros(w.size)
         bins = (np.cumsum(big) + np.maximum(need, normal > 0)) if self.any_big else np.maximum(need, 1.0)
         steps = np.ceil(bins / per_step)
-        least = float(((w - np.r_[w[1:], 0.0]) * steps).sum())
-        return mean / max(least, mean) if mean > 0 else 1.0
+        return float(((w - np.r_[w[1:], 0.0]) * steps).sum())
 
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
