@@ -891,8 +891,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     if failed:
         return fail
     nb = m * world
-    if step_time(load, one, nb, yes, world) * world > load.sum() * (1 + spread) and m > max(bound_p, 1) and (
-            step > 1 or floor > 0):
+    terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
+    least = np_sum(terms)  # _Plan.least_time: no split runs faster
+    first = step_time(load, one, nb, yes, world)
+    if first * world > load.sum() * (1 + spread) and first > least and m > max(bound_p, 1) and (step > 1 or floor > 0):
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                               bound_p * world, budget, kind, params, exact_rounds)
         if f_failed:
@@ -901,13 +903,11 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
             k = f_load.size
             p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = f_load, f_bc, f_bl, f_bt
-            if step_time(p_load, one, nb, yes, world) < step_time(load, one, nb, yes, world):
+            if step_time(p_load, one, nb, yes, world) < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
     placed = np.arange(n)
     balance = n <= balanced_up_to
     most = min(passes, max(passes_small, n // per_pass))
-    terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
-    least = np_sum(terms)  # _Plan.least_time: no split runs faster
     if world > 1 and step_time(load, one, nb, yes, world) > least:
         refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                yes, world, load.sum() / world * (1 + close), most, balance, consts)

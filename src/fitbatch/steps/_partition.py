@@ -25,10 +25,10 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.sizes import as_sizes
-from fitbatch.steps import _compiled
+from fitbatch.steps import _compiled, _pack, _refine
 from fitbatch.steps._count import round_up, settle
-from fitbatch.steps._pack import EXACT_ROUNDS, Bins, IntArray, Units, as_units, pack, rows_of
-from fitbatch.steps._refine import _CONSTS, BALANCED_UP_TO, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS, refine, step_time
+from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
+from fitbatch.steps._refine import refine, step_time
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any
         return None
     status, m, order, offsets, samples, tokens, loss_tokens, workload, n_empty, lower, efficiency, bound = (
         module.partition_pool(values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1],
-                              bool(model.uses_max), step, floor, world, EXACT_ROUNDS, _CONSTS, _TUNE))
+                              bool(model.uses_max), step, floor, world, _pack.EXACT_ROUNDS, _refine._CONSTS, _tune()))
     if status:
         return None
     return Partition(world=world, ranks=tuple(range(world)), order=order, offsets=offsets, n_micro=int(m),
@@ -290,15 +290,16 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     width = world if pooled else 1
     exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
-    slow = step_time(bins.load, pooled, world, exact) * world > bins.load.sum() * (1 + SPREAD) if m else False
-    if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
+    least = plan.least_time(world)  # no split of these units runs faster: at it, nothing to gain
+    first = step_time(bins.load, pooled, world, exact) if m else 0.0
+    slow = first * world > bins.load.sum() * (1 + SPREAD) if m else False
+    if slow and first > least and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
         fewest, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
                                width=width)
         if fewest < m:
             fewer = fewer.padded(m * width)
-            if step_time(fewer.load, pooled, world, exact) < step_time(bins.load, pooled, world, exact):
+            if step_time(fewer.load, pooled, world, exact) < first:
                 bins = fewer
-    least = plan.least_time(world)  # no split of these units runs faster: at it, nothing to gain
     if step_time(bins.load, pooled, world, exact) > least:
         bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
     now = step_time(bins.load, pooled, world, exact)
@@ -316,9 +317,11 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     return m, bins
 
 
-#: the compiled whole partition's constants (fitbatch._kernels.steps.partition_pool)
-_TUNE = np.array([SPREAD, MORE, FULL, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS, BALANCED_UP_TO,
-                  _compiled.EXACT_BELOW], dtype=np.float64)
+def _tune() -> FloatArray:
+    """The compiled whole partition's constants (:func:`fitbatch._kernels.steps.partition_pool`),
+    read at each call as the numpy form reads them."""
+    return np.array([SPREAD, MORE, FULL, _refine.CLOSE, _refine.PASSES, _refine.PASSES_SMALL, _refine.UNITS_PER_PASS,
+                     _refine.BALANCED_UP_TO, _compiled.EXACT_BELOW], dtype=np.float64)
 
 
 def _fill(bins: Bins, plan: _Plan) -> float:
