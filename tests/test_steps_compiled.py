@@ -237,3 +237,20 @@ def test_the_bound_reuses_the_stable_order_only_where_ties_cannot_matter(seed: i
             plan.micro_rows(np.zeros(n, dtype=np.int64), 1)
             assert plan.heaviest is not None and plan._extra_exact
             assert plan._efficiency_bound(per_step, mean) == unstable
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])  # whole weights (the one compiled call), fractions (the general form)
+def test_a_weights_function_is_called_once(scale: float) -> None:
+    calls: list[int] = []
+
+    def weights(lengths: np.ndarray) -> np.ndarray:
+        calls.append(lengths.size)
+        return (24576 * lengths + lengths**2) * scale
+
+    lengths = np.random.default_rng(5).integers(1, 4096, 300)
+    with jit("1"):
+        got = partition(lengths, 16384, world=8, weights=weights)
+    with jit("0"):
+        want = partition(lengths, 16384, world=8, weights=lambda L: (24576 * L + L**2) * scale)
+    assert calls == [300]
+    assert_same(want, got)

@@ -828,10 +828,11 @@ def np_sum(a: Any) -> float:
 
 @njit(**_OPTS)
 def _whole_below(a: Any, limit: float) -> bool:
-    """Every value a whole number and their sum below ``limit`` (then every sum of them is exact)."""
+    """Every value a whole number >= 0 and their sum below ``limit`` (then every sum of them is exact;
+    NaN fails)."""
     acc = 0.0
     for i in range(a.size):
-        if a[i] != np.floor(a[i]):
+        if not a[i] >= 0 or a[i] != np.floor(a[i]):
             return False
         acc += a[i]
     return acc < limit
@@ -847,10 +848,11 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     and ``finish``). ``tune``: SPREAD, MORE, FULL, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS,
     BALANCED_UP_TO, EXACT_BELOW.
 
-    Returns (status, m, order, offsets, samples, tokens, loss tokens, workload, n_empty, lower
-    bound, efficiency, efficiency bound); status 0: done, 1: a case this does not cover (a unit
-    over the budget alone, weights or marginal costs not whole, a packing that needs more than
-    the lower bound): the caller runs the general form."""
+    Returns (status, m, order + offsets + samples (int64, one array), tokens + loss tokens +
+    workload (float64, one array: fewer arrays to hand back), n_empty, lower bound, efficiency,
+    efficiency bound); status 0: done, 1: a case this does not cover (a unit over the budget
+    alone, weights not whole numbers >= 0 or marginal costs not whole, a packing that needs more
+    than the lower bound): the caller runs the general form (and raises what is bad)."""
     spread, more_gap, full, close = tune[0], tune[1], tune[2], tune[3]
     passes, passes_small, per_pass = int(tune[4]), int(tune[5]), int(tune[6])
     balanced_up_to, exact_below = int(tune[7]), tune[8]
@@ -858,8 +860,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     one, yes, no = np.int64(1), np.bool_(True), np.bool_(False)  # not literals: the callees' one specialisation
     e_i = np.zeros(0, dtype=np.int64)
     e_f = np.zeros(0)
-    e_w = np.zeros((0, 0))
-    fail = (1, 0, e_i, e_i, e_i, e_f, e_f, e_w, 0, 0, 0.0, 0.0)
+    fail = (1, 0, e_i, e_f, 0, 0, 0.0, 0.0)
     if n == 0:
         return fail
     fixed = _cost(kind, params, 0.0, 0.0, 0.0)
@@ -942,4 +943,12 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     efficiency = total / world / slowest if slowest > 0 else 1.0
     mean = total / world
     eff_bound = mean / max(least, mean) if mean > 0 else 1.0
-    return 0, m, order, offsets, samples, tokens, loss_tokens, workload, n_empty, lower, efficiency, eff_bound
+    ints = np.empty(order.size + offsets.size + m, dtype=np.int64)
+    ints[:order.size] = order
+    ints[order.size:order.size + offsets.size] = offsets
+    ints[order.size + offsets.size:] = samples
+    floats = np.empty(2 * m + world * m)
+    floats[:m] = tokens
+    floats[m:2 * m] = loss_tokens
+    floats[2 * m:] = workload.ravel()
+    return 0, m, ints, floats, n_empty, lower, efficiency, eff_bound

@@ -180,8 +180,10 @@ def partition(
     world = _int_option("world", world)
     if groups is None and cp_size is None:  # one pool: the whole partition in one compiled call where it applies
         done = _pooled(sizes, budget, world, weights, cost, micro_multiple, min_micro, keep_groups, loss_sizes, oversized)
-        if done is not None:
+        if isinstance(done, Partition):
             return done
+        if done is not None:  # the weights it took: a function of the sizes is called once
+            weights = done
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
                        loss_sizes, oversized, cp_size)
     ranks = tuple(range(world))
@@ -208,13 +210,13 @@ _MODELS: dict[str, CostModel] = {}
 
 
 def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any, micro_multiple: Any, min_micro: Any,
-            keep_groups: Any, loss: Any, oversized: Any) -> Partition | None:
+            keep_groups: Any, loss: Any, oversized: Any) -> Partition | FloatArray | None:
     """:func:`partition` of a step without groups or ``cp_size``, by one compiled call
     (:func:`fitbatch._kernels.steps.partition_pool`: the calls the general form makes, on the
     same values, so the same partition), or ``None`` where it does not apply (not loaded, a
     cost model of its own, a unit over the budget alone, weights that are not whole numbers,
     a packing that needs more micro-batches than the bound, bad input): the general form then
-    runs (and raises what is bad)."""
+    runs (and raises what is bad), given the weights taken here if any (a function is called once)."""
     module = _compiled.kernels()
     if module is None:
         return None
@@ -228,7 +230,7 @@ def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any
         kind = _compiled.cost_kind(model)
         if kind is None:
             return None
-        weight = _weights(weights, values)
+        weight = _taken(weights, values)
         n = values.size
         loss_values = values if loss is None else loss_sizes(loss, n)
         step = _int_option("micro_multiple", micro_multiple)
@@ -238,15 +240,37 @@ def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any
         choice("oversized", oversized, OVERSIZED)
     except (TypeError, ValueError):
         return None
-    status, m, order, offsets, samples, tokens, loss_tokens, workload, n_empty, lower, efficiency, bound = (
-        module.partition_pool(values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1],
-                              bool(model.uses_max), step, floor, world, _pack.EXACT_ROUNDS, _refine._CONSTS, _tune()))
+    status, m, ints, floats, n_empty, lower, efficiency, bound = module.partition_pool(
+        values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1], bool(model.uses_max), step, floor,
+        world, _pack.EXACT_ROUNDS, _refine._CONSTS, _tune())
     if status:
-        return None
-    return Partition(world=world, ranks=tuple(range(world)), order=order, offsets=offsets, n_micro=int(m),
-                     lower_bound=int(lower), step_samples=samples, step_tokens=tokens, step_loss_tokens=loss_tokens,
-                     workload=workload, efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
+        return weight if weight is not values else None
+    m = int(m)
+    at = ints.size - m - (world * m + 1)  # order, offsets, samples one after the other
+    return Partition(world=world, ranks=tuple(range(world)), order=ints[:at], offsets=ints[at:-m],
+                     n_micro=m, lower_bound=int(lower), step_samples=ints[-m:], step_tokens=floats[:m],
+                     step_loss_tokens=floats[m:2 * m], workload=floats[2 * m:].reshape(world, m),
+                     efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
                      skipped=np.zeros(0, dtype=np.int64), n_empty=int(n_empty))
+
+
+def _taken(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
+    """``weights`` as one float64 per sequence, unchecked (the compiled call checks them:
+    whole numbers >= 0, or the general form runs and :func:`_weights` says what is wrong)."""
+    if weights is None:
+        return sizes
+    if isinstance(weights, CostModel):
+        out: Any = weights.sample_cost(sizes)
+    elif callable(weights):
+        out = weights(sizes.copy())
+    elif isinstance(weights, (str, bytes)):
+        raise TypeError("weights")  # the general form says it
+    else:
+        out = weights
+    arr = np.ascontiguousarray(out, dtype=np.float64)
+    if arr.shape != sizes.shape:
+        raise ValueError("weights")  # the general form says it
+    return arr
 
 
 def _plain_sizes(sizes: Any) -> FloatArray | None:
