@@ -167,6 +167,9 @@ def _search(a: Any, v: float, lo: int, hi: int) -> int:
 
 # --------------------------------------------------------------------------- pack (one pool)
 
+#: a round of the deal takes up to this many bins from the heap, more by a sort of every bin
+HEAP_WIDTH = 32
+
 
 @njit(**_OPTS)
 def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, budget: float, kind: int,
@@ -188,37 +191,106 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
             n += 1
     done = np.int64(0)
     rounds = 0
+    # the bins in a binary heap by (load, bin): popped lightest first, ties by bin, the order of
+    # the stable sort the numpy form takes (a round pops only the bins it deals to)
+    hk, hb = np.empty(m), np.empty(m, dtype=np.int64)
+    state = np.zeros(2, dtype=np.int64)  # whether the heap holds every bin's load; the last round's width
     # invariant: the first `done` units of order are each in one bin (unless the row failed),
-    # every bin's cost is <= budget, and load holds each bin's weight
+    # every bin's cost is <= budget, load holds each bin's weight and the heap every bin's load
     while done < n and not failed[0]:
         middle = (n - done) // m - exact_rounds
         if rounds >= exact_rounds and middle > 1:
             width = max(1, middle // 4) * m
             if _deal_block(order, done, width, w, c, lg, t, load, bc, bl, bt, bin_of, budget, kind, params):
                 done += width
+                state[0] = 0
                 continue
-        done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
+        done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, hk, hb,
+                           state)
         rounds += 1
     return load, bc, bl, bt, bin_of, failed[0]
 
 
 @njit(**_OPTS)
+def _heapify(load: Any, hk: Any, hb: Any) -> None:
+    """Every bin into the heap ``(hk, hb)`` (its load, its index), ordered by (load, index)."""
+    m = load.size
+    for b in range(m):
+        hk[b], hb[b] = load[b], b
+    for pos in range(m // 2 - 1, -1, -1):
+        _sift_down(hk, hb, m, pos)
+
+
+@njit(**_OPTS)
+def _sift_down(hk: Any, hb: Any, size: int, pos: int) -> None:
+    while True:
+        s = 2 * pos + 1
+        if s >= size:
+            return
+        r = s + 1
+        if r < size and (hk[r] < hk[s] or hk[r] == hk[s] and hb[r] < hb[s]):
+            s = r
+        if hk[s] < hk[pos] or hk[s] == hk[pos] and hb[s] < hb[pos]:
+            hk[s], hk[pos] = hk[pos], hk[s]
+            hb[s], hb[pos] = hb[pos], hb[s]
+            pos = s
+        else:
+            return
+
+
+@njit(**_OPTS)
+def _sift_up(hk: Any, hb: Any, pos: int) -> None:
+    while pos > 0:
+        p = (pos - 1) // 2
+        if hk[pos] < hk[p] or hk[pos] == hk[p] and hb[pos] < hb[p]:
+            hk[p], hk[pos] = hk[pos], hk[p]
+            hb[p], hb[pos] = hb[pos], hb[p]
+            pos = p
+        else:
+            return
+
+
+@njit(**_OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
-                bin_of: Any, failed: Any, budget: float, kind: int, params: Any) -> int:
-    """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``."""
+                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any) -> int:
+    """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
+
+    The bins below the lightest load plus the next unit's weight (at least one; every bin for a
+    unit of weight 0), at most the units left, are popped from the heap lightest first, ties by
+    bin (the stable sort's first ``width``), and pushed back with their new loads. A round of
+    more than ``HEAP_WIDTH`` bins (or one after such a round) counts and sorts them as the numpy
+    form does (the same bins in the same order); the heap is built again when next needed.
+    ``state``: whether the heap holds every bin's load, the last round's width."""
     m, k = load.size, order.size
     first = w[max(order[min(d, k - 1)], 0)]
-    if first > 0:
-        low = load.min() + first
-        below = 0
-        for b in range(m):
-            if load[b] < low:
-                below += 1
-        width = max(below, 1)
-    else:
-        width = m
-    width = min(width, n - d)
-    lightest = _smallest(load, width)
+    limit = min(m, n - d)
+    width = 0
+    size = m
+    wide = state[1] > HEAP_WIDTH
+    if not wide and not state[0]:
+        _heapify(load, hk, hb)
+        state[0] = 1
+    low = (load.min() if wide else hk[0]) + first
+    lightest = np.empty(limit, dtype=np.int64)
+    while not wide and width < min(limit, HEAP_WIDTH) and (first <= 0 or width == 0 or hk[0] < low):
+        lightest[width] = hb[0]
+        width += 1
+        size -= 1
+        if size > 0:
+            hk[0], hb[0] = hk[size], hb[size]
+            _sift_down(hk, hb, size, 0)
+    wide = wide or width == HEAP_WIDTH and limit > HEAP_WIDTH and (first <= 0 or hk[0] < low)
+    if wide:  # more to come: count and sort all of them
+        state[0] = 0
+        if first > 0:
+            below = 0
+            for b in range(m):
+                if load[b] < low:
+                    below += 1
+            width = min(max(below, 1), n - d)
+        else:
+            width = limit
+        lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
     ok = np.empty(width, dtype=np.bool_)
     us = np.empty(width, dtype=np.int64)
@@ -245,6 +317,16 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
                 rest[i] = us[j]
                 i += 1
         _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
+        state[0], state[1] = 0, width  # any bin may have changed
+        return d + width
+    state[1] = width
+    if wide:
+        return d + width
+    for j in range(width):
+        b = lightest[j]
+        hk[size], hb[size] = load[b], b
+        _sift_up(hk, hb, size)
+        size += 1
     return d + width
 
 
