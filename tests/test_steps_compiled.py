@@ -170,7 +170,7 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     with jit("1"):
         module = _compiled.kernels()
         assert module is not None
-        calls: dict[str, int] = {"pack_pool": 0, "refine": 0, "lay_out_pool": 0, "bound_terms": 0}
+        calls: dict[str, int] = {"pack_pool": 0, "refine": 0, "lay_out_pool": 0, "bound_terms": 0, "partition_pool": 0}
 
         class Counting:
             def __getattr__(self, name: str) -> Any:
@@ -184,8 +184,12 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
 
         monkeypatch.setitem(jit_module._companions, "steps", Counting())
         lengths = np.random.default_rng(0).integers(1, 8192, 1024)
+        # the whole step in one call (partition_pool): whole weights, the first packing fits
+        partition(lengths[:512] // 2, 16384, world=8, weights=lambda L: 24576 * L + L**2)
+        assert calls["partition_pool"] == 1 and calls["pack_pool"] == calls["refine"] == calls["lay_out_pool"] == 0
+        # a packing that needs more micro-batches than the bound: the general form, its kernels one by one
         partition(lengths, 16384, world=8, weights=lambda L: 24576 * L + L**2)
-        assert calls["pack_pool"] >= 1 and calls["refine"] >= 1
+        assert calls["partition_pool"] == 2 and calls["pack_pool"] >= 2 and calls["refine"] >= 1
         assert calls["lay_out_pool"] == 1 and calls["bound_terms"] == 1
         calls.update(pack_pool=0, refine=0)
         partition(lengths, 16384, world=8, weights=np.random.default_rng(1).random(1024))  # fractions
@@ -194,6 +198,7 @@ def test_the_kernels_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.update(lay_out_pool=0, bound_terms=0)
         partition(lengths, 16384, world=8, cost=_Custom())
         assert calls["pack_pool"] == calls["refine"] == 0  # a model of its own: numpy (but the layout)
+        assert calls["partition_pool"] == 3  # not tried for it
 
 
 class _Custom(SumCost):
@@ -232,3 +237,20 @@ def test_the_bound_reuses_the_stable_order_only_where_ties_cannot_matter(seed: i
             plan.micro_rows(np.zeros(n, dtype=np.int64), 1)
             assert plan.heaviest is not None and plan._extra_exact
             assert plan._efficiency_bound(per_step, mean) == unstable
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])  # whole weights (the one compiled call), fractions (the general form)
+def test_a_weights_function_is_called_once(scale: float) -> None:
+    calls: list[int] = []
+
+    def weights(lengths: np.ndarray) -> np.ndarray:
+        calls.append(lengths.size)
+        return (24576 * lengths + lengths**2) * scale
+
+    lengths = np.random.default_rng(5).integers(1, 4096, 300)
+    with jit("1"):
+        got = partition(lengths, 16384, world=8, weights=weights)
+    with jit("0"):
+        want = partition(lengths, 16384, world=8, weights=lambda L: (24576 * L + L**2) * scale)
+    assert calls == [300]
+    assert_same(want, got)

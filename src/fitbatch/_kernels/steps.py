@@ -136,8 +136,9 @@ def _smallest(key: Any, k: int) -> Any:
 
 @njit(**_OPTS)
 def _then(order: Any, key: Any) -> Any:
-    """``order`` stably re-sorted by ``key[order]`` (a lexsort's next, more significant key)."""
-    return order[_stable(key[order].astype(np.float64))]
+    """``order`` stably re-sorted by ``key[order]`` (a lexsort's next, more significant key; float64
+    keys: integer ones are passed as floats, one specialisation)."""
+    return order[_stable(key[order])]
 
 
 @njit(**_OPTS)
@@ -166,6 +167,9 @@ def _search(a: Any, v: float, lo: int, hi: int) -> int:
 
 # --------------------------------------------------------------------------- pack (one pool)
 
+#: a round of the deal takes up to this many bins from the heap, more by a sort of every bin
+HEAP_WIDTH = 32
+
 
 @njit(**_OPTS)
 def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, budget: float, kind: int,
@@ -181,43 +185,112 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
             load[j], bc[j], bl[j], bt[j] = w[u], c[u], lg[u], t[u]
             bin_of[u] = j
     k = order.size
-    n = 0
+    n = np.int64(0)  # typed int64 from the start (not a literal: one specialisation of the callees)
     for j in range(k):
         if order[j] >= 0:
             n += 1
-    done = 0
+    done = np.int64(0)
     rounds = 0
+    # the bins in a binary heap by (load, bin): popped lightest first, ties by bin, the order of
+    # the stable sort the numpy form takes (a round pops only the bins it deals to)
+    hk, hb = np.empty(m), np.empty(m, dtype=np.int64)
+    state = np.zeros(2, dtype=np.int64)  # whether the heap holds every bin's load; the last round's width
     # invariant: the first `done` units of order are each in one bin (unless the row failed),
-    # every bin's cost is <= budget, and load holds each bin's weight
+    # every bin's cost is <= budget, load holds each bin's weight and the heap every bin's load
     while done < n and not failed[0]:
         middle = (n - done) // m - exact_rounds
         if rounds >= exact_rounds and middle > 1:
             width = max(1, middle // 4) * m
             if _deal_block(order, done, width, w, c, lg, t, load, bc, bl, bt, bin_of, budget, kind, params):
                 done += width
+                state[0] = 0
                 continue
-        done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
+        done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, hk, hb,
+                           state)
         rounds += 1
     return load, bc, bl, bt, bin_of, failed[0]
 
 
 @njit(**_OPTS)
+def _heapify(load: Any, hk: Any, hb: Any) -> None:
+    """Every bin into the heap ``(hk, hb)`` (its load, its index), ordered by (load, index)."""
+    m = load.size
+    for b in range(m):
+        hk[b], hb[b] = load[b], b
+    for pos in range(m // 2 - 1, -1, -1):
+        _sift_down(hk, hb, m, pos)
+
+
+@njit(**_OPTS)
+def _sift_down(hk: Any, hb: Any, size: int, pos: int) -> None:
+    while True:
+        s = 2 * pos + 1
+        if s >= size:
+            return
+        r = s + 1
+        if r < size and (hk[r] < hk[s] or hk[r] == hk[s] and hb[r] < hb[s]):
+            s = r
+        if hk[s] < hk[pos] or hk[s] == hk[pos] and hb[s] < hb[pos]:
+            hk[s], hk[pos] = hk[pos], hk[s]
+            hb[s], hb[pos] = hb[pos], hb[s]
+            pos = s
+        else:
+            return
+
+
+@njit(**_OPTS)
+def _sift_up(hk: Any, hb: Any, pos: int) -> None:
+    while pos > 0:
+        p = (pos - 1) // 2
+        if hk[pos] < hk[p] or hk[pos] == hk[p] and hb[pos] < hb[p]:
+            hk[p], hk[pos] = hk[pos], hk[p]
+            hb[p], hb[pos] = hb[pos], hb[p]
+            pos = p
+        else:
+            return
+
+
+@njit(**_OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
-                bin_of: Any, failed: Any, budget: float, kind: int, params: Any) -> int:
-    """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``."""
+                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any) -> int:
+    """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
+
+    The bins below the lightest load plus the next unit's weight (at least one; every bin for a
+    unit of weight 0), at most the units left, are popped from the heap lightest first, ties by
+    bin (the stable sort's first ``width``), and pushed back with their new loads. A round of
+    more than ``HEAP_WIDTH`` bins (or one after such a round) counts and sorts them as the numpy
+    form does (the same bins in the same order); the heap is built again when next needed.
+    ``state``: whether the heap holds every bin's load, the last round's width."""
     m, k = load.size, order.size
     first = w[max(order[min(d, k - 1)], 0)]
-    if first > 0:
-        low = load.min() + first
-        below = 0
-        for b in range(m):
-            if load[b] < low:
-                below += 1
-        width = max(below, 1)
-    else:
-        width = m
-    width = min(width, n - d)
-    lightest = _smallest(load, width)
+    limit = min(m, n - d)
+    width = 0
+    size = m
+    wide = state[1] > HEAP_WIDTH
+    if not wide and not state[0]:
+        _heapify(load, hk, hb)
+        state[0] = 1
+    low = (load.min() if wide else hk[0]) + first
+    lightest = np.empty(limit, dtype=np.int64)
+    while not wide and width < min(limit, HEAP_WIDTH) and (first <= 0 or width == 0 or hk[0] < low):
+        lightest[width] = hb[0]
+        width += 1
+        size -= 1
+        if size > 0:
+            hk[0], hb[0] = hk[size], hb[size]
+            _sift_down(hk, hb, size, 0)
+    wide = wide or width == HEAP_WIDTH and limit > HEAP_WIDTH and (first <= 0 or hk[0] < low)
+    if wide:  # more to come: count and sort all of them
+        state[0] = 0
+        if first > 0:
+            below = 0
+            for b in range(m):
+                if load[b] < low:
+                    below += 1
+            width = min(max(below, 1), n - d)
+        else:
+            width = limit
+        lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
     ok = np.empty(width, dtype=np.bool_)
     us = np.empty(width, dtype=np.int64)
@@ -244,6 +317,16 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
                 rest[i] = us[j]
                 i += 1
         _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
+        state[0], state[1] = 0, width  # any bin may have changed
+        return d + width
+    state[1] = width
+    if wide:
+        return d + width
+    for j in range(width):
+        b = lightest[j]
+        hk[size], hb[size] = load[b], b
+        _sift_up(hk, hb, size)
+        size += 1
     return d + width
 
 
@@ -398,23 +481,24 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
             room = load[give] - load[take]
             return give, take, np.nextafter(room, 0.0), room / 2, np.ones(give.size, dtype=np.bool_), now
     else:
-        by_step = _then(_stable(-load), step)
+        by_step = _then(_stable(-load), step.astype(np.float64))
         first = np.ones(size, dtype=np.bool_)
         for i in range(1, size):
             first[i] = step[by_step[i]] != step[by_step[i - 1]]
         give = by_step[first]
-        give = give[_then(_stable(-load[give]), row[give])]
+        give = give[_then(_stable(-load[give]), row[give].astype(np.float64))]
         free = np.ones(size, dtype=np.bool_)
         free[give] = False
         cand = np.flatnonzero(free)
-        cand = cand[_then(_stable(-slack[cand]), row[cand])]
-        g_row, c_row = row[give], row[cand]
+        cand = cand[_then(_stable(-slack[cand]), row[cand].astype(np.float64))]
+        g_row, c_row = row[give].astype(np.float64), row[cand].astype(np.float64)  # whole: compared exactly
+        zero = np.int64(0)
         keep = np.zeros(give.size, dtype=np.bool_)
         at = np.zeros(give.size, dtype=np.int64)
         for i in range(give.size):
-            nth = i - _search(g_row, g_row[i], 0, give.size)
-            start = _search(c_row, g_row[i], 0, cand.size)
-            end = _search(c_row, g_row[i] + 1, 0, cand.size)
+            nth = i - _search(g_row, g_row[i], zero, give.size)
+            start = _search(c_row, g_row[i], zero, cand.size)
+            end = _search(c_row, g_row[i] + 1, zero, cand.size)
             at[i] = start + nth
             keep[i] = at[i] < end
         give, take = give[keep], cand[at[keep]]
@@ -677,12 +761,13 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
     wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
     times = np.empty(most)
     n_times = 0
+    balance_mode = np.int64(0)  # not a literal: one specialisation of _one_pass
     work = 0
     for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
             before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                     rows, nb, pooled, world, 0, wide, paired, n_rounds)
+                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds)
             after = step_time(load, rows, nb, pooled, world)
             if after > before:
                 load[:], bc[:], bl[:], bt[:], flat[:] = kept
@@ -779,3 +864,173 @@ def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool
         nxt = w[i + 1] if i + 1 < n else 0.0
         terms[i] = (w[i] - nxt) * steps
     return terms
+
+
+# --------------------------------------------------------------------------- the whole pooled partition
+
+
+@njit(**_OPTS)
+def _pairwise(a: Any, lo: int, n: int) -> float:
+    """numpy's pairwise sum of ``a[lo:lo + n]`` (float64, contiguous): ``np.sum``'s value."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i = 8
+        while i < n - n % 8:
+            j = lo + i
+            r0 += a[j]
+            r1 += a[j + 1]
+            r2 += a[j + 2]
+            r3 += a[j + 3]
+            r4 += a[j + 4]
+            r5 += a[j + 5]
+            r6 += a[j + 6]
+            r7 += a[j + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
+
+
+@njit(**_OPTS)
+def np_sum(a: Any) -> float:
+    """``np.sum`` of a 1-D contiguous float64 array, the same value (numpy's pairwise sum)."""
+    return 0.0 + _pairwise(a, np.int64(0), a.size)
+
+
+@njit(**_OPTS)
+def _whole_below(a: Any, limit: float) -> bool:
+    """Every value a whole number >= 0 and their sum below ``limit`` (then every sum of them is exact;
+    NaN fails)."""
+    acc = 0.0
+    for i in range(a.size):
+        if not a[i] >= 0 or a[i] != np.floor(a[i]):
+            return False
+        acc += a[i]
+    return acc < limit
+
+
+@njit(**_OPTS)
+def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int, params: Any, uses_max: bool,
+                   step: int, floor: int, world: int, exact_rounds: int, consts: Any, tune: Any) -> Any:
+    """:func:`fitbatch.steps.partition` of one pool without groups, skips or oversized sequences, under a
+    built-in cost, with whole weights and marginal costs whose totals are below ``2**52``: the calls
+    the numpy form makes, in its order, on the same values (``_Plan.build`` and ``micro_rows`` of a
+    pool, ``_bound``, ``settle`` where the first packing fits, ``_balanced``, ``refine``, the layout
+    and ``finish``). ``tune``: SPREAD, MORE, FULL, CLOSE, PASSES, PASSES_SMALL, UNITS_PER_PASS,
+    BALANCED_UP_TO, EXACT_BELOW.
+
+    Returns (status, m, order + offsets + samples (int64, one array), tokens + loss tokens +
+    workload (float64, one array: fewer arrays to hand back), n_empty, lower bound, efficiency,
+    efficiency bound); status 0: done, 1: a case this does not cover (a unit over the budget
+    alone, weights not whole numbers >= 0 or marginal costs not whole, a packing that needs more
+    than the lower bound): the caller runs the general form (and raises what is bad)."""
+    spread, more_gap, full, close = tune[0], tune[1], tune[2], tune[3]
+    passes, passes_small, per_pass = int(tune[4]), int(tune[5]), int(tune[6])
+    balanced_up_to, exact_below = int(tune[7]), tune[8]
+    n = sizes.size
+    one, yes, no = np.int64(1), np.bool_(True), np.bool_(False)  # not literals: the callees' one specialisation
+    e_i = np.zeros(0, dtype=np.int64)
+    e_f = np.zeros(0)
+    fail = (1, 0, e_i, e_f, 0, 0, 0.0, 0.0)
+    if n == 0:
+        return fail
+    fixed = _cost(kind, params, 0.0, 0.0, 0.0)
+    ones = np.ones(n)
+    extra = np.empty(n)
+    for i in range(n):
+        alone = _cost(kind, params, 1.0, sizes[i], sizes[i])
+        if alone > budget:
+            return fail
+        extra[i] = max(alone - fixed, 0.0)
+    if not _whole_below(weight, exact_below) or not _whole_below(extra, exact_below):
+        return fail
+    heaviest = _stable(-weight)
+    room = budget - fixed
+    if room <= 0:
+        bound = n
+    else:
+        half = 0
+        for i in range(n):
+            if extra[i] > room / 2:
+                half += 1
+        by_sum = int(np.ceil(extra.sum() / room * (1 - 1e-12)))
+        bound = max(1, by_sum, half)
+    bound_p = (bound + world - 1) // world
+    m = -(-max(bound_p, floor) // step) * step
+    alone_row = np.full(0, -1, dtype=np.int64)
+    load, bc, bl, bt, bin_of, failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, m * world, budget,
+                                                 kind, params, exact_rounds)
+    if failed:
+        return fail
+    nb = m * world
+    terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
+    least = np_sum(terms)  # _Plan.least_time: no split runs faster
+    first = step_time(load, one, nb, yes, world)
+    if first * world > load.sum() * (1 + spread) and first > least and m > max(bound_p, 1) and (step > 1 or floor > 0):
+        f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
+                                                              bound_p * world, budget, kind, params, exact_rounds)
+        if f_failed:
+            return fail
+        if bound_p < m:
+            p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
+            k = f_load.size
+            p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = f_load, f_bc, f_bl, f_bt
+            if step_time(p_load, one, nb, yes, world) < first:
+                load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
+    placed = np.arange(n)
+    balance = n <= balanced_up_to
+    most = min(passes, max(passes_small, n // per_pass))
+    if world > 1 and step_time(load, one, nb, yes, world) > least:
+        refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
+               yes, world, load.sum() / world * (1 + close), most, balance, consts)
+    now = step_time(load, one, nb, yes, world)
+    if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
+        cost = np.empty(nb)
+        for b in range(nb):
+            cost[b] = min(_cost(kind, params, bc[b], bl[b], bt[b]), budget)
+        if np_sum(cost) / (nb * budget) >= full:  # full to the cap: one more micro-step, if faster
+            more = m + step
+            w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
+                                                                  more * world, budget, kind, params, exact_rounds)
+            if not w_failed:
+                if world > 1 and step_time(w_load, one, more * world, yes, world) > least:
+                    refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
+                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
+                           consts)
+                if step_time(w_load, one, more * world, yes, world) < now:
+                    m, load, bin_of = more, w_load, w_bin
+    order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
+        load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
+    slowest, total = 0.0, 0.0
+    for j in range(m):
+        top = workload[0, j]
+        for r in range(1, world):
+            top = max(top, workload[r, j])
+        slowest += top
+    for r in range(world):
+        for j in range(m):
+            total += workload[r, j]
+    lower = -(-max(bound_p, floor) // step) * step
+    efficiency = total / world / slowest if slowest > 0 else 1.0
+    mean = total / world
+    eff_bound = mean / max(least, mean) if mean > 0 else 1.0
+    ints = np.empty(order.size + offsets.size + m, dtype=np.int64)
+    ints[:order.size] = order
+    ints[order.size:order.size + offsets.size] = offsets
+    ints[order.size + offsets.size:] = samples
+    floats = np.empty(2 * m + world * m)
+    floats[:m] = tokens
+    floats[m:2 * m] = loss_tokens
+    floats[2 * m:] = workload.ravel()
+    return 0, m, ints, floats, n_empty, lower, efficiency, eff_bound

@@ -71,8 +71,16 @@ def _warm(module: ModuleType) -> None:
     module.lay_out_pool(bins[0], bin_of, order, kept, 1, 2, units[0], units[1])
     module.bound_terms(units[0], units[1], kept, False, True, 5.0, 2)
     module.step_time(bins[0], 1, 2, True, 1)
+    sizes = np.array([3.0, 2.0, 1.0, 2.0])
+    module.partition_pool(sizes, sizes.copy(), sizes.copy(), 4.0, 0, np.zeros(4), False, 1, 0, 2, 32,
+                          np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]), np.array([1e-3, 5e-5, 0.98, 5e-5, 24, 2, 1024, 16384, 2.0**52]))
     module.argsort(np.arange(40.0))
     module.argsort_int(np.arange(40))
+
+
+def cost_kind(model: CostModel) -> tuple[int, FloatArray] | None:
+    """The compiled cost kind and parameters of ``model``, or ``None`` for a model the kernels lack."""
+    return jit._cost_params(model)
 
 
 def kernels_for(model: CostModel | None) -> tuple[ModuleType, int, FloatArray] | None:

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.sizes import as_sizes
-from fitbatch.steps import _compiled
+from fitbatch.steps import _compiled, _pack, _refine
 from fitbatch.steps._count import round_up, settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
 from fitbatch.steps._refine import refine, step_time
@@ -178,6 +178,12 @@ def partition(
     ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
     world = _int_option("world", world)
+    if groups is None and cp_size is None:  # one pool: the whole partition in one compiled call where it applies
+        done = _pooled(sizes, budget, world, weights, cost, micro_multiple, min_micro, keep_groups, loss_sizes, oversized)
+        if isinstance(done, Partition):
+            return done
+        if done is not None:  # the weights it took: a function of the sizes is called once
+            weights = done
     plan = _Plan.build(sizes, budget, weights, cost, micro_multiple, min_micro, groups, keep_groups,
                        loss_sizes, oversized, cp_size)
     ranks = tuple(range(world))
@@ -199,6 +205,93 @@ def partition(
     return plan.result(*by_step(bins, m, world, plan.unit_of[plan.kept]), m, ranks, world, gather=None)
 
 
+#: the built-in cost models by name (frozen: one instance each will do)
+_MODELS: dict[str, CostModel] = {}
+
+
+def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any, micro_multiple: Any, min_micro: Any,
+            keep_groups: Any, loss: Any, oversized: Any) -> Partition | FloatArray | None:
+    """:func:`partition` of a step without groups or ``cp_size``, by one compiled call
+    (:func:`fitbatch._kernels.steps.partition_pool`: the calls the general form makes, on the
+    same values, so the same partition), or ``None`` where it does not apply (not loaded, a
+    cost model of its own, a unit over the budget alone, weights that are not whole numbers,
+    a packing that needs more micro-batches than the bound, bad input): the general form then
+    runs (and raises what is bad), given the weights taken here if any (a function is called once)."""
+    module = _compiled.kernels()
+    if module is None:
+        return None
+    try:
+        values = _plain_sizes(sizes)
+        if values is None:
+            return None
+        model = _MODELS.get(cost) if isinstance(cost, str) else cost
+        if model is None:
+            model = _MODELS.setdefault(cost, resolve_cost(cost))
+        kind = _compiled.cost_kind(model)
+        if kind is None:
+            return None
+        weight = _taken(weights, values)
+        n = values.size
+        loss_values = values if loss is None else loss_sizes(loss, n)
+        step = _int_option("micro_multiple", micro_multiple)
+        floor = 0 if min_micro is None else _int_option("min_micro", min_micro)
+        cap = parse_budget(budget)
+        choice("keep_groups", keep_groups, KEEP_GROUPS)
+        choice("oversized", oversized, OVERSIZED)
+    except (TypeError, ValueError):
+        return None
+    status, m, ints, floats, n_empty, lower, efficiency, bound = module.partition_pool(
+        values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1], bool(model.uses_max), step, floor,
+        world, _pack.EXACT_ROUNDS, _refine._CONSTS, _tune())
+    if status:
+        return weight if weight is not values else None
+    m = int(m)
+    at = ints.size - m - (world * m + 1)  # order, offsets, samples one after the other
+    return Partition(world=world, ranks=tuple(range(world)), order=ints[:at], offsets=ints[at:-m],
+                     n_micro=m, lower_bound=int(lower), step_samples=ints[-m:], step_tokens=floats[:m],
+                     step_loss_tokens=floats[m:2 * m], workload=floats[2 * m:].reshape(world, m),
+                     efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
+                     skipped=np.zeros(0, dtype=np.int64), n_empty=int(n_empty))
+
+
+def _taken(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
+    """``weights`` as one float64 per sequence, unchecked (the compiled call checks them:
+    whole numbers >= 0, or the general form runs and :func:`_weights` says what is wrong)."""
+    if weights is None:
+        return sizes
+    if isinstance(weights, CostModel):
+        out: Any = weights.sample_cost(sizes)
+    elif callable(weights):
+        out = weights(sizes.copy())
+    elif isinstance(weights, (str, bytes)):
+        raise TypeError("weights")  # the general form says it
+    else:
+        out = weights
+    arr = np.ascontiguousarray(out, dtype=np.float64)
+    if arr.shape != sizes.shape:
+        raise ValueError("weights")  # the general form says it
+    return arr
+
+
+def _plain_sizes(sizes: Any) -> FloatArray | None:
+    """1-D sizes as float64, checked as :func:`~fitbatch.sizes.as_sizes` checks them (a numpy
+    array of int64, int32 or float64 without a conversion's detours), or ``None`` (2-D sizes)."""
+    if type(sizes) is np.ndarray and sizes.ndim == 1 and sizes.dtype in _PLAIN:
+        if sizes.dtype == np.float64:
+            if sizes.size and not (sizes.min() >= 0 and sizes.max() < np.inf):  # NaN fails the first
+                return None
+            return np.ascontiguousarray(sizes)
+        if sizes.size and (sizes.min() < 0 or sizes.max() > _MAX_EXACT):
+            return None
+        return sizes.astype(np.float64)
+    values = as_sizes(sizes).values
+    return values if values.ndim == 1 else None
+
+
+_PLAIN = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.int32))
+_MAX_EXACT = 2**53
+
+
 #: the packing into the fewest micro-batches is tried when the forced count's step is this much
 #: slower than its mean (a spread of the work; below it, the other packing cannot gain more)
 SPREAD = 1e-3
@@ -215,32 +308,44 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     Where ``micro_multiple`` or ``min_micro`` raise the count above what the cap needs, the
     packing into the fewest micro-batches, padded with empty ones, is the start if its step
     runs faster (spreading the same work over more micro-steps adds the slowest rank's share
-    of each); the refinement may then move work into the empty ones.
+    of each); the refinement may then move work into the empty ones. A step already as fast as
+    any split of its units can run (:meth:`_Plan.least_time`) is not refined.
     """
     width = world if pooled else 1
     exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
-    slow = step_time(bins.load, pooled, world, exact) * world > bins.load.sum() * (1 + SPREAD) if m else False
-    if slow and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
-        least, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
-                              width=width)
-        if least < m:
+    least = plan.least_time(world)  # no split of these units runs faster: at it, nothing to gain
+    first = step_time(bins.load, pooled, world, exact) if m else 0.0
+    slow = first * world > bins.load.sum() * (1 + SPREAD) if m else False
+    if slow and first > least and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
+        fewest, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
+                               width=width)
+        if fewest < m:
             fewer = fewer.padded(m * width)
-            if step_time(fewer.load, pooled, world, exact) < step_time(bins.load, pooled, world, exact):
+            if step_time(fewer.load, pooled, world, exact) < first:
                 bins = fewer
-    bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+    if step_time(bins.load, pooled, world, exact) > least:
+        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
     now = step_time(bins.load, pooled, world, exact)
-    if (m and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
+    if (m and now > least and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
         more = m + plan.step
         got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
         if got == more:
-            wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+            if step_time(wider.load, pooled, world, exact) > least:
+                wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
             if step_time(wider.load, pooled, world, exact) < now:
                 return more, wider
     return m, bins
+
+
+def _tune() -> FloatArray:
+    """The compiled whole partition's constants (:func:`fitbatch._kernels.steps.partition_pool`),
+    read at each call as the numpy form reads them."""
+    return np.array([SPREAD, MORE, FULL, _refine.CLOSE, _refine.PASSES, _refine.PASSES_SMALL, _refine.UNITS_PER_PASS,
+                     _refine.BALANCED_UP_TO, _compiled.EXACT_BELOW], dtype=np.float64)
 
 
 def _fill(bins: Bins, plan: _Plan) -> float:
@@ -276,6 +381,7 @@ class _Plan:
     all_kept: bool = True  # no sequence skipped
     grouped: bool = False  # groups were given
     heaviest: IntArray | None = None  # every unit, heaviest first (ties by id), once micro_rows found it
+    _least: dict[int, float] = dataclasses.field(default_factory=dict)  # least_time by micro-batches a micro-step
 
     @cached_property
     def fixed(self) -> float:
@@ -489,6 +595,18 @@ class _Plan:
     def _efficiency_bound(self, per_step: int, mean: float) -> float:
         """The best efficiency any split can reach (see :class:`Partition`), where ``per_step``
         micro-batches run in a micro-step and ``mean`` is the ideal time."""
+        least = self.least_time(per_step)
+        return mean / max(least, mean) if mean > 0 else 1.0
+
+    def least_time(self, per_step: int) -> float:
+        """A lower bound on the time of any split of the kept units, where ``per_step``
+        micro-batches run in a micro-step (the efficiency bound's least time, before it is
+        raised to the mean)."""
+        if per_step not in self._least:
+            self._least[per_step] = self._least_time(per_step)
+        return self._least[per_step]
+
+    def _least_time(self, per_step: int) -> float:
         if self.all_kept and self.heaviest is not None and self._extra_exact:
             # a tie adds nothing until its last unit, whose running sums are over the same units
             # in any order: exact (whole numbers) for whole marginal costs, so any tie order will do
@@ -509,8 +627,7 @@ class _Plan:
             room = self.budget - self.fixed
             extra = self._extra(ids) if self.model.superadditive else w
             terms = module.bound_terms(w, extra, big, self.any_big, bool(self.model.superadditive), room, per_step)
-            least = float(terms.sum())
-            return mean / max(least, mean) if mean > 0 else 1.0
+            return float(terms.sum())
         normal = np.cumsum(~big) if self.any_big else np.arange(1, ids.size + 1)
         if self.model.superadditive:  # the prefix's bins, as _bound counts them
             room = self.budget - self.fixed
@@ -525,8 +642,7 @@ class _Plan:
             need = np.zeros(w.size)
         bins = (np.cumsum(big) + np.maximum(need, normal > 0)) if self.any_big else np.maximum(need, 1.0)
         steps = np.ceil(bins / per_step)
-        least = float(((w - np.r_[w[1:], 0.0]) * steps).sum())
-        return mean / max(least, mean) if mean > 0 else 1.0
+        return float(((w - np.r_[w[1:], 0.0]) * steps).sum())
 
     def _step_bound(self, world: int) -> int:
         """A lower bound on the micro-steps of any split of the kept units on ``world`` ranks."""
