@@ -193,7 +193,7 @@ def test_the_exports_are_called(ahead: dict[str, ModuleType], monkeypatch: pytes
         _exec_plans()(20_000)
         partition(np.arange(1, 3001) % 500 + 1, 4096.0, world=8, cost="sum")
     assert {"compiled.greedy", "compiled.first_fit_in_place", "compiled_histogram.lay_out_sequence",
-            "steps.pack_pool"} <= called, sorted(called)
+            "steps.partition_pool"} <= called, sorted(called)
 
 
 def test_partitions_are_pinned_with_the_cache(ahead: dict[str, ModuleType]) -> None:

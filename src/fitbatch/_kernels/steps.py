@@ -903,7 +903,7 @@ def _pairwise(a: Any, lo: int, n: int) -> float:
 
 
 @njit(**_OPTS)
-def np_sum(a: Any) -> float:
+def _np_sum(a: Any) -> float:
     """``np.sum`` of a 1-D contiguous float64 array, the same value (numpy's pairwise sum)."""
     return 0.0 + _pairwise(a, np.int64(0), a.size)
 
@@ -975,7 +975,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
         return fail
     nb = m * world
     terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
-    least = np_sum(terms)  # _Plan.least_time: no split runs faster
+    least = _np_sum(terms)  # _Plan.least_time: no split runs faster
     first = step_time(load, one, nb, yes, world)
     if first * world > load.sum() * (1 + spread) and first > least and m > max(bound_p, 1) and (step > 1 or floor > 0):
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -999,7 +999,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
         cost = np.empty(nb)
         for b in range(nb):
             cost[b] = min(_cost(kind, params, bc[b], bl[b], bt[b]), budget)
-        if np_sum(cost) / (nb * budget) >= full:  # full to the cap: one more micro-step, if faster
+        if _np_sum(cost) / (nb * budget) >= full:  # full to the cap: one more micro-step, if faster
             more = m + step
             w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                                   more * world, budget, kind, params, exact_rounds)
