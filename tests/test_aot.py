@@ -304,3 +304,19 @@ def test_a_process_that_loads_numba_starts_the_build_after_its_plan(monkeypatch:
     with _env(FITBATCH_CACHE_DIR=str(tmp_path), FITBATCH_AOT="0"):
         monkeypatch.setattr(aot, "_spawned", [])
         assert aot.build_in_background() is False
+
+
+def test_the_key_follows_every_kernel_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop may call one in another module of the package: editing any module makes a new key."""
+    import shutil
+
+    copy = tmp_path / "_kernels"
+    shutil.copytree(Path(aot.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(Path(aot.__file__).parents[1] / "__init__.py", tmp_path / "__init__.py")
+    monkeypatch.setattr(aot, "_HERE", copy)
+    before = aot._compute_key()
+    assert before is not None
+    (copy / "greedy.py").write_text((copy / "greedy.py").read_text() + "\n# edited\n")
+    after = aot._compute_key()
+    assert after is not None and after != before
+    assert after.rsplit("-", 1)[0] == before.rsplit("-", 1)[0]  # the same versions and platform

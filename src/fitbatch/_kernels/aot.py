@@ -103,8 +103,8 @@ def key() -> str | None:
     """The cache key of this install (``None`` without numba: the ``fast`` extra builds the cache).
 
     Versions of fitbatch, numba and numpy, the interpreter's tag, the platform, and a hash of
-    the kernel sources (and numba's version file, the loader's warm-up calls): read from files,
-    nothing imported.
+    every module of :mod:`fitbatch._kernels` (the loops, the loader's warm-up calls, the
+    builder) and numba's version file: read from files, nothing imported.
     """
     if not _key:
         _key.append(_compute_key())
@@ -118,7 +118,9 @@ def _compute_key() -> str | None:
     h = hashlib.sha256()
     try:
         numba_version = (Path(spec.origin).parent / "_version.py").read_bytes()
-        for path in [_HERE / f"{name}.py" for name in MODULES] + [_HERE / "jit.py", _HERE / "aot.py", _HERE / "aot_build.py"]:
+        # every module of the kernels' package (a compiled loop may call one in another module)
+        for path in sorted(_HERE.glob("*.py")):
+            h.update(path.name.encode())
             h.update(path.read_bytes())
     except OSError:
         return None
