@@ -43,6 +43,13 @@ def _stable(key: Any) -> Any:
     compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
     floats' bits."""
     n = key.size
+    ascending = True  # already in order (a constant key, the heaviest-first bins' steps): as it stands
+    for i in range(1, n):
+        if key[i] < key[i - 1]:
+            ascending = False
+            break
+    if ascending:
+        return np.arange(n)
     if n <= 32:
         out = np.arange(n)
         for i in range(1, n):
@@ -428,12 +435,21 @@ def _deal_block(order: Any, d: int, width: int, w: Any, c: Any, lg: Any, t: Any,
 @njit(**_OPTS)
 def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
     """``steps_of``, flat: each bin's micro-step."""
+    return _steps_heaviest(load, rows, nb, pooled, world)[0]
+
+
+@njit(**_OPTS)
+def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
+    """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
+    row, the stable order the micro-steps come from)."""
     step = np.empty(load.size, dtype=np.int64)
+    order = np.empty((rows, nb), dtype=np.int64)
     for r in range(rows):
         heaviest = _stable(-load[r * nb:(r + 1) * nb])
+        order[r] = heaviest
         for p in range(nb):
             step[r * nb + heaviest[p]] = p // world if pooled else p
-    return step
+    return step, order
 
 
 @njit(**_OPTS)
@@ -458,7 +474,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
     """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time."""
     size = load.size
     row = np.arange(size) // nb
-    step = _steps_of(load, rows, nb, pooled, world)
+    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world)
     slowest = _slowest(load, step)
     slack = np.empty(size)
     for i in range(size):
@@ -469,7 +485,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
         give = np.empty(rows * half, dtype=np.int64)
         take = np.empty(rows * half, dtype=np.int64)
         for r in range(rows):
-            order = _stable(-load[r * nb:(r + 1) * nb])
+            order = heaviest[r]  # _stable(-load) of the row, as _steps_heaviest sorted it
             if mode == 1:
                 order = _then(order, slack[r * nb:(r + 1) * nb])
             for j in range(half):
@@ -481,7 +497,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
             room = load[give] - load[take]
             return give, take, np.nextafter(room, 0.0), room / 2, np.ones(give.size, dtype=np.bool_), now
     else:
-        by_step = _then(_stable(-load), step.astype(np.float64))
+        by_step = _then(heaviest[0] if rows == 1 else _stable(-load), step.astype(np.float64))
         first = np.ones(size, dtype=np.bool_)
         for i in range(1, size):
             first[i] = step[by_step[i]] != step[by_step[i - 1]]
@@ -535,7 +551,8 @@ def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
 @njit(**_OPTS)
 def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
     """``pos[np.argsort(key[pos], kind="stable")]`` where ``key`` orders by ``pair`` first:
-    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs)."""
+    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs; where
+    that is more work than one sort of them all, one stable sort: the same order)."""
     start = np.zeros(n_pairs + 1, dtype=np.int64)
     for i in range(pos.size):
         start[pair[pos[i]] + 1] += 1
@@ -547,20 +564,25 @@ def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
         p = pair[pos[i]]
         out[fill[p]] = pos[i]
         fill[p] += 1
+    work = 0  # an insertion sort's work on the runs, about; above a sort of all of them, one sort
+    for p in range(n_pairs):
+        k = start[p + 1] - start[p]
+        work += k * k
+    if work > 64 * pos.size + 4096:  # key orders by pair first: one stable sort is each run's
+        return out[_stable(key[out])]
+    ko = key[out]  # the keys beside the positions: the insertion compares neighbours in memory
     for p in range(n_pairs):
         lo, hi = start[p], start[p + 1]
-        if hi - lo > 48:
-            run = out[lo:hi]
-            out[lo:hi] = run[_stable(key[run])]
-            continue
         for i in range(lo + 1, hi):
             x = out[i]
-            kx = key[x]
+            kx = ko[i]
             j = i - 1
-            while j >= lo and key[out[j]] > kx:
+            while j >= lo and ko[j] > kx:
                 out[j + 1] = out[j]
+                ko[j + 1] = ko[j]
                 j -= 1
             out[j + 1] = x
+            ko[j + 1] = kx
     return out
 
 
@@ -696,13 +718,16 @@ def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, l
     pick = np.empty(n_pairs, dtype=np.int64)
     score = np.empty(n_pairs)
     new = np.empty((n_pairs, 6))  # the chosen exchange's giving and taking bins' count, total, longest
+    # a pair with no exchange in a round has none later: only its own exchanges change its two
+    # bins, their units and its room, so its candidates are dropped (the same choices, less work)
+    dead = np.zeros(n_pairs, dtype=np.bool_)
     for _ in range(n_rounds):  # invariant: each taking bin <= its step's slowest at the pass's start
         pick[:] = -1
         kept = 0
         for q in range(n_live):
             i = live[q]
             p = cp[i]
-            if used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
+            if dead[p] or used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
                 continue
             live[kept] = i
             kept += 1
@@ -730,6 +755,7 @@ def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, l
         for p in range(n_pairs):  # distinct pairs: distinct bins and units
             i = pick[p]
             if i < 0:
+                dead[p] = True
                 continue
             moved = True
             hb, lb, d = h[p], l_[p], delta[i]
