@@ -87,19 +87,31 @@ def _radix(k: Any) -> Any:
     """Positions of the unsigned keys ``k`` sorted ascending, ties by position (stable): a
     least-significant-byte radix sort, skipping the bytes every key shares."""
     n = k.size
-    count = np.zeros((8, 257), dtype=np.int64)
+    out = np.arange(n)
+    if n == 0:
+        return out
+    every, some = k[0], k[0]  # the bits every key has, and those some key has
+    for i in range(1, n):
+        every &= k[i]
+        some |= k[i]
+    differ = every ^ some
+    shifts = np.empty(8, dtype=np.int64)  # the bytes where keys differ (a byte they share: the pass keeps the order)
+    nv = 0
+    for byte in range(8):
+        if (differ >> np.uint64(8 * byte)) & np.uint64(255):
+            shifts[nv] = 8 * byte
+            nv += 1
+    count = np.zeros((nv, 257), dtype=np.int64)
     for i in range(n):
         x = k[i]
-        for byte in range(8):
-            count[byte, ((x >> np.uint64(8 * byte)) & np.uint64(255)) + 1] += 1
-    out = np.arange(n)
+        for v in range(nv):
+            count[v, ((x >> np.uint64(shifts[v])) & np.uint64(255)) + 1] += 1
     keys = k.copy()
     out2 = np.empty(n, dtype=np.int64)
     keys2 = np.empty(n, dtype=np.uint64)
-    for byte in range(8):
-        row = count[byte]
-        if row.max() == n:  # one value of this byte: the pass keeps the order
-            continue
+    for v in range(nv):
+        row = count[v]
+        byte = shifts[v] // 8
         for d in range(256):
             row[d + 1] += row[d]
         shift = np.uint64(8 * byte)
@@ -289,15 +301,24 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     wide = wide or width == HEAP_WIDTH and limit > HEAP_WIDTH and (first <= 0 or hk[0] < low)
     if wide:  # more to come: count and sort all of them
         state[0] = 0
+        below = 0
         if first > 0:
-            below = 0
             for b in range(m):
                 if load[b] < low:
                     below += 1
             width = min(max(below, 1), n - d)
         else:
             width = limit
-        lightest = _smallest(load, width)
+        if 0 < below < m and width > 32:  # the bins below `low` are the lightest: sort only them
+            some = np.empty(below, dtype=np.int64)
+            i = 0
+            for b in range(m):
+                if load[b] < low:
+                    some[i] = b
+                    i += 1
+            lightest = some[_stable(load[some])][:width]
+        else:
+            lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
     ok = np.empty(width, dtype=np.bool_)
     us = np.empty(width, dtype=np.int64)
