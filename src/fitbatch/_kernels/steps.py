@@ -1033,15 +1033,18 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
             k = f_load.size
             p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = f_load, f_bc, f_bl, f_bt
-            if step_time(p_load, one, nb, yes, world) < first:
+            padded = step_time(p_load, one, nb, yes, world)
+            if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
+                first = padded  # the step time of `load` (each taken once: the same values)
     placed = np.arange(n)
     balance = n <= balanced_up_to
     most = min(passes, max(passes_small, n // per_pass))
-    if world > 1 and step_time(load, one, nb, yes, world) > least:
+    now = first
+    if world > 1 and first > least:
         refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                yes, world, load.sum() / world * (1 + close), most, balance, consts)
-    now = step_time(load, one, nb, yes, world)
+        now = step_time(load, one, nb, yes, world)
     if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
         for b in range(nb):
@@ -1051,11 +1054,13 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                                   more * world, budget, kind, params, exact_rounds)
             if not w_failed:
-                if world > 1 and step_time(w_load, one, more * world, yes, world) > least:
+                wider = step_time(w_load, one, more * world, yes, world)
+                if world > 1 and wider > least:
                     refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
                            consts)
-                if step_time(w_load, one, more * world, yes, world) < now:
+                    wider = step_time(w_load, one, more * world, yes, world)
+                if wider < now:
                     m, load, bin_of = more, w_load, w_bin
     order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
         load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
