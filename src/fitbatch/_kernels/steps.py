@@ -43,6 +43,13 @@ def _stable(key: Any) -> Any:
     compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
     floats' bits."""
     n = key.size
+    ascending = True  # already in order (a constant key, the heaviest-first bins' steps): as it stands
+    for i in range(1, n):
+        if key[i] < key[i - 1]:
+            ascending = False
+            break
+    if ascending:
+        return np.arange(n)
     if n <= 32:
         out = np.arange(n)
         for i in range(1, n):
@@ -80,19 +87,31 @@ def _radix(k: Any) -> Any:
     """Positions of the unsigned keys ``k`` sorted ascending, ties by position (stable): a
     least-significant-byte radix sort, skipping the bytes every key shares."""
     n = k.size
-    count = np.zeros((8, 257), dtype=np.int64)
+    out = np.arange(n)
+    if n == 0:
+        return out
+    every, some = k[0], k[0]  # the bits every key has, and those some key has
+    for i in range(1, n):
+        every &= k[i]
+        some |= k[i]
+    differ = every ^ some
+    shifts = np.empty(8, dtype=np.int64)  # the bytes where keys differ (a byte they share: the pass keeps the order)
+    nv = 0
+    for byte in range(8):
+        if (differ >> np.uint64(8 * byte)) & np.uint64(255):
+            shifts[nv] = 8 * byte
+            nv += 1
+    count = np.zeros((nv, 257), dtype=np.int64)
     for i in range(n):
         x = k[i]
-        for byte in range(8):
-            count[byte, ((x >> np.uint64(8 * byte)) & np.uint64(255)) + 1] += 1
-    out = np.arange(n)
+        for v in range(nv):
+            count[v, ((x >> np.uint64(shifts[v])) & np.uint64(255)) + 1] += 1
     keys = k.copy()
     out2 = np.empty(n, dtype=np.int64)
     keys2 = np.empty(n, dtype=np.uint64)
-    for byte in range(8):
-        row = count[byte]
-        if row.max() == n:  # one value of this byte: the pass keeps the order
-            continue
+    for v in range(nv):
+        row = count[v]
+        byte = shifts[v] // 8
         for d in range(256):
             row[d + 1] += row[d]
         shift = np.uint64(8 * byte)
@@ -282,15 +301,24 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     wide = wide or width == HEAP_WIDTH and limit > HEAP_WIDTH and (first <= 0 or hk[0] < low)
     if wide:  # more to come: count and sort all of them
         state[0] = 0
+        below = 0
         if first > 0:
-            below = 0
             for b in range(m):
                 if load[b] < low:
                     below += 1
             width = min(max(below, 1), n - d)
         else:
             width = limit
-        lightest = _smallest(load, width)
+        if 0 < below < m and width > 32:  # the bins below `low` are the lightest: sort only them
+            some = np.empty(below, dtype=np.int64)
+            i = 0
+            for b in range(m):
+                if load[b] < low:
+                    some[i] = b
+                    i += 1
+            lightest = some[_stable(load[some])][:width]
+        else:
+            lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
     ok = np.empty(width, dtype=np.bool_)
     us = np.empty(width, dtype=np.int64)
@@ -428,12 +456,21 @@ def _deal_block(order: Any, d: int, width: int, w: Any, c: Any, lg: Any, t: Any,
 @njit(**_OPTS)
 def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
     """``steps_of``, flat: each bin's micro-step."""
+    return _steps_heaviest(load, rows, nb, pooled, world)[0]
+
+
+@njit(**_OPTS)
+def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
+    """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
+    row, the stable order the micro-steps come from)."""
     step = np.empty(load.size, dtype=np.int64)
+    order = np.empty((rows, nb), dtype=np.int64)
     for r in range(rows):
         heaviest = _stable(-load[r * nb:(r + 1) * nb])
+        order[r] = heaviest
         for p in range(nb):
             step[r * nb + heaviest[p]] = p // world if pooled else p
-    return step
+    return step, order
 
 
 @njit(**_OPTS)
@@ -458,7 +495,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
     """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time."""
     size = load.size
     row = np.arange(size) // nb
-    step = _steps_of(load, rows, nb, pooled, world)
+    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world)
     slowest = _slowest(load, step)
     slack = np.empty(size)
     for i in range(size):
@@ -469,7 +506,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
         give = np.empty(rows * half, dtype=np.int64)
         take = np.empty(rows * half, dtype=np.int64)
         for r in range(rows):
-            order = _stable(-load[r * nb:(r + 1) * nb])
+            order = heaviest[r]  # _stable(-load) of the row, as _steps_heaviest sorted it
             if mode == 1:
                 order = _then(order, slack[r * nb:(r + 1) * nb])
             for j in range(half):
@@ -481,7 +518,7 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
             room = load[give] - load[take]
             return give, take, np.nextafter(room, 0.0), room / 2, np.ones(give.size, dtype=np.bool_), now
     else:
-        by_step = _then(_stable(-load), step.astype(np.float64))
+        by_step = _then(heaviest[0] if rows == 1 else _stable(-load), step.astype(np.float64))
         first = np.ones(size, dtype=np.bool_)
         for i in range(1, size):
             first[i] = step[by_step[i]] != step[by_step[i - 1]]
@@ -535,7 +572,8 @@ def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
 @njit(**_OPTS)
 def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
     """``pos[np.argsort(key[pos], kind="stable")]`` where ``key`` orders by ``pair`` first:
-    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs)."""
+    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs; where
+    that is more work than one sort of them all, one stable sort: the same order)."""
     start = np.zeros(n_pairs + 1, dtype=np.int64)
     for i in range(pos.size):
         start[pair[pos[i]] + 1] += 1
@@ -547,20 +585,25 @@ def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
         p = pair[pos[i]]
         out[fill[p]] = pos[i]
         fill[p] += 1
+    work = 0  # an insertion sort's work on the runs, about; above a sort of all of them, one sort
+    for p in range(n_pairs):
+        k = start[p + 1] - start[p]
+        work += k * k
+    if work > 64 * pos.size + 4096:  # key orders by pair first: one stable sort is each run's
+        return out[_stable(key[out])]
+    ko = key[out]  # the keys beside the positions: the insertion compares neighbours in memory
     for p in range(n_pairs):
         lo, hi = start[p], start[p + 1]
-        if hi - lo > 48:
-            run = out[lo:hi]
-            out[lo:hi] = run[_stable(key[run])]
-            continue
         for i in range(lo + 1, hi):
             x = out[i]
-            kx = key[x]
+            kx = ko[i]
             j = i - 1
-            while j >= lo and key[out[j]] > kx:
+            while j >= lo and ko[j] > kx:
                 out[j + 1] = out[j]
+                ko[j + 1] = ko[j]
                 j -= 1
             out[j + 1] = x
+            ko[j + 1] = kx
     return out
 
 
@@ -696,13 +739,16 @@ def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, l
     pick = np.empty(n_pairs, dtype=np.int64)
     score = np.empty(n_pairs)
     new = np.empty((n_pairs, 6))  # the chosen exchange's giving and taking bins' count, total, longest
+    # a pair with no exchange in a round has none later: only its own exchanges change its two
+    # bins, their units and its room, so its candidates are dropped (the same choices, less work)
+    dead = np.zeros(n_pairs, dtype=np.bool_)
     for _ in range(n_rounds):  # invariant: each taking bin <= its step's slowest at the pass's start
         pick[:] = -1
         kept = 0
         for q in range(n_live):
             i = live[q]
             p = cp[i]
-            if used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
+            if dead[p] or used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
                 continue
             live[kept] = i
             kept += 1
@@ -730,6 +776,7 @@ def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, l
         for p in range(n_pairs):  # distinct pairs: distinct bins and units
             i = pick[p]
             if i < 0:
+                dead[p] = True
                 continue
             moved = True
             hb, lb, d = h[p], l_[p], delta[i]
@@ -986,15 +1033,18 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
             k = f_load.size
             p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = f_load, f_bc, f_bl, f_bt
-            if step_time(p_load, one, nb, yes, world) < first:
+            padded = step_time(p_load, one, nb, yes, world)
+            if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
+                first = padded  # the step time of `load` (each taken once: the same values)
     placed = np.arange(n)
     balance = n <= balanced_up_to
     most = min(passes, max(passes_small, n // per_pass))
-    if world > 1 and step_time(load, one, nb, yes, world) > least:
+    now = first
+    if world > 1 and first > least:
         refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                yes, world, load.sum() / world * (1 + close), most, balance, consts)
-    now = step_time(load, one, nb, yes, world)
+        now = step_time(load, one, nb, yes, world)
     if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
         for b in range(nb):
@@ -1004,11 +1054,13 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                                   more * world, budget, kind, params, exact_rounds)
             if not w_failed:
-                if world > 1 and step_time(w_load, one, more * world, yes, world) > least:
+                wider = step_time(w_load, one, more * world, yes, world)
+                if world > 1 and wider > least:
                     refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
                            consts)
-                if step_time(w_load, one, more * world, yes, world) < now:
+                    wider = step_time(w_load, one, more * world, yes, world)
+                if wider < now:
                     m, load, bin_of = more, w_load, w_bin
     order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
         load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
