@@ -1,17 +1,14 @@
-"""Compiled step partitioning (numba): :mod:`fitbatch.steps._pack`'s deal of one pool and
-:mod:`fitbatch.steps._refine`'s passes, the same decisions in the same order as their numpy forms.
+"""Compiled step partitioning (numba): :mod:`fitbatch.steps._pack`'s deal of one pool, the
+pool's layout, the efficiency bound's terms and the whole pooled partition in one call, the same
+decisions in the same order as their numpy forms; the refinement's passes are in
+:mod:`fitbatch._kernels.steps_refine`, the sorts and cost kinds they share in
+:mod:`fitbatch._kernels.steps_common`.
 
 Importing this module imports numba; :mod:`fitbatch.steps._compiled` loads it (lazily, in the
-background) and decides where it applies. Each loop below mirrors a numpy function, named in its
-docstring: the same comparisons on the same float values, ties broken the same way (stable
-sorts, first index), running sums taken in the same order. The one exception is the step time
-(a sum over micro-steps, pairwise in numpy, in order here): the caller uses :func:`refine` only
-where every load is a whole number below ``2**53``, so that each sum is exact in any order.
-
-Cost kinds: 0 sum (``total``), 1 padded (``count * longest``), 2 polynomial
-(``fixed + count * (linear + longest * (per_token + quadratic * longest))``, ``params`` in that
-order), as :class:`~fitbatch.costs.SumCost`, :class:`~fitbatch.costs.PaddedCost` and
-:class:`~fitbatch.costs.PaddedPolynomial` evaluate 1-D sizes.
+background) and decides where it applies. Its public names are the loops the library calls (an
+ahead-of-time cache exports exactly those, :mod:`fitbatch._kernels.aot`). Each loop mirrors a
+numpy function, named in its docstring: the same comparisons on the same float values, ties broken
+the same way (stable sorts, first index), running sums taken in the same order.
 """
 
 from __future__ import annotations
@@ -21,168 +18,11 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-# machine code cached next to this module (a fresh install compiles once, ~30 s of CPU on the
-# shared 2-core VM; later processes load it in ~0.6 s); no GIL needed while a kernel runs
-_OPTS: dict[str, Any] = {"cache": True, "nogil": True}
+from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
+from fitbatch._kernels.steps_refine import refine, step_time
 
-
-@njit(**_OPTS)
-def _cost(kind: int, p: Any, c: float, lng: float, t: float) -> float:
-    if kind == 0:
-        return t
-    if kind == 1:
-        return c * lng
-    return p[0] + c * (p[1] + lng * (p[2] + p[3] * lng))
-
-
-@njit(**_OPTS)
-def _stable(key: Any) -> Any:
-    """Positions of ``key`` (floats, no NaN) sorted ascending, ties by position: numpy's
-    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, else a
-    radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
-    compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
-    floats' bits."""
-    n = key.size
-    ascending = True  # already in order (a constant key, the heaviest-first bins' steps): as it stands
-    for i in range(1, n):
-        if key[i] < key[i - 1]:
-            ascending = False
-            break
-    if ascending:
-        return np.arange(n)
-    if n <= 32:
-        out = np.arange(n)
-        for i in range(1, n):
-            x = out[i]
-            kx = key[x]
-            j = i - 1
-            while j >= 0 and key[out[j]] > kx:
-                out[j + 1] = out[j]
-                j -= 1
-            out[j + 1] = x
-        return out
-    lo, hi, whole = np.inf, -np.inf, True
-    for i in range(n):
-        v = key[i]
-        lo, hi = min(lo, v), max(hi, v)
-        whole = whole and v == np.floor(v)
-    k = np.empty(n, dtype=np.uint64)
-    if whole and lo >= 0 and hi < 2.0**63:
-        for i in range(n):
-            k[i] = np.uint64(key[i])
-    elif whole and hi <= 0 and lo > -(2.0**63):
-        for i in range(n):
-            k[i] = ~np.uint64(-key[i])
-    else:
-        bits = (key + 0.0).view(np.uint64)  # + 0.0: -0.0 becomes 0.0
-        sign = np.uint64(1) << np.uint64(63)
-        for i in range(n):
-            b = bits[i]
-            k[i] = ~b if b & sign else b | sign
-    return _radix(k)
-
-
-@njit(**_OPTS)
-def _radix(k: Any) -> Any:
-    """Positions of the unsigned keys ``k`` sorted ascending, ties by position (stable): a
-    least-significant-byte radix sort, skipping the bytes every key shares."""
-    n = k.size
-    out = np.arange(n)
-    if n == 0:
-        return out
-    every, some = k[0], k[0]  # the bits every key has, and those some key has
-    for i in range(1, n):
-        every &= k[i]
-        some |= k[i]
-    differ = every ^ some
-    shifts = np.empty(8, dtype=np.int64)  # the bytes where keys differ (a byte they share: the pass keeps the order)
-    nv = 0
-    for byte in range(8):
-        if (differ >> np.uint64(8 * byte)) & np.uint64(255):
-            shifts[nv] = 8 * byte
-            nv += 1
-    count = np.zeros((nv, 257), dtype=np.int64)
-    for i in range(n):
-        x = k[i]
-        for v in range(nv):
-            count[v, ((x >> np.uint64(shifts[v])) & np.uint64(255)) + 1] += 1
-    keys = k.copy()
-    out2 = np.empty(n, dtype=np.int64)
-    keys2 = np.empty(n, dtype=np.uint64)
-    for v in range(nv):
-        row = count[v]
-        byte = shifts[v] // 8
-        for d in range(256):
-            row[d + 1] += row[d]
-        shift = np.uint64(8 * byte)
-        for i in range(n):
-            x = keys[i]
-            d = (x >> shift) & np.uint64(255)
-            at = row[d]
-            row[d] = at + 1
-            out2[at] = out[i]
-            keys2[at] = x
-        out, out2 = out2, out
-        keys, keys2 = keys2, keys
-    return out
-
-
-@njit(**_OPTS)
-def _smallest(key: Any, k: int) -> Any:
-    """``_stable(key)[:k]``: the ``k`` smallest keys' positions in order, ties by position. For
-    a few of many, one scan keeps them in a sorted buffer (a key enters only below the last)."""
-    n = key.size
-    k = min(k, n)
-    if k > 32 or k * 8 > n:
-        return _stable(key)[:k]
-    buf = np.empty(k, dtype=np.int64)
-    held = 0
-    for i in range(n):
-        v = key[i]
-        if held < k:
-            j = held
-            held += 1
-        elif v < key[buf[k - 1]]:
-            j = k - 1
-        else:
-            continue
-        while j > 0 and key[buf[j - 1]] > v:
-            buf[j] = buf[j - 1]
-            j -= 1
-        buf[j] = i
-    return buf
-
-
-@njit(**_OPTS)
-def _then(order: Any, key: Any) -> Any:
-    """``order`` stably re-sorted by ``key[order]`` (a lexsort's next, more significant key; float64
-    keys: integer ones are passed as floats, one specialisation)."""
-    return order[_stable(key[order])]
-
-
-@njit(**_OPTS)
-def argsort(key: Any) -> Any:
-    """``np.argsort(key, kind="stable")`` of a 1-D float64 array without NaN (the same positions)."""
-    return _stable(key)
-
-
-@njit(**_OPTS)
-def argsort_int(key: Any) -> Any:
-    """``np.argsort(key, kind="stable")`` of a 1-D int64 array of values >= 0 (the same positions)."""
-    return _radix(key.view(np.uint64))
-
-
-@njit(**_OPTS)
-def _search(a: Any, v: float, lo: int, hi: int) -> int:
-    """``np.searchsorted(a, v)`` (left) within ``a[lo:hi]`` (``a`` sorted)."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
+# the loops the library calls (the ahead-of-time cache exports exactly these)
+__all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
 
 # --------------------------------------------------------------------------- pack (one pool)
 
@@ -190,7 +30,7 @@ def _search(a: Any, v: float, lo: int, hi: int) -> int:
 HEAP_WIDTH = 32
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, budget: float, kind: int,
               params: Any, exact_rounds: int) -> Any:
     """:func:`fitbatch.steps._pack.pack` of one row: (load, count, longest, total, bin_of, failed)."""
@@ -230,7 +70,7 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
     return load, bc, bl, bt, bin_of, failed[0]
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _heapify(load: Any, hk: Any, hb: Any) -> None:
     """Every bin into the heap ``(hk, hb)`` (its load, its index), ordered by (load, index)."""
     m = load.size
@@ -240,7 +80,7 @@ def _heapify(load: Any, hk: Any, hb: Any) -> None:
         _sift_down(hk, hb, m, pos)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _sift_down(hk: Any, hb: Any, size: int, pos: int) -> None:
     while True:
         s = 2 * pos + 1
@@ -257,7 +97,7 @@ def _sift_down(hk: Any, hb: Any, size: int, pos: int) -> None:
             return
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _sift_up(hk: Any, hb: Any, pos: int) -> None:
     while pos > 0:
         p = (pos - 1) // 2
@@ -269,7 +109,7 @@ def _sift_up(hk: Any, hb: Any, pos: int) -> None:
             return
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
                 bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any) -> int:
     """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
@@ -358,7 +198,7 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     return d + width
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any, bin_of: Any,
                 failed: Any, budget: float, kind: int, params: Any) -> None:
     """``_place_rest`` of one row: units that fit no bin fail the row; the others paired with
@@ -418,7 +258,7 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
         bin_of[u] = at
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _deal_block(order: Any, d: int, width: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any,
                 bt: Any, bin_of: Any, budget: float, kind: int, params: Any) -> bool:
     """``_deal_block`` of one row: the next ``width`` units in snake order over the bins,
@@ -450,391 +290,10 @@ def _deal_block(order: Any, d: int, width: int, w: Any, c: Any, lg: Any, t: Any,
     return True
 
 
-# --------------------------------------------------------------------------- refine
-
-
-@njit(**_OPTS)
-def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
-    """``steps_of``, flat: each bin's micro-step."""
-    return _steps_heaviest(load, rows, nb, pooled, world)[0]
-
-
-@njit(**_OPTS)
-def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
-    """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
-    row, the stable order the micro-steps come from)."""
-    step = np.empty(load.size, dtype=np.int64)
-    order = np.empty((rows, nb), dtype=np.int64)
-    for r in range(rows):
-        heaviest = _stable(-load[r * nb:(r + 1) * nb])
-        order[r] = heaviest
-        for p in range(nb):
-            step[r * nb + heaviest[p]] = p // world if pooled else p
-    return step, order
-
-
-@njit(**_OPTS)
-def _slowest(load: Any, step: Any) -> Any:
-    slowest = np.zeros(step.max() + 1)
-    for i in range(load.size):
-        if load[i] > slowest[step[i]]:
-            slowest[step[i]] = load[i]
-    return slowest
-
-
-@njit(**_OPTS)
-def step_time(load: Any, rows: int, nb: int, pooled: bool, world: int) -> float:
-    """``step_time`` of flat loads (in-order sum: exact for whole-number loads below 2**53)."""
-    if load.size == 0:
-        return 0.0
-    return _slowest(load, _steps_of(load, rows, nb, pooled, world)).sum()
-
-
-@njit(**_OPTS)
-def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, wide: int) -> Any:
-    """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time."""
-    size = load.size
-    row = np.arange(size) // nb
-    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world)
-    slowest = _slowest(load, step)
-    slack = np.empty(size)
-    for i in range(size):
-        slack[i] = slowest[step[i]] - load[i]
-    now = slowest.sum()
-    if mode == 0 or mode == 1:
-        half = nb // 2 if mode == 0 else max(1, nb // wide)
-        give = np.empty(rows * half, dtype=np.int64)
-        take = np.empty(rows * half, dtype=np.int64)
-        for r in range(rows):
-            order = heaviest[r]  # _stable(-load) of the row, as _steps_heaviest sorted it
-            if mode == 1:
-                order = _then(order, slack[r * nb:(r + 1) * nb])
-            for j in range(half):
-                give[r * half + j] = r * nb + order[j]
-                take[r * half + j] = r * nb + order[nb - 1 - j]
-        if mode == 0:
-            keep = load[give] > load[take]
-            give, take = give[keep], take[keep]
-            room = load[give] - load[take]
-            return give, take, np.nextafter(room, 0.0), room / 2, np.ones(give.size, dtype=np.bool_), now
-    else:
-        by_step = _then(heaviest[0] if rows == 1 else _stable(-load), step.astype(np.float64))
-        first = np.ones(size, dtype=np.bool_)
-        for i in range(1, size):
-            first[i] = step[by_step[i]] != step[by_step[i - 1]]
-        give = by_step[first]
-        give = give[_then(_stable(-load[give]), row[give].astype(np.float64))]
-        free = np.ones(size, dtype=np.bool_)
-        free[give] = False
-        cand = np.flatnonzero(free)
-        cand = cand[_then(_stable(-slack[cand]), row[cand].astype(np.float64))]
-        g_row, c_row = row[give].astype(np.float64), row[cand].astype(np.float64)  # whole: compared exactly
-        zero = np.int64(0)
-        keep = np.zeros(give.size, dtype=np.bool_)
-        at = np.zeros(give.size, dtype=np.int64)
-        for i in range(give.size):
-            nth = i - _search(g_row, g_row[i], zero, give.size)
-            start = _search(c_row, g_row[i], zero, cand.size)
-            end = _search(c_row, g_row[i] + 1, zero, cand.size)
-            at[i] = start + nth
-            keep[i] = at[i] < end
-        give, take = give[keep], cand[at[keep]]
-    keep = np.empty(give.size, dtype=np.bool_)
-    for i in range(give.size):
-        keep[i] = slack[give[i]] < slack[take[i]] and load[give[i]] > 0
-    give, take = give[keep], take[keep]
-    same = step[give] == step[take]
-    room = np.where(same, load[give] - load[take], slack[take])
-    best = np.where(same, room / 2, room)
-    return give, take, np.where(same, np.nextafter(room, 0.0), room), best, same, now
-
-
-@njit(**_OPTS)
-def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
-    """``_second_longest`` in one scan: the unit holding each bin's longest size (the last of
-    ``u`` among equals, as the stable sort there leaves it), and the bin's longest without it
-    (the next in that order: the second largest size, equal to the longest on a tie; 0 alone)."""
-    top_id = np.full(n_bins, -1, dtype=np.int64)
-    top = np.zeros(n_bins)
-    second = np.zeros(n_bins)
-    for i in range(u.size):
-        x = u[i]
-        b, v = flat[x], lg[x]
-        if top_id[b] < 0:
-            top_id[b], top[b] = x, v
-        elif v >= top[b]:
-            second[b], top[b], top_id[b] = top[b], v, x
-        elif v > second[b]:
-            second[b] = v
-    return top_id, second
-
-
-@njit(**_OPTS)
-def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
-    """``pos[np.argsort(key[pos], kind="stable")]`` where ``key`` orders by ``pair`` first:
-    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs; where
-    that is more work than one sort of them all, one stable sort: the same order)."""
-    start = np.zeros(n_pairs + 1, dtype=np.int64)
-    for i in range(pos.size):
-        start[pair[pos[i]] + 1] += 1
-    for p in range(n_pairs):
-        start[p + 1] += start[p]
-    fill = start[:-1].copy()
-    out = np.empty(pos.size, dtype=np.int64)
-    for i in range(pos.size):
-        p = pair[pos[i]]
-        out[fill[p]] = pos[i]
-        fill[p] += 1
-    work = 0  # an insertion sort's work on the runs, about; above a sort of all of them, one sort
-    for p in range(n_pairs):
-        k = start[p + 1] - start[p]
-        work += k * k
-    if work > 64 * pos.size + 4096:  # key orders by pair first: one stable sort is each run's
-        return out[_stable(key[out])]
-    ko = key[out]  # the keys beside the positions: the insertion compares neighbours in memory
-    for p in range(n_pairs):
-        lo, hi = start[p], start[p + 1]
-        for i in range(lo + 1, hi):
-            x = out[i]
-            kx = ko[i]
-            j = i - 1
-            while j >= lo and ko[j] > kx:
-                out[j + 1] = out[j]
-                ko[j + 1] = ko[j]
-                j -= 1
-            out[j + 1] = x
-            ko[j + 1] = kx
-    return out
-
-
-@njit(**_OPTS)
-def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
-              budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-              mode: int, wide: int, paired: int, n_rounds: int) -> Any:
-    """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on)."""
-    h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide)
-    n_pairs = h.size
-    if n_pairs == 0:
-        return now, 0
-    n_bins = load.size
-    pair_of = np.full(n_bins, -1, dtype=np.int64)
-    for i in range(n_pairs):
-        pair_of[h[i]] = i
-        pair_of[l_[i]] = i
-    u = placed[pair_of[flat[placed]] >= 0]
-    pair = pair_of[flat[u]]
-    give = flat[u] == h[pair]
-    if uses_max:
-        top_id, second = _second_longest(u, flat, lg, n_bins)
-    else:
-        top_id, second = np.full(n_bins, -1, dtype=np.int64), bl  # a model blind to the longest
-    cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(u, pair, give, flat, pair_of, w, c, lg, t, room, best,
-                                                          n_pairs, mode, paired)
-    _exchange(load, bc, bl, bt, flat, w, c, lg, t, budget, kind, params, h, l_, room, best, same, top_id, second,
-              cu, v1, v2, cp, delta, in_c, in_t, in_l, n_rounds)
-    return now, u.size
-
-
-@njit(**_OPTS)
-def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t: Any, room: Any,
-                best: Any, n_pairs: int, mode: int, paired: int) -> Any:
-    """A pass's candidate exchanges (``_one_pass`` up to its rounds): the given unit, the one
-    or two units coming back (-1: none), the pair, the weight passed, and what comes back's
-    count, total and longest; those that pass a positive weight within the pair's room."""
-    wu = w[u]
-    scale = w.max() + 1.0
-    key = 2.0 * pair + wu / scale
-    take = np.flatnonzero(~give)
-    g = np.flatnonzero(give)
-    take, g = _by_pair(take, pair, key, n_pairs), _by_pair(g, pair, key, n_pairs)
-    t_key, gp, gw = key[take], pair[g], wu[g]
-    take, g = u[take], u[g]
-    n_take = np.zeros(n_pairs, dtype=np.int64)
-    for i in range(take.size):
-        n_take[pair_of[flat[take[i]]]] += 1
-    hi = np.cumsum(n_take)
-    lo = hi - n_take
-    ng = g.size
-    at = np.empty(ng, dtype=np.int64)
-    # a search key 2 * p + x (0 <= x < 1: the weight passed is under the scale) lies above every
-    # key of the pairs before p and below every key of those after: searching the pair's own
-    # partners finds the position a search of all of them finds (fewer, unpredictable, steps)
-    for i in range(ng):
-        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, lo[gp[i]], hi[gp[i]])
-    # candidates: the given unit for none, for the partner unit at `at`, for the one before it
-    n_above, n_below = 0, 0
-    for i in range(ng):
-        n_above += at[i] < hi[gp[i]]
-        n_below += at[i] > lo[gp[i]]
-    n_heavy_reps = 0
-    if mode == 2 and take.size:
-        n_give = np.zeros(n_pairs, dtype=np.int64)
-        for i in range(ng):
-            n_give[gp[i]] += 1
-        c_give = np.cumsum(n_give)
-        for i in range(ng):
-            if i >= c_give[gp[i]] - paired:
-                n_heavy_reps += n_take[gp[i]]
-    total = ng + n_above + n_below + n_heavy_reps
-    cu = np.empty(total, dtype=np.int64)
-    v1 = np.full(total, -1, dtype=np.int64)
-    v2 = np.full(total, -1, dtype=np.int64)
-    cp = np.empty(total, dtype=np.int64)
-    x = 0
-    for i in range(ng):
-        cu[x], cp[x] = g[i], gp[i]
-        x += 1
-    last = max(take.size - 1, 0)
-    for i in range(ng):
-        if at[i] < hi[gp[i]]:
-            cu[x], v1[x], cp[x] = g[i], take[min(at[i], last)], gp[i]
-            x += 1
-    for i in range(ng):
-        if at[i] > lo[gp[i]]:
-            cu[x], v1[x], cp[x] = g[i], take[at[i] - 1], gp[i]
-            x += 1
-    if n_heavy_reps:  # one for two: the PAIRED heaviest given units of a pair, each partner unit
-        for i in range(ng):
-            p = gp[i]
-            if i < c_give[p] - paired:
-                continue
-            for i1 in range(lo[p], hi[p]):
-                need = w[g[i]] - best[p] - w[take[i1]]
-                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, lo[p], hi[p])
-                if i2 == i1:
-                    i2 += 1
-                if i2 < hi[p]:
-                    cu[x], v1[x], v2[x], cp[x] = g[i], take[i1], take[i2], p
-                    x += 1
-    delta = np.empty(x)
-    kept = 0
-    for i in range(x):  # those that fit, compacted in place (in order: kept <= i)
-        d = w[cu[i]] - (w[v1[i]] if v1[i] >= 0 else 0.0) - (w[v2[i]] if v2[i] >= 0 else 0.0)
-        if d > 0 and d <= room[cp[i]]:
-            cu[kept], v1[kept], v2[kept], cp[kept], delta[kept] = cu[i], v1[i], v2[i], cp[i], d
-            kept += 1
-    x = kept
-    cu, v1, v2, cp, delta = cu[:x], v1[:x], v2[:x], cp[:x], delta[:x]
-    in_c, in_t, in_l = np.zeros(x), np.zeros(x), np.zeros(x)
-    for i in range(x):
-        a, b = v1[i], v2[i]
-        ca, ta, la = (c[a], t[a], lg[a]) if a >= 0 else (0.0, 0.0, 0.0)
-        cb, tb, lb_ = (c[b], t[b], lg[b]) if b >= 0 else (0.0, 0.0, 0.0)
-        in_c[i], in_t[i], in_l[i] = ca + cb, ta + tb, max(la, lb_)
-    return cu, v1, v2, cp, delta, in_c, in_t, in_l
-
-
-@njit(**_OPTS)
-def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, lg: Any, t: Any, budget: float,
-              kind: int, params: Any, h: Any, l_: Any, room: Any, best: Any, same: Any, top_id: Any, second: Any,
-              cu: Any, v1: Any, v2: Any, cp: Any, delta: Any, in_c: Any, in_t: Any, in_l: Any, n_rounds: int) -> None:
-    """``_one_pass``'s rounds: in each, every pair's best exchange whose two bins stay under the
-    budget (the first of equal scores), each unit moved at most once a pass."""
-    nu, n_bins, n_pairs = w.size, load.size, h.size
-    used = np.zeros(nu, dtype=np.bool_)  # units moved in this pass
-    touched = np.zeros(n_bins, dtype=np.bool_)  # bins changed in this pass (their longest an upper bound)
-    x = cu.size
-    live = np.arange(x)  # candidates still possible (numpy drops the others from its arrays), in order
-    n_live = x
-    pick = np.empty(n_pairs, dtype=np.int64)
-    score = np.empty(n_pairs)
-    new = np.empty((n_pairs, 6))  # the chosen exchange's giving and taking bins' count, total, longest
-    # a pair with no exchange in a round has none later: only its own exchanges change its two
-    # bins, their units and its room, so its candidates are dropped (the same choices, less work)
-    dead = np.zeros(n_pairs, dtype=np.bool_)
-    for _ in range(n_rounds):  # invariant: each taking bin <= its step's slowest at the pass's start
-        pick[:] = -1
-        kept = 0
-        for q in range(n_live):
-            i = live[q]
-            p = cp[i]
-            if dead[p] or used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
-                continue
-            live[kept] = i
-            kept += 1
-            hb, lb = h[p], l_[p]
-            hc = bc[hb] - c[cu[i]] + in_c[i]
-            ht = bt[hb] - t[cu[i]] + in_t[i]
-            hl = max(second[hb] if top_id[hb] == cu[i] and not touched[hb] else bl[hb], in_l[i])
-            if not _cost(kind, params, hc, hl, ht) <= budget:
-                continue
-            lc = bc[lb] + c[cu[i]] - in_c[i]
-            lt = bt[lb] + t[cu[i]] - in_t[i]
-            one_only = v1[i] >= 0 and v2[i] < 0
-            keep_l = second[lb] if one_only and top_id[lb] == v1[i] and not touched[lb] else bl[lb]
-            ll = max(keep_l, lg[cu[i]])
-            if not _cost(kind, params, lc, ll, lt) <= budget:
-                continue
-            sc = min(delta[i], 2 * best[p] - delta[i])
-            if pick[p] < 0 or sc > score[p]:  # the best exchange of each pair, the first of equals
-                pick[p], score[p] = i, sc
-                new[p, 0], new[p, 1], new[p, 2], new[p, 3], new[p, 4], new[p, 5] = hc, ht, hl, lc, lt, ll
-        n_live = kept
-        if kept == 0:
-            break
-        moved = False
-        for p in range(n_pairs):  # distinct pairs: distinct bins and units
-            i = pick[p]
-            if i < 0:
-                dead[p] = True
-                continue
-            moved = True
-            hb, lb, d = h[p], l_[p], delta[i]
-            load[hb] -= d
-            load[lb] += d
-            bc[hb], bt[hb], bl[hb] = new[p, 0], new[p, 1], new[p, 2]
-            bc[lb], bt[lb], bl[lb] = new[p, 3], new[p, 4], new[p, 5]
-            flat[cu[i]] = lb
-            used[cu[i]] = True
-            if v1[i] >= 0:
-                flat[v1[i]] = hb
-                used[v1[i]] = True
-            if v2[i] >= 0:
-                flat[v2[i]] = hb
-                used[v2[i]] = True
-            touched[hb] = touched[lb] = True
-            room[p] -= 2 * d if same[p] else d
-            best[p] = room[p] / 2 if same[p] else room[p]
-        if not moved:
-            break
-
-
-@njit(**_OPTS)
-def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
-           budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-           ideal: float, most: int, balance: bool, consts: Any) -> None:
-    """``refine``'s passes on flat bins, in place (``consts``: VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS)."""
-    visits, gain, gain_b = consts[0], consts[1], consts[2]
-    wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
-    times = np.empty(most)
-    n_times = 0
-    balance_mode = np.int64(0)  # not a literal: one specialisation of _one_pass
-    work = 0
-    for _ in range(most):  # balance passes while they gain, then the others
-        if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
-            kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
-            before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds)
-            after = step_time(load, rows, nb, pooled, world)
-            if after > before:
-                load[:], bc[:], bl[:], bt[:], flat[:] = kept
-            balance = after < before * (1 - gain_b) and after > ideal
-        else:
-            now, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds)
-            times[n_times] = now
-            n_times += 1
-            if now <= ideal or n_times >= 3 and now > times[n_times - 3] * (1 - gain):
-                break
-        work += done
-        if work >= visits:
-            break
-
-
 # --------------------------------------------------------------------------- the partition's layout
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def lay_out_pool(load: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world: int, sizes: Any,
                  loss: Any) -> Any:
     """``by_step`` of one pool of ``world * m`` bins and the per-sequence part of ``_Plan.result``:
@@ -883,7 +342,7 @@ def lay_out_pool(load: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world:
     return order, offsets, samples, tokens, loss_tokens, workload, n_empty
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool, room: float,
                 per_step: int) -> Any:
     """``_Plan._efficiency_bound``'s terms ``(w[i] - w[i + 1]) * steps[i]`` (``w`` heaviest
@@ -916,7 +375,7 @@ def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool
 # --------------------------------------------------------------------------- the whole pooled partition
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _pairwise(a: Any, lo: int, n: int) -> float:
     """numpy's pairwise sum of ``a[lo:lo + n]`` (float64, contiguous): ``np.sum``'s value."""
     if n < 8:
@@ -949,13 +408,13 @@ def _pairwise(a: Any, lo: int, n: int) -> float:
     return _pairwise(a, lo, n2) + _pairwise(a, lo + n2, n - n2)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _np_sum(a: Any) -> float:
     """``np.sum`` of a 1-D contiguous float64 array, the same value (numpy's pairwise sum)."""
     return 0.0 + _pairwise(a, np.int64(0), a.size)
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def _whole_below(a: Any, limit: float) -> bool:
     """Every value a whole number >= 0 and their sum below ``limit`` (then every sum of them is exact;
     NaN fails)."""
@@ -967,7 +426,7 @@ def _whole_below(a: Any, limit: float) -> bool:
     return acc < limit
 
 
-@njit(**_OPTS)
+@njit(**OPTS)
 def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int, params: Any, uses_max: bool,
                    step: int, floor: int, world: int, exact_rounds: int, consts: Any, tune: Any) -> Any:
     """:func:`fitbatch.steps.partition` of one pool without groups, skips or oversized sequences, under a

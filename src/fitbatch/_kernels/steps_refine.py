@@ -1,0 +1,395 @@
+"""The compiled refinement of a step's micro-batches (numba): :mod:`fitbatch.steps._refine`'s
+passes (exchanges of units between the bins of the slowest micro-steps and their partners), the
+same decisions in the same order as the numpy form.
+
+The step time is a sum over micro-steps, pairwise in numpy and in order here: the caller uses
+:func:`refine` only where every load is a whole number below ``2**53``, so that each sum is
+exact in any order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from fitbatch._kernels.steps_common import OPTS, _cost, _search, _stable, _then
+
+
+@njit(**OPTS)
+def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
+    """``steps_of``, flat: each bin's micro-step."""
+    return _steps_heaviest(load, rows, nb, pooled, world)[0]
+
+
+@njit(**OPTS)
+def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
+    """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
+    row, the stable order the micro-steps come from)."""
+    step = np.empty(load.size, dtype=np.int64)
+    order = np.empty((rows, nb), dtype=np.int64)
+    for r in range(rows):
+        heaviest = _stable(-load[r * nb:(r + 1) * nb])
+        order[r] = heaviest
+        for p in range(nb):
+            step[r * nb + heaviest[p]] = p // world if pooled else p
+    return step, order
+
+
+@njit(**OPTS)
+def _slowest(load: Any, step: Any) -> Any:
+    slowest = np.zeros(step.max() + 1)
+    for i in range(load.size):
+        if load[i] > slowest[step[i]]:
+            slowest[step[i]] = load[i]
+    return slowest
+
+
+@njit(**OPTS)
+def step_time(load: Any, rows: int, nb: int, pooled: bool, world: int) -> float:
+    """``step_time`` of flat loads (in-order sum: exact for whole-number loads below 2**53)."""
+    if load.size == 0:
+        return 0.0
+    return _slowest(load, _steps_of(load, rows, nb, pooled, world)).sum()
+
+
+@njit(**OPTS)
+def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, wide: int) -> Any:
+    """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time."""
+    size = load.size
+    row = np.arange(size) // nb
+    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world)
+    slowest = _slowest(load, step)
+    slack = np.empty(size)
+    for i in range(size):
+        slack[i] = slowest[step[i]] - load[i]
+    now = slowest.sum()
+    if mode == 0 or mode == 1:
+        half = nb // 2 if mode == 0 else max(1, nb // wide)
+        give = np.empty(rows * half, dtype=np.int64)
+        take = np.empty(rows * half, dtype=np.int64)
+        for r in range(rows):
+            order = heaviest[r]  # _stable(-load) of the row, as _steps_heaviest sorted it
+            if mode == 1:
+                order = _then(order, slack[r * nb:(r + 1) * nb])
+            for j in range(half):
+                give[r * half + j] = r * nb + order[j]
+                take[r * half + j] = r * nb + order[nb - 1 - j]
+        if mode == 0:
+            keep = load[give] > load[take]
+            give, take = give[keep], take[keep]
+            room = load[give] - load[take]
+            return give, take, np.nextafter(room, 0.0), room / 2, np.ones(give.size, dtype=np.bool_), now
+    else:
+        by_step = _then(heaviest[0] if rows == 1 else _stable(-load), step.astype(np.float64))
+        first = np.ones(size, dtype=np.bool_)
+        for i in range(1, size):
+            first[i] = step[by_step[i]] != step[by_step[i - 1]]
+        give = by_step[first]
+        give = give[_then(_stable(-load[give]), row[give].astype(np.float64))]
+        free = np.ones(size, dtype=np.bool_)
+        free[give] = False
+        cand = np.flatnonzero(free)
+        cand = cand[_then(_stable(-slack[cand]), row[cand].astype(np.float64))]
+        g_row, c_row = row[give].astype(np.float64), row[cand].astype(np.float64)  # whole: compared exactly
+        zero = np.int64(0)
+        keep = np.zeros(give.size, dtype=np.bool_)
+        at = np.zeros(give.size, dtype=np.int64)
+        for i in range(give.size):
+            nth = i - _search(g_row, g_row[i], zero, give.size)
+            start = _search(c_row, g_row[i], zero, cand.size)
+            end = _search(c_row, g_row[i] + 1, zero, cand.size)
+            at[i] = start + nth
+            keep[i] = at[i] < end
+        give, take = give[keep], cand[at[keep]]
+    keep = np.empty(give.size, dtype=np.bool_)
+    for i in range(give.size):
+        keep[i] = slack[give[i]] < slack[take[i]] and load[give[i]] > 0
+    give, take = give[keep], take[keep]
+    same = step[give] == step[take]
+    room = np.where(same, load[give] - load[take], slack[take])
+    best = np.where(same, room / 2, room)
+    return give, take, np.where(same, np.nextafter(room, 0.0), room), best, same, now
+
+
+@njit(**OPTS)
+def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
+    """``_second_longest`` in one scan: the unit holding each bin's longest size (the last of
+    ``u`` among equals, as the stable sort there leaves it), and the bin's longest without it
+    (the next in that order: the second largest size, equal to the longest on a tie; 0 alone)."""
+    top_id = np.full(n_bins, -1, dtype=np.int64)
+    top = np.zeros(n_bins)
+    second = np.zeros(n_bins)
+    for i in range(u.size):
+        x = u[i]
+        b, v = flat[x], lg[x]
+        if top_id[b] < 0:
+            top_id[b], top[b] = x, v
+        elif v >= top[b]:
+            second[b], top[b], top_id[b] = top[b], v, x
+        elif v > second[b]:
+            second[b] = v
+    return top_id, second
+
+
+@njit(**OPTS)
+def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
+    """``pos[np.argsort(key[pos], kind="stable")]`` where ``key`` orders by ``pair`` first:
+    a counting sort by pair, then each pair's run sorted stably by key (insertion: short runs; where
+    that is more work than one sort of them all, one stable sort: the same order)."""
+    start = np.zeros(n_pairs + 1, dtype=np.int64)
+    for i in range(pos.size):
+        start[pair[pos[i]] + 1] += 1
+    for p in range(n_pairs):
+        start[p + 1] += start[p]
+    fill = start[:-1].copy()
+    out = np.empty(pos.size, dtype=np.int64)
+    for i in range(pos.size):
+        p = pair[pos[i]]
+        out[fill[p]] = pos[i]
+        fill[p] += 1
+    work = 0  # an insertion sort's work on the runs, about; above a sort of all of them, one sort
+    for p in range(n_pairs):
+        k = start[p + 1] - start[p]
+        work += k * k
+    if work > 64 * pos.size + 4096:  # key orders by pair first: one stable sort is each run's
+        return out[_stable(key[out])]
+    ko = key[out]  # the keys beside the positions: the insertion compares neighbours in memory
+    for p in range(n_pairs):
+        lo, hi = start[p], start[p + 1]
+        for i in range(lo + 1, hi):
+            x = out[i]
+            kx = ko[i]
+            j = i - 1
+            while j >= lo and ko[j] > kx:
+                out[j + 1] = out[j]
+                ko[j + 1] = ko[j]
+                j -= 1
+            out[j + 1] = x
+            ko[j + 1] = kx
+    return out
+
+
+@njit(**OPTS)
+def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
+              budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
+              mode: int, wide: int, paired: int, n_rounds: int) -> Any:
+    """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on)."""
+    h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide)
+    n_pairs = h.size
+    if n_pairs == 0:
+        return now, 0
+    n_bins = load.size
+    pair_of = np.full(n_bins, -1, dtype=np.int64)
+    for i in range(n_pairs):
+        pair_of[h[i]] = i
+        pair_of[l_[i]] = i
+    u = placed[pair_of[flat[placed]] >= 0]
+    pair = pair_of[flat[u]]
+    give = flat[u] == h[pair]
+    if uses_max:
+        top_id, second = _second_longest(u, flat, lg, n_bins)
+    else:
+        top_id, second = np.full(n_bins, -1, dtype=np.int64), bl  # a model blind to the longest
+    cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(u, pair, give, flat, pair_of, w, c, lg, t, room, best,
+                                                          n_pairs, mode, paired)
+    _exchange(load, bc, bl, bt, flat, w, c, lg, t, budget, kind, params, h, l_, room, best, same, top_id, second,
+              cu, v1, v2, cp, delta, in_c, in_t, in_l, n_rounds)
+    return now, u.size
+
+
+@njit(**OPTS)
+def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t: Any, room: Any,
+                best: Any, n_pairs: int, mode: int, paired: int) -> Any:
+    """A pass's candidate exchanges (``_one_pass`` up to its rounds): the given unit, the one
+    or two units coming back (-1: none), the pair, the weight passed, and what comes back's
+    count, total and longest; those that pass a positive weight within the pair's room."""
+    wu = w[u]
+    scale = w.max() + 1.0
+    key = 2.0 * pair + wu / scale
+    take = np.flatnonzero(~give)
+    g = np.flatnonzero(give)
+    take, g = _by_pair(take, pair, key, n_pairs), _by_pair(g, pair, key, n_pairs)
+    t_key, gp, gw = key[take], pair[g], wu[g]
+    take, g = u[take], u[g]
+    n_take = np.zeros(n_pairs, dtype=np.int64)
+    for i in range(take.size):
+        n_take[pair_of[flat[take[i]]]] += 1
+    hi = np.cumsum(n_take)
+    lo = hi - n_take
+    ng = g.size
+    at = np.empty(ng, dtype=np.int64)
+    # a search key 2 * p + x (0 <= x < 1: the weight passed is under the scale) lies above every
+    # key of the pairs before p and below every key of those after: searching the pair's own
+    # partners finds the position a search of all of them finds (fewer, unpredictable, steps)
+    for i in range(ng):
+        at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, lo[gp[i]], hi[gp[i]])
+    # candidates: the given unit for none, for the partner unit at `at`, for the one before it
+    n_above, n_below = 0, 0
+    for i in range(ng):
+        n_above += at[i] < hi[gp[i]]
+        n_below += at[i] > lo[gp[i]]
+    n_heavy_reps = 0
+    if mode == 2 and take.size:
+        n_give = np.zeros(n_pairs, dtype=np.int64)
+        for i in range(ng):
+            n_give[gp[i]] += 1
+        c_give = np.cumsum(n_give)
+        for i in range(ng):
+            if i >= c_give[gp[i]] - paired:
+                n_heavy_reps += n_take[gp[i]]
+    total = ng + n_above + n_below + n_heavy_reps
+    cu = np.empty(total, dtype=np.int64)
+    v1 = np.full(total, -1, dtype=np.int64)
+    v2 = np.full(total, -1, dtype=np.int64)
+    cp = np.empty(total, dtype=np.int64)
+    x = 0
+    for i in range(ng):
+        cu[x], cp[x] = g[i], gp[i]
+        x += 1
+    last = max(take.size - 1, 0)
+    for i in range(ng):
+        if at[i] < hi[gp[i]]:
+            cu[x], v1[x], cp[x] = g[i], take[min(at[i], last)], gp[i]
+            x += 1
+    for i in range(ng):
+        if at[i] > lo[gp[i]]:
+            cu[x], v1[x], cp[x] = g[i], take[at[i] - 1], gp[i]
+            x += 1
+    if n_heavy_reps:  # one for two: the PAIRED heaviest given units of a pair, each partner unit
+        for i in range(ng):
+            p = gp[i]
+            if i < c_give[p] - paired:
+                continue
+            for i1 in range(lo[p], hi[p]):
+                need = w[g[i]] - best[p] - w[take[i1]]
+                i2 = _search(t_key, 2.0 * p + max(need, 0.0) / scale, lo[p], hi[p])
+                if i2 == i1:
+                    i2 += 1
+                if i2 < hi[p]:
+                    cu[x], v1[x], v2[x], cp[x] = g[i], take[i1], take[i2], p
+                    x += 1
+    delta = np.empty(x)
+    kept = 0
+    for i in range(x):  # those that fit, compacted in place (in order: kept <= i)
+        d = w[cu[i]] - (w[v1[i]] if v1[i] >= 0 else 0.0) - (w[v2[i]] if v2[i] >= 0 else 0.0)
+        if d > 0 and d <= room[cp[i]]:
+            cu[kept], v1[kept], v2[kept], cp[kept], delta[kept] = cu[i], v1[i], v2[i], cp[i], d
+            kept += 1
+    x = kept
+    cu, v1, v2, cp, delta = cu[:x], v1[:x], v2[:x], cp[:x], delta[:x]
+    in_c, in_t, in_l = np.zeros(x), np.zeros(x), np.zeros(x)
+    for i in range(x):
+        a, b = v1[i], v2[i]
+        ca, ta, la = (c[a], t[a], lg[a]) if a >= 0 else (0.0, 0.0, 0.0)
+        cb, tb, lb_ = (c[b], t[b], lg[b]) if b >= 0 else (0.0, 0.0, 0.0)
+        in_c[i], in_t[i], in_l[i] = ca + cb, ta + tb, max(la, lb_)
+    return cu, v1, v2, cp, delta, in_c, in_t, in_l
+
+
+@njit(**OPTS)
+def _exchange(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, w: Any, c: Any, lg: Any, t: Any, budget: float,
+              kind: int, params: Any, h: Any, l_: Any, room: Any, best: Any, same: Any, top_id: Any, second: Any,
+              cu: Any, v1: Any, v2: Any, cp: Any, delta: Any, in_c: Any, in_t: Any, in_l: Any, n_rounds: int) -> None:
+    """``_one_pass``'s rounds: in each, every pair's best exchange whose two bins stay under the
+    budget (the first of equal scores), each unit moved at most once a pass."""
+    nu, n_bins, n_pairs = w.size, load.size, h.size
+    used = np.zeros(nu, dtype=np.bool_)  # units moved in this pass
+    touched = np.zeros(n_bins, dtype=np.bool_)  # bins changed in this pass (their longest an upper bound)
+    x = cu.size
+    live = np.arange(x)  # candidates still possible (numpy drops the others from its arrays), in order
+    n_live = x
+    pick = np.empty(n_pairs, dtype=np.int64)
+    score = np.empty(n_pairs)
+    new = np.empty((n_pairs, 6))  # the chosen exchange's giving and taking bins' count, total, longest
+    # a pair with no exchange in a round has none later: only its own exchanges change its two
+    # bins, their units and its room, so its candidates are dropped (the same choices, less work)
+    dead = np.zeros(n_pairs, dtype=np.bool_)
+    for _ in range(n_rounds):  # invariant: each taking bin <= its step's slowest at the pass's start
+        pick[:] = -1
+        kept = 0
+        for q in range(n_live):
+            i = live[q]
+            p = cp[i]
+            if dead[p] or used[cu[i]] or (v1[i] >= 0 and used[v1[i]]) or (v2[i] >= 0 and used[v2[i]]) or not delta[i] <= room[p]:
+                continue
+            live[kept] = i
+            kept += 1
+            hb, lb = h[p], l_[p]
+            hc = bc[hb] - c[cu[i]] + in_c[i]
+            ht = bt[hb] - t[cu[i]] + in_t[i]
+            hl = max(second[hb] if top_id[hb] == cu[i] and not touched[hb] else bl[hb], in_l[i])
+            if not _cost(kind, params, hc, hl, ht) <= budget:
+                continue
+            lc = bc[lb] + c[cu[i]] - in_c[i]
+            lt = bt[lb] + t[cu[i]] - in_t[i]
+            one_only = v1[i] >= 0 and v2[i] < 0
+            keep_l = second[lb] if one_only and top_id[lb] == v1[i] and not touched[lb] else bl[lb]
+            ll = max(keep_l, lg[cu[i]])
+            if not _cost(kind, params, lc, ll, lt) <= budget:
+                continue
+            sc = min(delta[i], 2 * best[p] - delta[i])
+            if pick[p] < 0 or sc > score[p]:  # the best exchange of each pair, the first of equals
+                pick[p], score[p] = i, sc
+                new[p, 0], new[p, 1], new[p, 2], new[p, 3], new[p, 4], new[p, 5] = hc, ht, hl, lc, lt, ll
+        n_live = kept
+        if kept == 0:
+            break
+        moved = False
+        for p in range(n_pairs):  # distinct pairs: distinct bins and units
+            i = pick[p]
+            if i < 0:
+                dead[p] = True
+                continue
+            moved = True
+            hb, lb, d = h[p], l_[p], delta[i]
+            load[hb] -= d
+            load[lb] += d
+            bc[hb], bt[hb], bl[hb] = new[p, 0], new[p, 1], new[p, 2]
+            bc[lb], bt[lb], bl[lb] = new[p, 3], new[p, 4], new[p, 5]
+            flat[cu[i]] = lb
+            used[cu[i]] = True
+            if v1[i] >= 0:
+                flat[v1[i]] = hb
+                used[v1[i]] = True
+            if v2[i] >= 0:
+                flat[v2[i]] = hb
+                used[v2[i]] = True
+            touched[hb] = touched[lb] = True
+            room[p] -= 2 * d if same[p] else d
+            best[p] = room[p] / 2 if same[p] else room[p]
+        if not moved:
+            break
+
+
+@njit(**OPTS)
+def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
+           budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
+           ideal: float, most: int, balance: bool, consts: Any) -> None:
+    """``refine``'s passes on flat bins, in place (``consts``: VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS)."""
+    visits, gain, gain_b = consts[0], consts[1], consts[2]
+    wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
+    times = np.empty(most)
+    n_times = 0
+    balance_mode = np.int64(0)  # not a literal: one specialisation of _one_pass
+    work = 0
+    for _ in range(most):  # balance passes while they gain, then the others
+        if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
+            kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
+            before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
+                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds)
+            after = step_time(load, rows, nb, pooled, world)
+            if after > before:
+                load[:], bc[:], bl[:], bt[:], flat[:] = kept
+            balance = after < before * (1 - gain_b) and after > ideal
+        else:
+            now, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
+                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds)
+            times[n_times] = now
+            n_times += 1
+            if now <= ideal or n_times >= 3 and now > times[n_times - 3] * (1 - gain):
+                break
+        work += done
+        if work >= visits:
+            break
