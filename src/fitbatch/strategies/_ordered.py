@@ -525,12 +525,17 @@ def _packed_on_histogram(ctx: Context) -> Result:
     order, _ = _pooled_order(ctx, max(n, 1), laid_keys)
     parts, starts = histogram.histogram_plan(laid_keys, ctx.budget)
     del laid_keys
+    # the positions in 32 bits while both orders are alive (4 + 4 B a sample, not 8 + 8), widened
+    # once the planned one is let go: the plan's int64 order is never beside two others
+    narrow = np.uint32 if n <= np.iinfo(np.uint32).max else np.int64
+    order = order.astype(narrow, copy=False)
     packed = np.empty_like(order)
     # a part at a time: no array of every sample's place beside the two orders
     for a, b, dest in histogram.placements(parts, starts, n):
         packed[dest] = order[a:b]
     del order
-    return Result(packed, starts, _tails(starts, np.zeros(1, np.int64), n))
+    tails = _tails(starts, np.zeros(1, np.int64), n)
+    return Result(packed.astype(np.int64, copy=False), starts, tails)
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
