@@ -539,13 +539,20 @@ def _packed_on_histogram(ctx: Context) -> Result:
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
-    """``a`` reversed in place (its own array: a copy of half of it at a time, not of all)."""
+    """``a`` reversed in place (its own array: a copy of :data:`REVERSE_CHUNK` of it at a time,
+    not of half of it)."""
     n = a.shape[0]
     half = n // 2
-    head = a[:half].copy()
-    a[:half] = a[::-1][:half]  # the last half, reversed: no overlap, so numpy does not buffer
-    a[n - half :] = head[::-1]
+    for i in range(0, half, REVERSE_CHUNK):
+        j = min(i + REVERSE_CHUNK, half)
+        head = a[i:j].copy()
+        a[i:j] = a[n - j : n - i][::-1]  # its mirror, reversed: no overlap, so numpy does not buffer
+        a[n - j : n - i] = head[::-1]
     return a
+
+
+#: positions :func:`_reverse` swaps at a time (its one buffer)
+REVERSE_CHUNK = 1 << 18
 
 
 def _loose_ends(loose: NDArray[np.bool_], starts: IntArray, seg_starts: IntArray) -> NDArray[np.bool_]:
