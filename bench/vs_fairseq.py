@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="the ahead-of-time cache of the compiled loops (python -m fitbatch._kernels.aot_build): "
                         "auto uses it where built, off sets FITBATCH_AOT=0 here and in the processes started")
     p.add_argument("--memory", action="store_true",
-                   help="instead: tracemalloc peak of plan_batches per sample, a fresh process per cell (numba loaded first)")
+                   help="instead: tracemalloc peak of plan_batches per sample, a fresh process per cell (numba's loops loaded first, the ahead-of-time cache off)")
     args = p.parse_args(argv)
     CLOCK[0] = args.clock
     if args.aot == "off":
