@@ -470,8 +470,10 @@ def walk_runs(  # pragma: no cover - compiled; checked against the Python walk i
     cuts: np.ndarray, run_end: np.ndarray, is_seg: np.ndarray, seg_end: np.ndarray, tab: np.ndarray, cut_tab: np.ndarray
 ) -> np.ndarray:
     """The walk of :func:`fitbatch._kernels.batches._walk_table` over the runs of one level
-    (the same integer steps): the batch starts."""
-    out = np.empty(16 + cuts.shape[0], dtype=np.int64)  # grown as needed (not one slot per position)
+    (the same integer steps): the batch starts.
+
+    Two passes: the first counts the starts (whole runs at a time), so the second fills one
+    array of exactly that many (no grown buffer, nor a trimmed copy, beside it)."""
     k = 0
     i = 0
     for r in range(cuts.shape[0]):
@@ -481,11 +483,23 @@ def walk_runs(  # pragma: no cover - compiled; checked against the Python walk i
         if i >= b:
             continue
         stop = min(b, end - length)
-        more = 1 + (stop - i + c - 1) // c if i < stop else 1  # starts this run adds, at most
-        if k + more > out.shape[0]:
-            grown = np.empty(max(2 * out.shape[0], k + more), dtype=np.int64)
-            grown[:k] = out[:k]
-            out = grown
+        if i < stop:
+            steps = (stop - i + c - 1) // c
+            k += steps
+            i += c * steps
+        if i < b:
+            k += 1
+            i = end
+    out = np.empty(k, dtype=np.int64)
+    k = 0
+    i = 0
+    for r in range(cuts.shape[0]):
+        a, b, end, length, c = cuts[r], run_end[r], seg_end[r], tab[r], cut_tab[r]
+        if is_seg[r]:
+            i = a
+        if i >= b:
+            continue
+        stop = min(b, end - length)
         while i < stop:
             out[k] = i
             k += 1
@@ -494,7 +508,7 @@ def walk_runs(  # pragma: no cover - compiled; checked against the Python walk i
             out[k] = i
             k += 1
             i = end
-    return out[:k].copy()
+    return out
 
 
 @njit(cache=True, nogil=True)

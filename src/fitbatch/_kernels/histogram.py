@@ -209,15 +209,28 @@ def _runs_and_starts(parts: list[Parts], batches: int) -> tuple[Parts, IntArray]
     each = np.concatenate([p[2] for p in parts])
     before = np.concatenate([p[3] for p in parts])
     closing = each == 0
-    per_batch = np.zeros(batches, np.int64)
-    per_batch[_expand(first[closing], size[closing])] = np.repeat(before[closing], size[closing])
+    runs = (first[~closing], size[~closing], each[~closing], before[~closing])
+    c_first, c_size, c_before = first[closing], size[closing], before[closing]
+    del first, size, each, before, closing
+    # each batch's final count written at the next batch's place, then summed in place: the
+    # starts in one per-batch array, the closing groups expanded a chunk of batches at a time
     starts = np.zeros(batches, np.int64)
-    np.cumsum(per_batch[:-1], out=starts[1:])
-    return (first[~closing], size[~closing], each[~closing], before[~closing]), starts
+    ends = np.cumsum(c_size)
+    g, done = 0, 0
+    while g < c_size.size:
+        h = max(g + 1, int(np.searchsorted(ends, done + PLACE_CHUNK, side="right")))
+        at = _expand(c_first[g:h], c_size[g:h])
+        at += 1
+        count = np.repeat(c_before[g:h], c_size[g:h])
+        inside = at < batches
+        starts[at[inside]] = count[inside]
+        g, done = h, int(ends[h - 1])
+    np.cumsum(starts, out=starts)
+    return runs, starts
 
 
 #: samples :func:`placements` places at a time (whole parts): its buffers stay this small
-PLACE_CHUNK = 1 << 20
+PLACE_CHUNK = 1 << 18
 
 
 def placements(parts: Parts, starts: IntArray, n: int) -> Iterator[tuple[int, int, IntArray]]:

@@ -475,15 +475,30 @@ def measure_batches(
         per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
         counts, got = pattern_layout.per_batch(kind, count, per_kind)
         return counts, got[0], got[0] if same else got[2], got[1]
+    costs, real, padded = _measure(sizes, model, order, offsets, laid)
+    return np.diff(offsets), costs, real, padded
+
+
+def _measure(
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, laid: FloatArray | None = None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """:func:`measure_batches` without the kinds and the counts: per batch cost, real and padded
+    units, with one per-batch array fewer alive at a time (the counts, as float64, become the
+    padded units in place; the caller takes ``np.diff(offsets)`` where it needs the counts)."""
+    values = sizes.values
     compiled = None
     if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
         compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
     if compiled is not None:
-        counts, (mx, sm) = np.diff(offsets), compiled
+        mx, sm = compiled
+        # float64 straight from the offsets (exact below 2**53): no int64 counts beside them
+        counts = np.subtract(offsets[1:], offsets[:-1], dtype=np.float64)
     else:
-        counts, mx, sm = K.batch_reduce(values, offsets, order) if laid is None else K.batch_reduce(laid, offsets)
+        icounts, mx, sm = K.batch_reduce(values, offsets, order) if laid is None else K.batch_reduce(laid, offsets)
+        counts = icounts.astype(np.float64)
+        del icounts
     del laid
-    costs = model.evaluate(counts.astype(np.float64), mx, sm)
+    costs = model.evaluate(counts, mx, sm)
     if values.ndim == 1:
         real, length = sm, mx
     elif isinstance(model, Limits):  # the units of the padded column (tokens), not a product
@@ -493,4 +508,11 @@ def measure_batches(
         units = sizes.real_units() if order is None else sizes.real_units()[order]
         real = K.batch_reduce(units, offsets)[2]  # (an empty batch holds no units)
         length = np.prod(mx, axis=1)
-    return counts, costs, np.asarray(real, dtype=np.float64), np.asarray(counts * length, dtype=np.float64)
+    del mx
+    length = np.asarray(length, dtype=np.float64)
+    # the padded units (count x length) in place of the float counts, unless the costs hold them
+    if np.may_share_memory(costs, counts) or np.may_share_memory(length, counts):
+        padded = counts * length
+    else:
+        padded = np.multiply(counts, length, out=counts)
+    return costs, np.asarray(real, dtype=np.float64), padded

@@ -29,7 +29,7 @@ from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
 from fitbatch.costs._limits import check_limits, describer
 from fitbatch.plan import _shapes as S
-from fitbatch.plan._batch_plan import BatchPlan, measure_batches
+from fitbatch.plan._batch_plan import BatchPlan, _measure, measure_batches
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch.plan._stats import lower_bound, samples_bound
@@ -148,7 +148,7 @@ def plan_with(
     ctx = dataclasses.replace(ctx, sizes=sub.subset(np.zeros(0, np.int64)), _keys=None, _counts=None)
     del sub
     # measured in positions among the kept samples, before they become dataset indices
-    order, n = result.order, result.order.size
+    order, n, identity = result.order, result.order.size, result.identity
     # batches of kinds (see Result.kinds) are in the epoch's order already
     ordered = result.kinds is not None
     kinds = result.kinds if opts.max_shapes is None else None
@@ -156,33 +156,38 @@ def plan_with(
     # the sizes the kernel gathered (in plan order) are the ones measured, unless it planned
     # rounded-up shapes: then the kept sizes themselves are let go before measuring
     laid = result.laid if opts.max_shapes is None else None
-    in_plan_order = laid is not None or result.identity
-    if laid is not None:
-        kept = Sizes(laid, kept.integral, kept.columns)
+    in_plan_order = laid is not None or identity
+    # a fresh Sizes over the same values: not the strategy's cached sort keys (2 B a sample)
+    kept = Sizes(laid if laid is not None else kept.values, kept.integral, kept.columns)
     del laid
     result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None, kinds=None)
+    if identity:  # 0..n-1: made once the sizes are let go (below), not held beside them
+        order = np.zeros(0, np.int64)
     with _jit.planning(counted=False):  # (its compiled reductions are the plan's: see LOAD_PLANS)
-        counts, costs, real, padded = measure_batches(
-            kept, model, None if in_plan_order else order, offsets, kinds=None if kinds is None else kinds[1:]
-        )
+        if kinds is None:
+            costs, real, padded = _measure(kept, model, None if in_plan_order else order, offsets)
+        else:
+            _, costs, real, padded = measure_batches(kept, model, None, offsets, kinds=kinds[1:])
     del kinds
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))
-    n_batches = counts.size
-    at = K._concat_ranges(offsets[:-1][dropped_ids], counts[dropped_ids])
-    del counts  # the plan counts its batches again (one array fewer at its peak)
-    dropped = order[at]
+    n_batches = costs.size
+    # (the dropped batches' counts only: no per-batch counts array)
+    at = K._concat_ranges(offsets[:-1][dropped_ids], offsets[1:][dropped_ids] - offsets[:-1][dropped_ids])
+    dropped = at if identity else order[at]
     # the dropped samples' costs alone, in the order of dropped (as over the dataset's sizes)
     dropped_alone = float(model.sample_cost(kept.values[at if in_plan_order else dropped]).sum()) if dropped.size else 0.0
     del kept, at  # (before the batch order is drawn: the sizes are not held beside it)
+    if identity and not skipped.size:
+        order = np.arange(n, dtype=np.int64)
     # batch_ids: the kept batches in plan order, None for all of them as planned
     batch_ids = None if not dropped_ids.size else np.delete(np.arange(n_batches, dtype=np.int64), dropped_ids)
     perm = None if ordered else strategy.batch_order(ctx, n_batches - dropped_ids.size)
     if perm is not None:
         batch_ids = np.asarray(perm, dtype=np.int64) if batch_ids is None else batch_ids[perm]
     if skipped.size:  # positions among the kept samples become dataset indices
-        order, dropped = _dataset_indices(skipped, n_all, order, dropped, result.identity)
+        order, dropped = _dataset_indices(skipped, n_all, order, dropped, identity)
     if limits is not None:  # several limits: every limit's bound (a per-sample total is not one)
         bound = samples_bound(model, budget, np.delete(limits[1], np.concatenate([skipped, dropped]), axis=0))
     else:

@@ -139,6 +139,7 @@ class Buckets(Strategy):
         if ctx.sizes.values.ndim > 1:
             return _greedy(ctx, order, seg_starts, None), few
         first = _greedy(ctx, order, seg_starts, (ids[order], top))
+        del ids, order  # (2 B a sample: not held while the leftovers are planned again)
         return self._replan_leftovers(ctx, first), few
 
     def _replan_leftovers(self, ctx: Context, first: Result) -> Result:

@@ -525,22 +525,34 @@ def _packed_on_histogram(ctx: Context) -> Result:
     order, _ = _pooled_order(ctx, max(n, 1), laid_keys)
     parts, starts = histogram.histogram_plan(laid_keys, ctx.budget)
     del laid_keys
+    # the positions in 32 bits while both orders are alive (4 + 4 B a sample, not 8 + 8), widened
+    # once the planned one is let go: the plan's int64 order is never beside two others
+    narrow = np.uint32 if n <= np.iinfo(np.uint32).max else np.int64
+    order = order.astype(narrow, copy=False)
     packed = np.empty_like(order)
     # a part at a time: no array of every sample's place beside the two orders
     for a, b, dest in histogram.placements(parts, starts, n):
         packed[dest] = order[a:b]
     del order
-    return Result(packed, starts, _tails(starts, np.zeros(1, np.int64), n))
+    tails = _tails(starts, np.zeros(1, np.int64), n)
+    return Result(packed.astype(np.int64, copy=False), starts, tails)
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
-    """``a`` reversed in place (its own array: a copy of half of it at a time, not of all)."""
+    """``a`` reversed in place (its own array: a copy of :data:`REVERSE_CHUNK` of it at a time,
+    not of half of it)."""
     n = a.shape[0]
     half = n // 2
-    head = a[:half].copy()
-    a[:half] = a[::-1][:half]  # the last half, reversed: no overlap, so numpy does not buffer
-    a[n - half :] = head[::-1]
+    for i in range(0, half, REVERSE_CHUNK):
+        j = min(i + REVERSE_CHUNK, half)
+        head = a[i:j].copy()
+        a[i:j] = a[n - j : n - i][::-1]  # its mirror, reversed: no overlap, so numpy does not buffer
+        a[n - j : n - i] = head[::-1]
     return a
+
+
+#: positions :func:`_reverse` swaps at a time (its one buffer)
+REVERSE_CHUNK = 1 << 18
 
 
 def _loose_ends(loose: NDArray[np.bool_], starts: IntArray, seg_starts: IntArray) -> NDArray[np.bool_]:
