@@ -259,18 +259,22 @@ def _taken(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
     whole numbers >= 0, or the general form runs and :func:`_weights` says what is wrong)."""
     if weights is None:
         return sizes
-    if isinstance(weights, CostModel):
-        out: Any = weights.sample_cost(sizes)
-    elif callable(weights):
-        out = weights(sizes.copy())
-    elif isinstance(weights, (str, bytes)):
-        raise TypeError("weights")  # the general form says it
-    else:
-        out = weights
-    arr = np.ascontiguousarray(out, dtype=np.float64)
+    arr = np.ascontiguousarray(_evaluated(weights, sizes), dtype=np.float64)
     if arr.shape != sizes.shape:
         raise ValueError("weights")  # the general form says it
     return arr
+
+
+def _evaluated(weights: WeightsLike, sizes: FloatArray) -> Any:
+    """``weights`` on these sizes as given (a model's or a function's values, or the numbers), not
+    yet checked; ``TypeError`` for text."""
+    if isinstance(weights, CostModel):
+        return weights.sample_cost(sizes)
+    if callable(weights):
+        return weights(sizes.copy())
+    if isinstance(weights, (str, bytes)):
+        raise TypeError(f"weights must be numbers, a function of the sizes or a CostModel, got {weights!r}")
+    return weights
 
 
 def _plain_sizes(sizes: Any) -> FloatArray | None:
@@ -695,14 +699,7 @@ def _weights(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
     """``weights`` as one finite number >= 0 per sequence."""
     if weights is None:  # the sizes: checked finite and >= 0 already
         return sizes
-    if isinstance(weights, CostModel):
-        out: Any = weights.sample_cost(sizes)
-    elif callable(weights):
-        out = weights(sizes.copy())
-    elif isinstance(weights, (str, bytes)):
-        raise TypeError(f"weights must be numbers, a function of the sizes or a CostModel, got {weights!r}")
-    else:
-        out = weights
+    out = _evaluated(weights, sizes)
     try:
         arr = np.asarray(out, dtype=np.float64)
     except (TypeError, ValueError):
