@@ -8,6 +8,7 @@ and the unsplit reference.
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 
@@ -126,3 +127,9 @@ def main(rank: int, world: int, init_file: str, out_file: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    # done (its file written, the group destroyed): leave without the interpreter's teardown, where
+    # DDP's and gloo's native threads meet C++ static destructors and, about 1 run in 6 on the
+    # 2-core VM, abort with "terminate called without an active exception" (torch, not fitbatch)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
