@@ -389,15 +389,13 @@ def _aot_load(name: str) -> ModuleType | None:
 
 
 def _from_aot() -> None:
-    """Take the ahead-of-time module as the compiled loops when it is built (looked for once):
-    it loads in milliseconds, so it is there from the first call (no background load)."""
-    global _aot_looked, _module, _tried
+    """Load the compiled loops now where the ahead-of-time module is built (looked for once): it
+    loads in milliseconds, so it is there from the first call (no background load). :func:`_load`
+    takes it (its import looks for the same cached module first)."""
+    global _aot_looked
     _aot_looked = True
-    module = _aot_load("compiled")
-    if module is not None:
-        with _lock:
-            if not _tried:
-                _module, _tried = module, True
+    if _aot_load("compiled") is not None:
+        _load()
 
 
 def _want_build() -> None:
