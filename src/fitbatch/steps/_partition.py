@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 from fitbatch._validate import choice, format_offenders, loss_sizes, parse_budget, positive_int
 from fitbatch.costs import CostModel, PaddedCost, PaddedPolynomial, SumCost, resolve_cost
 from fitbatch.sizes import as_sizes
+from fitbatch.sizes._coerce import MAX_EXACT
 from fitbatch.steps import _compiled, _pack, _refine
 from fitbatch.steps._count import round_up, settle
 from fitbatch.steps._pack import Bins, IntArray, Units, as_units, pack, rows_of
@@ -285,7 +286,7 @@ def _plain_sizes(sizes: Any) -> FloatArray | None:
             if sizes.size and not (sizes.min() >= 0 and sizes.max() < np.inf):  # NaN fails the first
                 return None
             return np.ascontiguousarray(sizes)
-        if sizes.size and (sizes.min() < 0 or sizes.max() > _MAX_EXACT):
+        if sizes.size and (sizes.min() < 0 or sizes.max() > MAX_EXACT):
             return None
         return sizes.astype(np.float64)
     values = as_sizes(sizes).values
@@ -293,7 +294,6 @@ def _plain_sizes(sizes: Any) -> FloatArray | None:
 
 
 _PLAIN = (np.dtype(np.float64), np.dtype(np.int64), np.dtype(np.int32))
-_MAX_EXACT = 2**53
 
 
 #: the packing into the fewest micro-batches is tried when the forced count's step is this much
