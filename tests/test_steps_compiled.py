@@ -254,3 +254,48 @@ def test_a_weights_function_is_called_once(scale: float) -> None:
         want = partition(lengths, 16384, world=8, weights=lambda L: (24576 * L + L**2) * scale)
     assert calls == [300]
     assert_same(want, got)
+
+
+@pytest.mark.parametrize("bad", [
+    np.array([5, -1, 3], dtype=np.int64),
+    np.array([5, -1, 3], dtype=np.int32),
+    np.array([5.0, np.nan, 3.0]),
+    np.array([5.0, -np.inf, 3.0]),
+    np.array([5, 2**53 + 1, 3], dtype=np.int64),
+])
+def test_bad_sizes_are_refused_as_the_general_form_refuses_them(bad: np.ndarray) -> None:
+    """The one compiled call takes a numpy array of sizes unchecked and declines a size not in
+    [0, 2**53): the general form then names it, before the weights are called (even a weights
+    function that fails on such sizes)."""
+    def weights(lengths: np.ndarray) -> np.ndarray:
+        if not (lengths >= 0).all():
+            raise RuntimeError("weights called on bad sizes")
+        return lengths
+
+    for mode in ("0", "1"):
+        with jit(mode), pytest.raises(ValueError, match="sizes"):
+            partition(bad, 2.0**60, world=2, weights=weights)
+        with jit(mode), pytest.raises(ValueError, match="sizes"):
+            partition(bad, 2.0**60, world=2)
+
+
+def test_sizes_at_the_edge_of_exact_are_the_general_forms() -> None:
+    """A size of 2**53 (exact, but not below it) runs in the general form: the same partition."""
+    sizes = np.array([2**53, 2**52, 7, 1], dtype=np.int64)
+    plain, compiled = both(lambda: partition(sizes, 2.0**55, world=2))
+    assert_same(plain, compiled)
+    assert plain.n_micro == 1
+
+
+def test_a_forced_count_at_the_bound_takes_the_fewest_micro_batches_padded() -> None:
+    """One sequence far heavier than the rest sets the least time: ``micro_multiple`` forces 4
+    micro-steps where the cap needs 1, and the packing into 1, padded with empty micro-batches,
+    runs at the least time (the efficiency bound); both forms give it."""
+    rng = np.random.default_rng(11)
+    lengths = np.r_[8192, rng.integers(1, 600, 300)]
+    call = lambda: partition(lengths, 16384 * 4, world=64, weights=lambda L: 24576 * L + L**2,  # noqa: E731
+                             micro_multiple=4)
+    plain, compiled = both(call)
+    assert_same(plain, compiled)
+    assert plain.n_micro == 4 and plain.efficiency == plain.efficiency_bound < 1
+    assert plain.workload[:, 1:].max() == 0  # micro-steps 1-3 empty: the packing into 1, padded
