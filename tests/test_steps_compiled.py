@@ -154,7 +154,7 @@ def _digest() -> str:
 
 
 # the 400 partitions' digest: a change of any partition is deliberate (and in the changelog)
-DIGEST = "6d53c243a66309205cece0129ac9d7931e56cbd9735fffe9ba026ce497a1a6f9"
+DIGEST = "be806c6d2ed7fae7aa0e05e0e2113242778a5946cb9e581d0a42eb1884569c5c"
 
 
 def test_400_partitions_are_pinned_in_both_forms() -> None:
@@ -299,3 +299,30 @@ def test_a_forced_count_at_the_bound_takes_the_fewest_micro_batches_padded() -> 
     assert_same(plain, compiled)
     assert plain.n_micro == 4 and plain.efficiency == plain.efficiency_bound < 1
     assert plain.workload[:, 1:].max() == 0  # micro-steps 1-3 empty: the packing into 1, padded
+
+
+def test_a_padded_start_is_refined_without_balance_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``micro_multiple`` forces more micro-batches than the cap needs and the packing into
+    the fewest, padded, runs faster, the refinement starts from it with its exchange passes only
+    (a balance pass would pair each loaded micro-batch with an empty one); the forced count's
+    own packing still gets them."""
+    from fitbatch.steps import _refine
+
+    modes: list[str] = []
+    real = _refine._one_pass
+
+    def recording(*args: Any) -> Any:
+        modes.append(args[13])
+        return real(*args)
+
+    monkeypatch.setattr(_refine, "_one_pass", recording)
+    lengths = np.clip(np.ceil(np.random.default_rng(512).lognormal(6.5, 1.0, 512)), 1, 8192).astype(np.int64)
+    with jit("0"):
+        padded = partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2, micro_multiple=4)
+        assert modes and "balance" not in modes
+        assert padded.n_empty > 0  # the fewest micro-batches, padded
+        modes.clear()
+        partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2)
+        assert modes[0] == "balance"
+    with jit("1"):
+        assert_same(padded, partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2, micro_multiple=4))

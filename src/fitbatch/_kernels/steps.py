@@ -495,6 +495,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     tried = False  # the fewest micro-batches packed (`_balanced`'s early packing)
     p_load, p_bc, p_bl, p_bt, f_bin = e_f, e_f, e_f, e_f, e_i
     padded = 0.0
+    padded_start = False
     if early:  # heavy units set the least time: the fewest micro-batches first, taken padded at it
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                               bound_p * world, budget, kind, params, exact_rounds)
@@ -524,8 +525,9 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
                 first = padded  # the step time of `load` (each taken once: the same values)
+                padded_start = True
     placed = np.arange(n)
-    balance = n <= balanced_up_to
+    balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
     if world > 1 and first > least:
@@ -544,7 +546,8 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                 wider = step_time(w_load, one, more * world, yes, world)
                 if world > 1 and wider > least:
                     refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
-                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
+                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
+                           n <= balanced_up_to,
                            consts)
                     wider = step_time(w_load, one, more * world, yes, world)
                 if wider < now:

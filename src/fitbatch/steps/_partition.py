@@ -351,6 +351,7 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             if step_time(padded.load, pooled, world, exact) <= least:
                 return target, padded
     m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
+    padded_start = False
     first = step_time(bins.load, pooled, world, exact) if m else 0.0
     slow = first * world > bins.load.sum() * (1 + SPREAD) if m else False
     if slow and first > least and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
@@ -359,9 +360,12 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
         if fewest < m:
             fewer = fewer.padded(m * width)
             if step_time(fewer.load, pooled, world, exact) < first:
-                bins = fewer
+                bins, padded_start = fewer, True
     if step_time(bins.load, pooled, world, exact) > least:
-        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+        # a padded start is refined without balance passes: they pair its loaded bins with the
+        # empty ones, splitting each over two micro-steps (slower, and undone: a pass for nothing)
+        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world,
+                      balance=not padded_start)
     now = step_time(bins.load, pooled, world, exact)
     if (m and now > least and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
