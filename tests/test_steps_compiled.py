@@ -154,7 +154,7 @@ def _digest() -> str:
 
 
 # the 400 partitions' digest: a change of any partition is deliberate (and in the changelog)
-DIGEST = "6d53c243a66309205cece0129ac9d7931e56cbd9735fffe9ba026ce497a1a6f9"
+DIGEST = "be806c6d2ed7fae7aa0e05e0e2113242778a5946cb9e581d0a42eb1884569c5c"
 
 
 def test_400_partitions_are_pinned_in_both_forms() -> None:
@@ -254,3 +254,75 @@ def test_a_weights_function_is_called_once(scale: float) -> None:
         want = partition(lengths, 16384, world=8, weights=lambda L: (24576 * L + L**2) * scale)
     assert calls == [300]
     assert_same(want, got)
+
+
+@pytest.mark.parametrize("bad", [
+    np.array([5, -1, 3], dtype=np.int64),
+    np.array([5, -1, 3], dtype=np.int32),
+    np.array([5.0, np.nan, 3.0]),
+    np.array([5.0, -np.inf, 3.0]),
+    np.array([5, 2**53 + 1, 3], dtype=np.int64),
+])
+def test_bad_sizes_are_refused_as_the_general_form_refuses_them(bad: np.ndarray) -> None:
+    """The one compiled call takes a numpy array of sizes unchecked and declines a size not in
+    [0, 2**53): the general form then names it, before the weights are called (even a weights
+    function that fails on such sizes)."""
+    def weights(lengths: np.ndarray) -> np.ndarray:
+        if not (lengths >= 0).all():
+            raise RuntimeError("weights called on bad sizes")
+        return lengths
+
+    for mode in ("0", "1"):
+        with jit(mode), pytest.raises(ValueError, match="sizes"):
+            partition(bad, 2.0**60, world=2, weights=weights)
+        with jit(mode), pytest.raises(ValueError, match="sizes"):
+            partition(bad, 2.0**60, world=2)
+
+
+def test_sizes_at_the_edge_of_exact_are_the_general_forms() -> None:
+    """A size of 2**53 (exact, but not below it) runs in the general form: the same partition."""
+    sizes = np.array([2**53, 2**52, 7, 1], dtype=np.int64)
+    plain, compiled = both(lambda: partition(sizes, 2.0**55, world=2))
+    assert_same(plain, compiled)
+    assert plain.n_micro == 1
+
+
+def test_a_forced_count_at_the_bound_takes_the_fewest_micro_batches_padded() -> None:
+    """One sequence far heavier than the rest sets the least time: ``micro_multiple`` forces 4
+    micro-steps where the cap needs 1, and the packing into 1, padded with empty micro-batches,
+    runs at the least time (the efficiency bound); both forms give it."""
+    rng = np.random.default_rng(11)
+    lengths = np.r_[8192, rng.integers(1, 600, 300)]
+    call = lambda: partition(lengths, 16384 * 4, world=64, weights=lambda L: 24576 * L + L**2,  # noqa: E731
+                             micro_multiple=4)
+    plain, compiled = both(call)
+    assert_same(plain, compiled)
+    assert plain.n_micro == 4 and plain.efficiency == plain.efficiency_bound < 1
+    assert plain.workload[:, 1:].max() == 0  # micro-steps 1-3 empty: the packing into 1, padded
+
+
+def test_a_padded_start_is_refined_without_balance_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``micro_multiple`` forces more micro-batches than the cap needs and the packing into
+    the fewest, padded, runs faster, the refinement starts from it with its exchange passes only
+    (a balance pass would pair each loaded micro-batch with an empty one); the forced count's
+    own packing still gets them."""
+    from fitbatch.steps import _refine
+
+    modes: list[str] = []
+    real = _refine._one_pass
+
+    def recording(*args: Any) -> Any:
+        modes.append(args[13])
+        return real(*args)
+
+    monkeypatch.setattr(_refine, "_one_pass", recording)
+    lengths = np.clip(np.ceil(np.random.default_rng(512).lognormal(6.5, 1.0, 512)), 1, 8192).astype(np.int64)
+    with jit("0"):
+        padded = partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2, micro_multiple=4)
+        assert modes and "balance" not in modes
+        assert padded.n_empty > 0  # the fewest micro-batches, padded
+        modes.clear()
+        partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2)
+        assert modes[0] == "balance"
+    with jit("1"):
+        assert_same(padded, partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2, micro_multiple=4))

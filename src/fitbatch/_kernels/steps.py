@@ -427,6 +427,15 @@ def _whole_below(a: Any, limit: float) -> bool:
 
 
 @njit(**OPTS)
+def _padded(load: Any, bc: Any, bl: Any, bt: Any, nb: int) -> Any:
+    """``Bins.padded`` of one row: these bins, then empty ones up to ``nb``."""
+    p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
+    k = load.size
+    p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = load, bc, bl, bt
+    return p_load, p_bc, p_bl, p_bt
+
+
+@njit(**OPTS)
 def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int, params: Any, uses_max: bool,
                    step: int, floor: int, world: int, exact_rounds: int, consts: Any, tune: Any) -> Any:
     """:func:`fitbatch.steps.partition` of one pool without groups, skips or oversized sequences, under a
@@ -438,8 +447,8 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
 
     Returns (status, m, order + offsets + samples (int64, one array), tokens + loss tokens +
     workload (float64, one array: fewer arrays to hand back), n_empty, lower bound, efficiency,
-    efficiency bound); status 0: done, 1: a case this does not cover (a unit over the budget
-    alone, weights not whole numbers >= 0 or marginal costs not whole, a packing that needs more
+    efficiency bound); status 0: done, 1: a case this does not cover (a size not in ``[0,
+    MAX_EXACT)``, a unit over the budget alone, weights not whole numbers >= 0 or marginal costs not whole, a packing that needs more
     than the lower bound): the caller runs the general form (and raises what is bad)."""
     spread, more_gap, full, close = tune[0], tune[1], tune[2], tune[3]
     passes, passes_small, per_pass = int(tune[4]), int(tune[5]), int(tune[6])
@@ -454,7 +463,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     fixed = _cost(kind, params, 0.0, 0.0, 0.0)
     ones = np.ones(n)
     extra = np.empty(n)
+    size_below = tune[9]
     for i in range(n):
+        if not (sizes[i] >= 0.0 and sizes[i] < size_below):  # NaN fails: the general form checks the sizes
+            return fail
         alone = _cost(kind, params, 1.0, sizes[i], sizes[i])
         if alone > budget:
             return fail
@@ -475,29 +487,47 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     bound_p = (bound + world - 1) // world
     m = -(-max(bound_p, floor) // step) * step
     alone_row = np.full(0, -1, dtype=np.int64)
-    load, bc, bl, bt, bin_of, failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, m * world, budget,
-                                                 kind, params, exact_rounds)
-    if failed:
-        return fail
     nb = m * world
     terms = bound_terms(weight[heaviest], extra[heaviest], np.zeros(n, dtype=np.bool_), no, yes, room, world)
     least = _np_sum(terms)  # _Plan.least_time: no split runs faster
-    first = step_time(load, one, nb, yes, world)
-    if first * world > load.sum() * (1 + spread) and first > least and m > max(bound_p, 1) and (step > 1 or floor > 0):
+    forced = m > max(bound_p, 1) and (step > 1 or floor > 0)
+    early = forced and least * world > _np_sum(weight) * (1 + spread)
+    tried = False  # the fewest micro-batches packed (`_balanced`'s early packing)
+    p_load, p_bc, p_bl, p_bt, f_bin = e_f, e_f, e_f, e_f, e_i
+    padded = 0.0
+    padded_start = False
+    if early:  # heavy units set the least time: the fewest micro-batches first, taken padded at it
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
                                                               bound_p * world, budget, kind, params, exact_rounds)
         if f_failed:
             return fail
-        if bound_p < m:
-            p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
-            k = f_load.size
-            p_load[:k], p_bc[:k], p_bl[:k], p_bt[:k] = f_load, f_bc, f_bl, f_bt
-            padded = step_time(p_load, one, nb, yes, world)
+        tried = True
+        p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
+        padded = step_time(p_load, one, nb, yes, world)
+    if early and padded <= least:
+        load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
+        first = padded
+    else:
+        load, bc, bl, bt, bin_of, failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, nb, budget,
+                                                     kind, params, exact_rounds)
+        if failed:
+            return fail
+        first = step_time(load, one, nb, yes, world)
+        if first * world > load.sum() * (1 + spread) and first > least and forced:
+            if not tried:
+                f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
+                                                                      bound_p * world, budget, kind, params,
+                                                                      exact_rounds)
+                if f_failed:
+                    return fail
+                p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
+                padded = step_time(p_load, one, nb, yes, world)
             if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
                 first = padded  # the step time of `load` (each taken once: the same values)
+                padded_start = True
     placed = np.arange(n)
-    balance = n <= balanced_up_to
+    balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
     if world > 1 and first > least:
@@ -516,7 +546,8 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                 wider = step_time(w_load, one, more * world, yes, world)
                 if world > 1 and wider > least:
                     refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
-                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most, balance,
+                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
+                           n <= balanced_up_to,
                            consts)
                     wider = step_time(w_load, one, more * world, yes, world)
                 if wider < now:

@@ -73,7 +73,7 @@ def _warm(module: ModuleType) -> None:
     module.step_time(bins[0], 1, 2, True, 1)
     sizes = np.array([3.0, 2.0, 1.0, 2.0])
     module.partition_pool(sizes, sizes.copy(), sizes.copy(), 4.0, 0, np.zeros(4), False, 1, 0, 2, 32,
-                          np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]), np.array([1e-3, 5e-5, 0.98, 5e-5, 24, 2, 1024, 16384, 2.0**52]))
+                          np.array([1.0, 0.0, 0.0, 4.0, 4.0, 4.0]), np.array([1e-3, 5e-5, 0.98, 5e-5, 24, 2, 1024, 16384, 2.0**52, 2.0**53]))
     module.argsort(np.arange(40.0))
     module.argsort_int(np.arange(40))
 

@@ -178,7 +178,7 @@ def partition(
     >>> [b.tolist() for b in p[0]], [b.tolist() for b in p[1]], p.step_tokens.tolist()
     ([[0], [3, 5]], [[1], [2, 4]], [800.0, 600.0])
     """
-    world = _int_option("world", world)
+    world = world if type(world) is int and world > 0 else _int_option("world", world)
     if groups is None and cp_size is None:  # one pool: the whole partition in one compiled call where it applies
         done = _pooled(sizes, budget, world, weights, cost, micro_multiple, min_micro, keep_groups, loss_sizes, oversized)
         if isinstance(done, Partition):
@@ -217,7 +217,10 @@ def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any
     same values, so the same partition), or ``None`` where it does not apply (not loaded, a
     cost model of its own, a unit over the budget alone, weights that are not whole numbers,
     a packing that needs more micro-batches than the bound, bad input): the general form then
-    runs (and raises what is bad), given the weights taken here if any (a function is called once)."""
+    runs (and raises what is bad), given the weights taken here if any (a function is called once).
+
+    The checks here are the cheap ones (types, options); the compiled call checks the values
+    (sizes and weights whole or finite, >= 0, below ``2**53``) and declines what it does not take."""
     module = _compiled.kernels()
     if module is None:
         return None
@@ -225,34 +228,53 @@ def _pooled(sizes: Any, budget: Any, world: int, weights: WeightsLike, cost: Any
         values = _plain_sizes(sizes)
         if values is None:
             return None
-        model = _MODELS.get(cost) if isinstance(cost, str) else cost
+        model = _MODELS.get(cost) if type(cost) is str else cost
         if model is None:
             model = _MODELS.setdefault(cost, resolve_cost(cost))
         kind = _compiled.cost_kind(model)
         if kind is None:
             return None
-        weight = _taken(weights, values)
-        n = values.size
-        loss_values = values if loss is None else loss_sizes(loss, n)
-        step = _int_option("micro_multiple", micro_multiple)
+        step = micro_multiple if type(micro_multiple) is int and micro_multiple > 0 else _int_option(
+            "micro_multiple", micro_multiple)
         floor = 0 if min_micro is None else _int_option("min_micro", min_micro)
-        cap = parse_budget(budget)
-        choice("keep_groups", keep_groups, KEEP_GROUPS)
-        choice("oversized", oversized, OVERSIZED)
+        cap = float(budget) if type(budget) in _NUMBER and 0 < budget < math.inf else parse_budget(budget)
+        if keep_groups not in KEEP_GROUPS or type(keep_groups) is not str:
+            choice("keep_groups", keep_groups, KEEP_GROUPS)
+        if oversized not in OVERSIZED or type(oversized) is not str:
+            choice("oversized", oversized, OVERSIZED)
+        loss_values = values if loss is None else np.ascontiguousarray(loss_sizes(loss, values.size))
     except (TypeError, ValueError):
         return None
+    try:  # sizes not checked yet: whatever goes wrong, the general form says what (sizes first)
+        weight = _taken(weights, values)
+    except Exception:  # noqa: BLE001 - the general form checks the sizes, then calls the weights again
+        return None
     status, m, ints, floats, n_empty, lower, efficiency, bound = module.partition_pool(
-        values, weight, np.ascontiguousarray(loss_values), cap, kind[0], kind[1], bool(model.uses_max), step, floor,
+        values, weight, loss_values, cap, kind[0], kind[1], bool(model.uses_max), step, floor,
         world, _pack.EXACT_ROUNDS, _refine._CONSTS, _tune())
     if status:
         return weight if weight is not values else None
     m = int(m)
     at = ints.size - m - (world * m + 1)  # order, offsets, samples one after the other
-    return Partition(world=world, ranks=tuple(range(world)), order=ints[:at], offsets=ints[at:-m],
-                     n_micro=m, lower_bound=int(lower), step_samples=ints[-m:], step_tokens=floats[:m],
-                     step_loss_tokens=floats[m:2 * m], workload=floats[2 * m:].reshape(world, m),
-                     efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
-                     skipped=np.zeros(0, dtype=np.int64), n_empty=int(n_empty))
+    ranks = _RANKS.get(world)
+    if ranks is None:
+        ranks = _RANKS.setdefault(world, tuple(range(world)))
+    out = _new(Partition)  # the fields set at once (a frozen dataclass's __init__ sets each through object's)
+    out.__dict__.update(world=world, ranks=ranks, order=ints[:at], offsets=ints[at:-m], n_micro=m,
+                        lower_bound=int(lower), step_samples=ints[-m:], step_tokens=floats[:m],
+                        step_loss_tokens=floats[m:2 * m], workload=floats[2 * m:].reshape(world, m),
+                        efficiency=float(efficiency), efficiency_bound=float(bound), n_oversized=0,
+                        skipped=_NONE_SKIPPED, n_empty=int(n_empty))
+    return out
+
+
+_NUMBER = (int, float)
+_new = object.__new__
+#: ``tuple(range(world))`` by world (a tuple is immutable: one will do)
+_RANKS: dict[int, tuple[int, ...]] = {}
+#: the ``skipped`` of a partition that skipped none (read-only: one will do)
+_NONE_SKIPPED = np.zeros(0, dtype=np.int64)
+_NONE_SKIPPED.flags.writeable = False
 
 
 def _taken(weights: WeightsLike, sizes: FloatArray) -> FloatArray:
@@ -279,15 +301,13 @@ def _evaluated(weights: WeightsLike, sizes: FloatArray) -> Any:
 
 
 def _plain_sizes(sizes: Any) -> FloatArray | None:
-    """1-D sizes as float64, checked as :func:`~fitbatch.sizes.as_sizes` checks them (a numpy
-    array of int64, int32 or float64 without a conversion's detours), or ``None`` (2-D sizes)."""
+    """1-D sizes as float64, or ``None`` (2-D sizes). A numpy array of int64, int32 or float64
+    is taken as it is, unchecked: the compiled call declines a size that is not in
+    ``[0, 2**53)`` (NaN included) and the general form then checks it as
+    :func:`~fitbatch.sizes.as_sizes` does; other sizes are checked here by it."""
     if type(sizes) is np.ndarray and sizes.ndim == 1 and sizes.dtype in _PLAIN:
         if sizes.dtype == np.float64:
-            if sizes.size and not (sizes.min() >= 0 and sizes.max() < np.inf):  # NaN fails the first
-                return None
             return np.ascontiguousarray(sizes)
-        if sizes.size and (sizes.min() < 0 or sizes.max() > MAX_EXACT):
-            return None
         return sizes.astype(np.float64)
     values = as_sizes(sizes).values
     return values if values.ndim == 1 else None
@@ -317,19 +337,35 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     """
     width = world if pooled else 1
     exact = plan.units.whole  # every load a whole number below 2**52: step times summed in any order
-    m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
     least = plan.least_time(world)  # no split of these units runs faster: at it, nothing to gain
+    forced = round_up(max(bound, plan.floor), plan.step) > max(bound, 1) and (plan.step > 1 or plan.floor > 0)
+    early: tuple[int, Bins] | None = None
+    if forced and least * world > _placed_weight(plan, order, alone) * (1 + SPREAD):
+        # a few heavy units set the least time: any packing is slow, so the fewest micro-batches
+        # are packed first; padded to the forced count, at the least time, nothing can beat them
+        early = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
+                       width=width)
+        target = round_up(max(bound, plan.floor), plan.step)
+        if early[0] < target:
+            padded = early[1].padded(target * width)
+            if step_time(padded.load, pooled, world, exact) <= least:
+                return target, padded
+    m, bins = settle(order, alone, plan.units, bound, plan, agree=None, width=width)
+    padded_start = False
     first = step_time(bins.load, pooled, world, exact) if m else 0.0
     slow = first * world > bins.load.sum() * (1 + SPREAD) if m else False
     if slow and first > least and m > max(bound, 1) and (plan.step > 1 or plan.floor > 0):
-        fewest, fewer = settle(order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None,
-                               width=width)
+        fewest, fewer = early if early is not None else settle(
+            order, alone, plan.units, bound, dataclasses.replace(plan, step=1, floor=0), agree=None, width=width)
         if fewest < m:
             fewer = fewer.padded(m * width)
             if step_time(fewer.load, pooled, world, exact) < first:
-                bins = fewer
+                bins, padded_start = fewer, True
     if step_time(bins.load, pooled, world, exact) > least:
-        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+        # a padded start is refined without balance passes: they pair its loaded bins with the
+        # empty ones, splitting each over two micro-steps (slower, and undone: a pass for nothing)
+        bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world,
+                      balance=not padded_start)
     now = step_time(bins.load, pooled, world, exact)
     if (m and now > least and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
             and m <= round_up(max(bound, plan.floor, 1), plan.step)):
@@ -345,11 +381,17 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
     return m, bins
 
 
+def _placed_weight(plan: _Plan, order: IntArray, alone: IntArray) -> float:
+    """The total weight of the units dealt (``order``) or alone in a bin (``alone``)."""
+    w = plan.units.weight
+    return float(w[order[order >= 0]].sum() + w[alone[alone >= 0]].sum())
+
+
 def _tune() -> FloatArray:
     """The compiled whole partition's constants (:func:`fitbatch._kernels.steps.partition_pool`),
     read at each call as the numpy form reads them."""
     return np.array([SPREAD, MORE, FULL, _refine.CLOSE, _refine.PASSES, _refine.PASSES_SMALL, _refine.UNITS_PER_PASS,
-                     _refine.BALANCED_UP_TO, _compiled.EXACT_BELOW], dtype=np.float64)
+                     _refine.BALANCED_UP_TO, _compiled.EXACT_BELOW, float(MAX_EXACT)], dtype=np.float64)
 
 
 def _fill(bins: Bins, plan: _Plan) -> float:

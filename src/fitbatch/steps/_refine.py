@@ -99,7 +99,7 @@ def step_time(load: FloatArray, pooled: bool, world: int, exact: bool = False) -
 
 
 def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model: CostModel, *, pooled: bool,
-           world: int, passes: int | None = None) -> Bins:
+           world: int, passes: int | None = None, balance: bool = True) -> Bins:
     """Lower the step time of ``bins`` in place (see the module's docstring) and return them.
 
     Args:
@@ -112,6 +112,8 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
             rank of ``m`` bins (a unit stays in its row).
         world: the bins of a micro-step.
         passes: at most this many passes.
+        balance: balance passes first (on steps of at most ``BALANCED_UP_TO`` units); ``False``
+            for a start padded with empty bins, whose loaded bins they would split.
     """
     rows, nb = bins.load.shape
     if nb == 0 or world == 1 and pooled or not pooled and nb == 1:
@@ -124,7 +126,7 @@ def refine(bins: Bins, row_of_unit: IntArray, units: Units, budget: float, model
         flat[placed] = row_of_unit[placed] * nb + bins.bin_of[placed]
     load, count, longest, total = np.stack([bins.load, bins.count, bins.longest, bins.total]).reshape(4, -1)
     ideal = float(load.sum()) / world * (1 + CLOSE)  # no step runs faster than its mean
-    balance = placed.size <= BALANCED_UP_TO
+    balance = balance and placed.size <= BALANCED_UP_TO
     # a pass costs a few dozen numpy calls plus work on the paired bins' units: a few passes on
     # small steps, at most VISITS units' work on large ones (the packing's cost, about)
     most = min(PASSES, max(PASSES_SMALL, placed.size // UNITS_PER_PASS)) if passes is None else passes
