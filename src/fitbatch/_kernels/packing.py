@@ -15,6 +15,7 @@ extra for millions).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fitbatch._kernels import jit as _jit
 from fitbatch._kernels.batches import FloatArray, IntArray
@@ -50,6 +51,36 @@ def first_fit_laid(
     if total:
         np.cumsum(np.bincount(batch, minlength=total)[:-1], out=starts[1:])
     return positions[inner], starts, sizes[inner]
+
+
+def first_fit_keys(
+    keys: NDArray[np.uint16],
+    positions: IntArray,
+    seg_starts: IntArray,
+    budget: float,
+    cap: int | None = None,
+) -> tuple[IntArray, IntArray]:
+    """:func:`first_fit_laid` over whole sizes given as 16-bit keys (each key is its size) laid
+    out at ``positions``: returns the positions in batch order and the batch starts, the same
+    batches as :func:`first_fit_laid` over ``keys.astype(np.float64)``.
+
+    Compiled, the loop reads the keys (2 B a sample) where :func:`first_fit_laid` reads float64
+    sizes (8 B), and rearranges ``keys`` and ``positions`` (contiguous uint16 and int64) in place;
+    the sizes in batch order are not made (read them through the positions).
+
+    >>> import numpy as np
+    >>> positions, starts = first_fit_keys(np.array([6, 5, 4, 3], np.uint16), np.array([7, 5, 3, 1]), np.zeros(1, np.int64), 10.0)
+    >>> positions.tolist(), starts.tolist()
+    ([7, 3, 5, 1], [0, 2])
+    """
+    n = keys.shape[0]
+    room_cap = n if cap is None else min(int(cap), n)
+    if keys.dtype == np.uint16 and positions.dtype == np.int64 and keys.flags.c_contiguous and positions.flags.c_contiguous:
+        starts = _jit.first_fit_in_place(keys, positions, seg_starts, budget, room_cap)
+        if starts is not None:
+            return positions, starts
+    order, starts, _ = first_fit_laid(keys.astype(np.float64), positions, seg_starts, budget, cap)
+    return order, starts
 
 
 def first_fit_starts(

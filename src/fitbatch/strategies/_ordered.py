@@ -14,9 +14,11 @@ from numpy.typing import NDArray
 
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import histogram, pattern_layout
+from fitbatch._kernels import jit as _jit
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
-from fitbatch._kernels.packing import first_fit_laid
+from fitbatch._kernels.batches import FloatArray
+from fitbatch._kernels.packing import first_fit_keys, first_fit_laid
 from fitbatch._validate import fraction, positive_int
 from fitbatch.strategies import _lattice
 from fitbatch.strategies._base import (
@@ -387,16 +389,18 @@ class Packed(_Pools):
                     patterns = quick_patterns
             if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
                 return _laid_out(ctx, counts, patterns, budget)
+        values = ctx.sizes.values
+        laid: FloatArray | None = None
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
+            # the first fit reads the 16-bit keys (2 B a sample), not float64 sizes laid out (8 B);
+            # the sizes are measured through the order (no laid copy)
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
-            sizes = laid_keys.astype(np.float64)
+            order, starts = first_fit_keys(laid_keys, order, seg_starts, ctx.budget, ctx.cap)
             del laid_keys
         else:
             order, seg_starts = _pooled_order(ctx, self.pool_size)
-            sizes = ctx.sizes.values[order]
-        order, starts, laid = first_fit_laid(sizes, order, seg_starts, ctx.budget, ctx.cap)
-        del sizes  # laid holds them now, in batch order
+            order, starts, laid = first_fit_laid(values[order], order, seg_starts, ctx.budget, ctx.cap)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
         if seg_starts.size <= 1:
@@ -404,8 +408,7 @@ class Packed(_Pools):
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
         # each batch's load (one pool or more: starts is not empty) tells it is loose
-        loose = np.add.reduceat(laid, starts) < LOOSE * ctx.budget
-        values = ctx.sizes.values
+        loose = _loads(values, order, starts, laid) < LOOSE * ctx.budget
         whole = SK.keys_are_sizes(edges, ctx.sizes.integral)
 
         def pack(rest: IntArray) -> Result:
@@ -423,6 +426,20 @@ class Packed(_Pools):
         if ctx.shuffle and n_batches > 1:
             return ctx.rng("batch-order").permutation(n_batches).astype(np.int64, copy=False)
         return None
+
+
+def _loads(values: FloatArray, order: IntArray, starts: IntArray, laid: FloatArray | None) -> FloatArray:
+    """Each batch's sum of sizes (``starts`` not empty): over ``laid`` (the sizes in batch
+    order) when given, else read through ``order`` (whole sizes: exact in any order of adding).
+
+    >>> _loads(np.array([5.0, 1, 3]), np.array([2, 0, 1]), np.array([0, 2]), None).tolist()
+    [8.0, 1.0]
+    """
+    if laid is not None:
+        return np.add.reduceat(laid, starts)
+    offsets = np.append(starts, order.size)
+    compiled = _jit.batch_reduce(values, order, offsets)
+    return compiled[1] if compiled is not None else K.batch_reduce(values, offsets, order)[2]
 
 
 HISTOGRAM_MIN_SAMPLES = 65_536  # without a cap, first-fit pools are as tight below this
