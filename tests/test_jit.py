@@ -25,8 +25,9 @@ from test_kernels import descending_case, make_sizes, ns, ref_carry
 import fitbatch
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import jit as _jit
+from fitbatch._kernels import packing
 from fitbatch._kernels.batches import sum_starts
-from fitbatch._kernels.packing import first_fit_keys, first_fit_laid, first_fit_starts
+from fitbatch._kernels.packing import batch_loads, first_fit_keys, first_fit_laid, first_fit_starts
 from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
@@ -271,15 +272,29 @@ def test_first_fit_keys_packs_like_the_float_sizes(kind, n, seed, n_segments, bu
     keys = sizes.astype(np.uint16)
     positions = np.random.default_rng(seed).permutation(n).astype(np.int64)
     inner, starts = first_fit_starts(sizes, seg, budget, cap)
-    for got_pos, got_starts in both(lambda: first_fit_keys(keys.copy(), positions.copy(), seg, budget, cap)):
+    for got_pos, got_starts, got_keys in both(lambda: first_fit_keys(keys.copy(), positions.copy(), seg, budget, cap)):
         assert got_pos.dtype == got_starts.dtype == np.int64
+        assert got_keys.dtype == np.uint16
         assert got_pos.tolist() == positions[inner].tolist()
         assert got_starts.tolist() == starts.tolist()
+        assert got_keys.tolist() == keys[inner].tolist()
     with jit("1"):
         moved, held = keys.copy(), positions.copy()
-        got_pos, _ = first_fit_keys(moved, held, seg, budget, cap)
+        got_pos, _, got_keys = first_fit_keys(moved, held, seg, budget, cap)
     assert got_pos is held
-    assert moved.tolist() == keys[inner].tolist()
+    assert got_keys is moved
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1 << 18])
+def test_batch_loads_are_the_float_sums(monkeypatch, chunk):
+    """Widened a few batches at a time, the keys' sums are numpy's over the float64 sizes."""
+    monkeypatch.setattr(packing, "LOAD_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    keys = rng.integers(0, 65536, 1000).astype(np.uint16)
+    starts = np.unique(np.concatenate([[0], rng.integers(1, 1000, 300)])).astype(np.int64)
+    assert batch_loads(keys, starts).tolist() == np.add.reduceat(keys.astype(np.float64), starts).tolist()
+    assert batch_loads(keys, np.zeros(1, np.int64)).tolist() == [float(keys.astype(np.int64).sum())]
+    assert batch_loads(keys[:0], np.zeros(0, np.int64)).tolist() == []
 
 
 @pytest.mark.parametrize("cap", [None, 7])
