@@ -513,7 +513,7 @@ def walk_runs(  # pragma: no cover - compiled; checked against the Python walk i
 
 @njit(cache=True, nogil=True)
 def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """The room tree of :func:`_first_fit_batches` with twice the leaves (the new ones hold no room)."""
+    """The room tree of :func:`_first_fit_segment` with twice the leaves (the new ones hold no room)."""
     grown = np.full(4 * size, -np.inf)
     grown[2 * size : 3 * size] = room[size : 2 * size]
     for node in range(2 * size - 1, 0, -1):

@@ -133,7 +133,7 @@ def first_fit_starts(
 def _first_fit_batches(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, int]:
     """The batch of every position (numbered in opening order) and the number of batches; a
     batch holds at most ``cap`` samples (at most ``n``). The compiled twin is
-    :func:`fitbatch._kernels.compiled._first_fit_batches`."""
+    :func:`fitbatch._kernels.compiled._first_fit_segment` (one segment at a time)."""
     n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
     values = sizes.tolist()
