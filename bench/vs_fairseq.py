@@ -10,6 +10,7 @@ from a fairseq checkout:
     python bench/vs_fairseq.py --fairseq-built DIR --n 20000 1000000 --repeat 5   # DIR: an earlier build
     python bench/vs_fairseq.py --fairseq-built DIR --first-call --n 1000000       # fresh process per cell
     python bench/vs_fairseq.py --fairseq-built DIR --first-call --n 1000000 --aot off  # numba's JIT only
+    python bench/vs_fairseq.py --fairseq-built DIR --first-call --stages --n 1000000   # where a first call's CPU goes
     python bench/vs_fairseq.py --fairseq-built DIR --clock cpu --settle --n 20000  # numba loaded first
     python bench/vs_fairseq.py --memory --n 10000000                               # peak bytes per sample
     FITBATCH_JIT=0 python bench/vs_fairseq.py --n 2000 5000 10000 15000 --repeat 30  # small sets, numpy
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sets", nargs="+", default=list(SETS), help=f"of {', '.join(SETS)}")
     p.add_argument("--first-call", action="store_true",
                    help="instead: a fresh process per cell, import + first plan + batches (wall and CPU seconds)")
+    p.add_argument("--stages", action="store_true",
+                   help="with --first-call: CPU seconds of each stage (import numpy, load the sizes, import, plan/sort, batches)")
     p.add_argument("--settle", action="store_true",
                    help="load numba first (a process that has planned enough for its background load): the compiled loops' "
                         "times, not numpy's while the load is under way")
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 build(Path(args.fairseq_pyx), Path(tmp))
                 built = tmp
             for n in args.n:
-                first_calls(built, n, args.budget, args.repeat, args.sets)
+                (first_stages if args.stages else first_calls)(built, n, args.budget, args.repeat, args.sets)
             return
         fs = fairseq_module(args.fairseq_pyx, Path(tmp), args.fairseq_built)
         if args.settle:  # what a process that planned LOAD_AT samples has once the load is done
@@ -200,6 +203,34 @@ jit = sys.modules.get("fitbatch._kernels.jit")
 module = getattr(jit, "_module", None)
 loops = "numpy" if module is None else "ahead-of-time" if module.__name__.startswith("fitbatch._kernels.aot") else "numba"
 print(time.perf_counter() - wall, time.process_time() - cpu, "numba" in sys.modules, "-" if jit is None else loops)
+"""
+
+
+STAGES = """
+import sys, time
+t = [time.process_time()]
+import numpy as np
+t.append(time.process_time())
+sizes = np.load({path!r})
+t.append(time.process_time())
+cell = {cell!r}
+if cell.startswith("fairseq"):
+    sys.path.insert(0, {built!r})
+    import data_utils_fast as fs
+    t.append(time.process_time())
+    idx = np.random.default_rng(0).permutation(sizes.size)
+    idx = idx[np.argsort(sizes[idx], kind=None if "default" in cell else "stable")]
+    t.append(time.process_time())
+    batches = fs.batch_by_size_vec(idx, sizes[idx], {budget}, -1, 1)
+else:
+    import fitbatch
+    t.append(time.process_time())
+    options = dict(cost="sum", strategy="packed") if cell == "packed, sum cost" else dict(strategy=cell)
+    plan = fitbatch.plan_batches(sizes, {budget}, **options)
+    t.append(time.process_time())
+    batches = list(plan)
+t.append(time.process_time())
+print(*[b - a for a, b in zip(t, t[1:])], len(batches))
 """
 
 
@@ -267,6 +298,30 @@ def first_calls(built: str | None, n: int, budget: int, repeat: int, sets: list[
                         best[c] = (float(wall), float(cpu), numba == "True", loops)
             for c, (wall, cpu, numba, loops) in best.items():
                 print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | {wall:.3f} | {cpu:.3f} | {'yes' if numba else 'no'} | {loops} |")
+
+
+def first_stages(built: str | None, n: int, budget: int, repeat: int, sets: list[str]) -> None:
+    """:func:`first_calls` split into stages: CPU seconds of each (best of ``repeat`` per stage)."""
+    cells = ["fairseq, numpy default sort"] if built else []
+    cells += [*STRATEGIES, "packed, sum cost"]
+    print(f"\nFirst call of a process by stage, {n:,} samples, budget {budget}: CPU s, best of {repeat} per stage "
+          "(sort: fairseq's shuffle and argsort; plan: plan_batches; batches: fairseq's batch_by_size_vec / list(plan))\n")
+    print("| set | cell | import numpy | load sizes | import library | sort / plan | batches | batch count |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sets:
+            path = str(Path(tmp) / f"{name}.npy")
+            np.save(path, sizes_of(name, n, budget))
+            best = {c: [float("inf")] * 5 + [0.0] for c in cells}
+            for _ in range(max(repeat, 1)):
+                for c in cells:
+                    code = STAGES.format(path=path, cell=c, built=built or "", budget=budget)
+                    got = [float(v) for v in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                            check=True).stdout.split()]
+                    best[c] = [min(a, b) for a, b in zip(best[c][:5], got[:5])] + [got[5]]
+            for c, row in best.items():
+                print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | " + " | ".join(f"{v:.3f}" for v in row[:5])
+                      + f" | {int(row[5]):,} |")
 
 
 def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tuple[float, list[Any]]:

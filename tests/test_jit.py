@@ -25,8 +25,9 @@ from test_kernels import descending_case, make_sizes, ns, ref_carry
 import fitbatch
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import jit as _jit
+from fitbatch._kernels import packing
 from fitbatch._kernels.batches import sum_starts
-from fitbatch._kernels.packing import first_fit_laid, first_fit_starts
+from fitbatch._kernels.packing import batch_loads, first_fit_keys, first_fit_laid, first_fit_starts
 from fitbatch.strategies._base import Context, _pooled_order, _shuffled_by_level
 from fitbatch.streaming import batch_stream
 from fitbatch.streaming._plan import plan_starts
@@ -254,10 +255,54 @@ def test_first_fit_in_place_rearranges_like_the_gathers(kind, n, seed, n_segment
         assert got_laid.tolist() == sizes[inner].tolist()
 
 
+@given(
+    kind=st.sampled_from(("int", "equal", "zeros", "wide")),
+    n=ns,
+    seed=st.integers(0, 2**16),
+    n_segments=st.integers(1, 5),
+    budget=st.sampled_from([1.0, 7.0, 13.5, 100.0, 70_000.0]),
+    cap=st.one_of(st.none(), st.integers(1, 9)),
+)
+def test_first_fit_keys_packs_like_the_float_sizes(kind, n, seed, n_segments, budget, cap):
+    """The 16-bit keys of whole sizes pack as their float64 sizes do (same positions and
+    starts), compiled and not; compiled, keys and positions are rearranged in place."""
+    sizes, seg, _, _ = descending_case("int" if kind == "wide" else kind, n, seed, n_segments)
+    if kind == "wide":  # keys up to 65535
+        sizes = np.minimum(sizes * 2260, 65535.0)
+    keys = sizes.astype(np.uint16)
+    positions = np.random.default_rng(seed).permutation(n).astype(np.int64)
+    inner, starts = first_fit_starts(sizes, seg, budget, cap)
+    for got_pos, got_starts, got_keys in both(lambda: first_fit_keys(keys.copy(), positions.copy(), seg, budget, cap)):
+        assert got_pos.dtype == got_starts.dtype == np.int64
+        assert got_keys.dtype == np.uint16
+        assert got_pos.tolist() == positions[inner].tolist()
+        assert got_starts.tolist() == starts.tolist()
+        assert got_keys.tolist() == keys[inner].tolist()
+    with jit("1"):
+        moved, held = keys.copy(), positions.copy()
+        got_pos, _, got_keys = first_fit_keys(moved, held, seg, budget, cap)
+    assert got_pos is held
+    assert got_keys is moved
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1 << 18])
+def test_batch_loads_are_the_float_sums(monkeypatch, chunk):
+    """Widened a few batches at a time, the keys' sums are numpy's over the float64 sizes."""
+    monkeypatch.setattr(packing, "LOAD_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    keys = rng.integers(0, 65536, 1000).astype(np.uint16)
+    starts = np.unique(np.concatenate([[0], rng.integers(1, 1000, 300)])).astype(np.int64)
+    assert batch_loads(keys, starts).tolist() == np.add.reduceat(keys.astype(np.float64), starts).tolist()
+    assert batch_loads(keys, np.zeros(1, np.int64)).tolist() == [float(keys.astype(np.int64).sum())]
+    assert batch_loads(keys[:0], np.zeros(0, np.int64)).tolist() == []
+
+
 @pytest.mark.parametrize("cap", [None, 7])
-def test_packed_sum_plans_are_the_same(cap):
+@pytest.mark.parametrize("whole", [False, True])  # whole sizes: first fit over the 16-bit keys
+def test_packed_sum_plans_are_the_same(cap, whole):
     sizes = np.minimum(np.random.default_rng(3).lognormal(5, 1.2, 50_000).round() + 1, 4000.0)
-    sizes[::7] += 0.25  # fractional sizes too: the budget is planned a hair lower
+    if not whole:
+        sizes[::7] += 0.25  # fractional sizes too: the budget is planned a hair lower
 
     def run():
         plan = fitbatch.plan_batches(sizes, 4096, cost="sum", strategy=fitbatch.Packed(pool_size=4096), max_batch_size=cap)

@@ -513,7 +513,7 @@ def walk_runs(  # pragma: no cover - compiled; checked against the Python walk i
 
 @njit(cache=True, nogil=True)
 def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """The room tree of :func:`_first_fit_batches` with twice the leaves (the new ones hold no room)."""
+    """The room tree of :func:`_first_fit_segment` with twice the leaves (the new ones hold no room)."""
     grown = np.full(4 * size, -np.inf)
     grown[2 * size : 3 * size] = room[size : 2 * size]
     for node in range(2 * size - 1, 0, -1):
@@ -526,101 +526,100 @@ def _grown(room: np.ndarray, count: np.ndarray, size: int) -> tuple[np.ndarray, 
 
 
 @njit(cache=True, nogil=True)
-def _first_fit_batches(  # pragma: no cover - compiled
-    sizes: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
+def _first_fit_segment(  # pragma: no cover - compiled
+    sizes: np.ndarray, a: int, b: int, budget: float, cap: int, batch: np.ndarray
 ) -> int:
-    """The batch of every position (numbered in opening order) written to ``batch``, and the
-    number of batches: the loop of :func:`fitbatch._kernels.packing._first_fit_batches` (``cap``: at
-    most ``n``), with the same tree of remaining room and the same subtractions and comparisons
-    in the same order."""
-    n = sizes.shape[0]
-    m = seg_starts.shape[0]
-    total = 0  # batches of the segments done
-    for s in range(m):
-        a = seg_starts[s]
-        b = seg_starts[s + 1] if s + 1 < m else n
-        size = 64  # leaves (batches) in the tree; doubled when they run out
-        room = np.full(2 * size, -np.inf)  # a node holds the most room of the open batches under it
-        count = np.zeros(size, dtype=np.int64)
-        used = 0
-        last = np.nan  # the size placed last, and where: the batches before it lack room for it
-        leaf = 0
-        for i in range(a, b):
-            x = sizes[i]
-            if x == last and room[leaf + size] >= x:
-                node = leaf + size
-            elif room[1] >= x:
-                node = 1
-                while node < size:  # the first open batch (leaf) with room for x
-                    node = 2 * node if room[2 * node] >= x else 2 * node + 1
-                leaf = node - size
-            else:  # no open batch has room: open the next
-                if used == size:
-                    room, count = _grown(room, count, size)
-                    size *= 2
-                leaf = used
-                node = leaf + size
-                used += 1
-                room[node] = budget
-            batch[i] = total + leaf
-            last = x
-            count[leaf] += 1
-            room[node] = room[node] - x if count[leaf] < cap else -np.inf
+    """The batch of every position of the segment ``[a, b)`` within it (numbered in opening
+    order) written to ``batch[: b - a]``, and the segment's number of batches: the loop of
+    :func:`fitbatch._kernels.packing._first_fit_batches` over one segment (``cap``: at most ``n``),
+    with the same tree of remaining room and the same subtractions and comparisons in the same
+    order. ``sizes`` are float64, or whole sizes as uint16 (each read as the float64 it equals)."""
+    size = 64  # leaves (batches) in the tree; doubled when they run out
+    room = np.full(2 * size, -np.inf)  # a node holds the most room of the open batches under it
+    count = np.zeros(size, dtype=np.int64)
+    used = 0
+    last = np.nan  # the size placed last, and where: the batches before it lack room for it
+    leaf = 0
+    for i in range(a, b):
+        x = np.float64(sizes[i])
+        if x == last and room[leaf + size] >= x:
+            node = leaf + size
+        elif room[1] >= x:
+            node = 1
+            while node < size:  # the first open batch (leaf) with room for x
+                node = 2 * node if room[2 * node] >= x else 2 * node + 1
+            leaf = node - size
+        else:  # no open batch has room: open the next
+            if used == size:
+                room, count = _grown(room, count, size)
+                size *= 2
+            leaf = used
+            node = leaf + size
+            used += 1
+            room[node] = budget
+        batch[i - a] = leaf
+        last = x
+        count[leaf] += 1
+        room[node] = room[node] - x if count[leaf] < cap else -np.inf
+        node //= 2
+        while node >= 1:
+            left = room[2 * node]
+            right = room[2 * node + 1]
+            most = left if left >= right else right
+            if room[node] == most:  # the ancestors keep their most room too
+                break
+            room[node] = most
             node //= 2
-            while node >= 1:
-                left = room[2 * node]
-                right = room[2 * node + 1]
-                most = left if left >= right else right
-                if room[node] == most:  # the ancestors keep their most room too
-                    break
-                room[node] = most
-                node //= 2
-        total += used
-    return total
+    return used
 
 
 @njit(cache=True, nogil=True)
 def first_fit_in_place(  # pragma: no cover - compiled; checked against the Python loop in tests/test_jit.py
     sizes: np.ndarray, positions: np.ndarray, seg_starts: np.ndarray, budget: float, cap: int, batch: np.ndarray
 ) -> np.ndarray:
-    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: the batches of :func:`_first_fit_batches`,
-    with ``sizes`` and ``positions`` rearranged in place into batch order; returns the batch starts.
+    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: the batches of
+    :func:`_first_fit_segment`, segment by segment, with ``sizes`` and ``positions`` rearranged
+    in place into batch order; returns the batch starts.
 
-    ``batch`` is a buffer of ``n`` integers (int32 below ``2**31`` samples) for each position's
-    batch. A segment's batches stay within it, so each segment goes through buffers of its
-    length: no array of n more than the batch numbers.
+    ``sizes`` are float64, or whole sizes as uint16 (the 16-bit keys laid out by the pool sort:
+    2 B a sample where float64 sizes are 8). ``batch`` is a buffer of integers (int32) as long
+    as the longest segment, for each of its positions' batch: a segment's batches stay within
+    it, so each segment goes through buffers of its length: no array of n.
     """
     n = sizes.shape[0]
-    total = _first_fit_batches(sizes, seg_starts, budget, cap, batch)
-    starts = np.zeros(total, dtype=np.int64)  # batch b starts after the samples of batches < b
-    for i in range(n):
-        if batch[i] + 1 < total:
-            starts[batch[i] + 1] += 1
-    for k in range(1, total):
-        starts[k] += starts[k - 1]
     m = seg_starts.shape[0]
-    longest = 0
-    for s in range(m):
-        longest = max(longest, (seg_starts[s + 1] if s + 1 < m else n) - seg_starts[s])
-    held_sizes = np.empty(longest, dtype=np.float64)
+    longest = batch.shape[0]
+    held_sizes = np.empty_like(sizes[:longest])
     held_positions = np.empty(longest, dtype=np.int64)
-    fill = np.empty(longest, dtype=np.int64)  # where the next sample of each of the segment's batches goes
+    fill = np.empty(longest, dtype=np.int64)  # per batch of the segment: its count, then where its next sample goes
+    starts = np.empty(64, dtype=np.int64)  # grown by doubling, trimmed at the end
+    total = 0  # batches of the segments done
     for s in range(m):
         a = seg_starts[s]
         b = seg_starts[s + 1] if s + 1 < m else n
         if b <= a:
             continue
-        first = np.int64(batch[a])  # the segment's first sample opens its first batch
-        end = first
-        while end < total and starts[end] < b:
-            fill[end - first] = starts[end]
-            end += 1
+        used = _first_fit_segment(sizes, a, b, budget, cap, batch)
+        fill[:used] = 0
+        for i in range(b - a):
+            fill[batch[i]] += 1
+        if total + used > starts.shape[0]:
+            grown = np.empty(max(2 * starts.shape[0], total + used), dtype=np.int64)
+            grown[:total] = starts[:total]
+            starts = grown
+        at = 0  # batch k of the segment starts after the segment's samples of batches < k
+        for k in range(used):
+            c = fill[k]
+            fill[k] = at
+            starts[total + k] = a + at
+            at += c
         for i in range(a, b):
-            k = np.int64(batch[i]) - first
-            to = fill[k] - a
+            k = batch[i - a]
+            to = fill[k]
             fill[k] += 1
             held_sizes[to] = sizes[i]
             held_positions[to] = positions[i]
         sizes[a:b] = held_sizes[: b - a]
         positions[a:b] = held_positions[: b - a]
-    return starts
+        total += used
+    return starts[:total].copy()

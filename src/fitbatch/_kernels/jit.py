@@ -237,6 +237,7 @@ def _warm(module: ModuleType) -> None:
     module.walk_runs(ints, ints + 1, np.ones(1, np.bool_), ints + 1, ints + 1, ints + 1)
     module.batch_reduce(one, _NO_ORDER, False, np.array([0, 2], dtype=np.int64))
     module.first_fit_in_place(one.copy(), np.arange(2), np.zeros(1, np.int64), 1.0, 2, np.empty(2, np.int32))
+    module.first_fit_in_place(np.ones(2, np.uint16), np.arange(2), np.zeros(1, np.int64), 1.0, 2, np.empty(2, np.int32))
     draws = np.zeros(2, np.uint16)
     module.shuffle_by_level(draws, draws, 0)
     module.shuffle_by_level(draws, np.zeros(2, np.int64), 0)
@@ -542,11 +543,11 @@ def prefix_sum_starts(sizes: FloatArray, budget: float, room: int) -> IntArray |
 
 
 def first_fit_in_place(
-    sizes: FloatArray, positions: IntArray, seg_starts: IntArray, budget: float, cap: int
+    sizes: NDArray[Any], positions: IntArray, seg_starts: IntArray, budget: float, cap: int
 ) -> IntArray | None:
-    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: ``sizes`` and ``positions``
-    (contiguous float64 and int64) rearranged in place into batch order, and the batch starts;
-    ``None`` when not compiled.
+    """:func:`fitbatch._kernels.packing.first_fit_laid` compiled: ``sizes`` (contiguous float64,
+    or whole sizes as contiguous uint16) and ``positions`` (contiguous int64) rearranged in place
+    into batch order, and the batch starts; ``None`` when not compiled.
 
     Its Python loop costs microseconds per sample, so numba is loaded for it from ``FIRST_FIT_AT``
     samples on, not only after ``LOAD_AT``.
@@ -555,10 +556,11 @@ def first_fit_in_place(
     if module is None:
         return None
     n = sizes.shape[0]
-    batch = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)  # each position's batch (half the bytes)
-    starts: IntArray = module.first_fit_in_place(
-        sizes, positions, np.ascontiguousarray(seg_starts, dtype=np.int64), float(budget), int(cap), batch
-    )
+    seg_starts = np.ascontiguousarray(seg_starts, dtype=np.int64)
+    # each position's batch within its segment: a buffer as long as the longest segment
+    longest = int(np.diff(seg_starts, append=n).max(initial=0)) if n else 0
+    batch = np.empty(longest, dtype=np.int32 if longest < 1 << 31 else np.int64)
+    starts: IntArray = module.first_fit_in_place(sizes, positions, seg_starts, float(budget), int(cap), batch)
     return starts
 
 

@@ -15,6 +15,7 @@ extra for millions).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fitbatch._kernels import jit as _jit
 from fitbatch._kernels.batches import FloatArray, IntArray
@@ -52,6 +53,59 @@ def first_fit_laid(
     return positions[inner], starts, sizes[inner]
 
 
+def first_fit_keys(
+    keys: NDArray[np.uint16],
+    positions: IntArray,
+    seg_starts: IntArray,
+    budget: float,
+    cap: int | None = None,
+) -> tuple[IntArray, IntArray, NDArray[np.uint16]]:
+    """:func:`first_fit_laid` over whole sizes given as 16-bit keys (each key is its size) laid
+    out at ``positions``: returns the positions in batch order, the batch starts and the keys in
+    batch order, the same batches as :func:`first_fit_laid` over ``keys.astype(np.float64)``.
+
+    Compiled, the loop reads the keys (2 B a sample) where :func:`first_fit_laid` reads float64
+    sizes (8 B), and rearranges ``keys`` and ``positions`` (contiguous uint16 and int64) in place
+    and returns them; no float64 sizes in batch order are made (read them through the positions).
+
+    >>> import numpy as np
+    >>> positions, starts, laid = first_fit_keys(np.array([6, 5, 4, 3], np.uint16), np.array([7, 5, 3, 1]), np.zeros(1, np.int64), 10.0)
+    >>> positions.tolist(), starts.tolist(), laid.tolist()
+    ([7, 3, 5, 1], [0, 2], [6, 4, 5, 3])
+    """
+    n = keys.shape[0]
+    room_cap = n if cap is None else min(int(cap), n)
+    if keys.dtype == np.uint16 and positions.dtype == np.int64 and keys.flags.c_contiguous and positions.flags.c_contiguous:
+        starts = _jit.first_fit_in_place(keys, positions, seg_starts, budget, room_cap)
+        if starts is not None:
+            return positions, starts, keys
+    order, starts, laid = first_fit_laid(keys.astype(np.float64), positions, seg_starts, budget, cap)
+    return order, starts, laid.astype(np.uint16)
+
+
+def batch_loads(laid_keys: NDArray[np.uint16], starts: IntArray) -> FloatArray:
+    """Each batch's sum of the whole sizes ``laid_keys`` (in batch order, cut at ``starts``) as
+    float64: the sums of :func:`numpy.add.reduceat` over the float64 sizes (exact, being whole
+    below ``2**53``), with the keys widened ``LOAD_CHUNK`` samples at a time (whole batches),
+    not all at once (8 B a sample).
+
+    >>> batch_loads(np.array([6, 4, 5, 3], np.uint16), np.array([0, 2])).tolist()
+    [10.0, 8.0]
+    """
+    n, m = laid_keys.shape[0], starts.shape[0]
+    loads = np.empty(m, dtype=np.float64)
+    b = 0
+    while b < m:
+        e = max(int(np.searchsorted(starts, starts[b] + LOAD_CHUNK, side="right")), b + 1)  # batches [b, e)
+        a, end = int(starts[b]), (int(starts[e]) if e < m else n)
+        np.add.reduceat(laid_keys[a:end].astype(np.float64), starts[b:e] - a, out=loads[b:e])
+        b = e
+    return loads
+
+
+LOAD_CHUNK = 1 << 18  # batch_loads: samples widened to float64 at a time
+
+
 def first_fit_starts(
     sizes: FloatArray,
     seg_starts: IntArray,
@@ -79,7 +133,7 @@ def first_fit_starts(
 def _first_fit_batches(sizes: FloatArray, seg_starts: IntArray, budget: float, cap: int) -> tuple[IntArray, int]:
     """The batch of every position (numbered in opening order) and the number of batches; a
     batch holds at most ``cap`` samples (at most ``n``). The compiled twin is
-    :func:`fitbatch._kernels.compiled._first_fit_batches`."""
+    :func:`fitbatch._kernels.compiled._first_fit_segment` (one segment at a time)."""
     n = sizes.shape[0]
     batch = np.empty(n, dtype=np.int64)
     values = sizes.tolist()

@@ -16,7 +16,8 @@ from fitbatch._kernels import batches as K
 from fitbatch._kernels import histogram, pattern_layout
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
-from fitbatch._kernels.packing import first_fit_laid
+from fitbatch._kernels.batches import FloatArray
+from fitbatch._kernels.packing import batch_loads, first_fit_keys, first_fit_laid
 from fitbatch._validate import fraction, positive_int
 from fitbatch.strategies import _lattice
 from fitbatch.strategies._base import (
@@ -387,25 +388,32 @@ class Packed(_Pools):
                     patterns = quick_patterns
             if ctx.cap is not None or PD.near_bound(patterns, counts, budget):
                 return _laid_out(ctx, counts, patterns, budget)
+        values = ctx.sizes.values
+        laid: FloatArray | None = None
+        loads: FloatArray | None = None  # each batch's sum of sizes, where the keys give it
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
+            # the first fit reads the 16-bit keys (2 B a sample), not float64 sizes laid out (8 B);
+            # the plan is measured through the order (no laid copy of 8 B a sample)
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
-            sizes = laid_keys.astype(np.float64)
+            order, starts, laid_keys = first_fit_keys(laid_keys, order, seg_starts, ctx.budget, ctx.cap)
+            if seg_starts.size > 1:  # each batch's load (below), from the keys in batch order (whole sizes: exact)
+                loads = batch_loads(laid_keys, starts)
             del laid_keys
         else:
             order, seg_starts = _pooled_order(ctx, self.pool_size)
-            sizes = ctx.sizes.values[order]
-        order, starts, laid = first_fit_laid(sizes, order, seg_starts, ctx.budget, ctx.cap)
-        del sizes  # laid holds them now, in batch order
+            order, starts, laid = first_fit_laid(values[order], order, seg_starts, ctx.budget, ctx.cap)
+            if seg_starts.size > 1:
+                loads = np.add.reduceat(laid, starts)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
         first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
-        if seg_starts.size <= 1:
+        if loads is None:  # one pool
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
         # each batch's load (one pool or more: starts is not empty) tells it is loose
-        loose = np.add.reduceat(laid, starts) < LOOSE * ctx.budget
-        values = ctx.sizes.values
+        loose = loads < LOOSE * ctx.budget
+        del loads
         whole = SK.keys_are_sizes(edges, ctx.sizes.integral)
 
         def pack(rest: IntArray) -> Result:
