@@ -83,6 +83,42 @@ def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: 
 
 
 @njit(cache=True, nogil=True)
+def pcg64_halves(state: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out`` filled with numpy's PCG64 outputs from ``state`` (its 128-bit state and increment
+    as (state high, state low, increment high, increment low) 64-bit words, advanced in place),
+    each 64-bit output as two 32-bit halves, low first (numpy's order of 32-bit draws):
+    ``bit_generator.random_raw`` without its call per draw (``len(out)`` must be even).
+
+    PCG64 (XSL-RR): the state becomes ``state * MULTIPLIER + increment`` (mod ``2**128``), and
+    the output is its high and low words xor-ed, rotated right by its top 6 bits.
+    """
+    hi, lo, inc_hi, inc_lo = state[0], state[1], state[2], state[3]
+    mul_hi, mul_lo = np.uint64(2549297995355413924), np.uint64(4865540595714422341)
+    low32, s32, s58, s63, s64 = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(58), np.uint64(63), np.uint64(64)
+    for i in range(0, out.shape[0], 2):
+        new_lo = lo * mul_lo
+        new_hi = _mul_high(lo, mul_lo) + lo * mul_hi + hi * mul_lo
+        lo = new_lo + inc_lo
+        hi = new_hi + inc_hi + np.uint64(lo < inc_lo)
+        x = hi ^ lo
+        r = hi >> s58
+        word = (x >> r) | (x << ((s64 - r) & s63))
+        out[i] = np.uint32(word & low32)
+        out[i + 1] = np.uint32(word >> s32)
+    state[0], state[1] = hi, lo
+
+
+@njit(cache=True, nogil=True)
+def _mul_high(a: np.uint64, b: np.uint64) -> np.uint64:  # pragma: no cover - compiled
+    """The high 64 bits of ``a * b`` (128 bits) from 32-bit halves (LLVM makes it one multiply)."""
+    low32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+    a0, a1, b0, b1 = a & low32, a >> s32, b & low32, b >> s32
+    p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+    mid = (p00 >> s32) + (p01 & low32) + (p10 & low32)
+    return a1 * b1 + (p01 >> s32) + (p10 >> s32) + (mid >> s32)
+
+
+@njit(cache=True, nogil=True)
 def lay_out_sequence(  # pragma: no cover - compiled
     labels: np.ndarray, by_length: np.ndarray, first_item: np.ndarray, item: np.ndarray, at: np.ndarray,
     order: np.ndarray, offsets: np.ndarray,
@@ -93,7 +129,10 @@ def lay_out_sequence(  # pragma: no cover - compiled
     place). ``offsets`` (of ``len(labels) + 1``) receives where each batch starts, and the end.
 
     One step per place, without a branch where a batch ends (the batches hold one, two or more
-    places in a drawn order: a loop per batch would mispredict its end about once a batch).
+    places in a drawn order: a loop per batch would mispredict its end about once a batch, and
+    so would a conditional move that LLVM turns into a branch: the selects are arithmetic). The
+    next batch's first place and end are read a batch ahead, off the chain from one place to
+    the next.
     """
     m, n = labels.shape[0], order.shape[0]
     offsets[0] = 0
@@ -102,8 +141,11 @@ def lay_out_sequence(  # pragma: no cover - compiled
     t, start = 0, 0
     p = labels[0]
     c, end = first_item[p], first_item[p + 1]
+    q = labels[min(1, m - 1)]
+    next_c, next_end = first_item[q], first_item[q + 1]
     # Invariant: order[:o] holds the batches before t and the places of batch t before c;
-    # offsets[:t + 1] their starts; at[v] is the next position of length v.
+    # offsets[:t + 1] their starts; at[v] is the next position of length v; next_c and
+    # next_end are batch t + 1's (the last batch's past the end).
     for o in range(n):
         v = item[c]
         k = at[v]
@@ -111,12 +153,16 @@ def lay_out_sequence(  # pragma: no cover - compiled
         at[v] = k + 1
         c += 1
         done = np.int64(c == end)
+        stay = 1 - done
         t += done
-        start = o + 1 if done else start
+        start = stay * start + done * (o + 1)
         offsets[t] = start
-        q = labels[min(t, m - 1)]
-        c = first_item[q] if done else c
-        end = first_item[q + 1] if done else end
+        c = stay * c + done * next_c
+        end = stay * end + done * next_end
+        q = labels[min(t + 1, m - 1)]
+        ahead_c, ahead_end = first_item[q], first_item[q + 1]
+        next_c = stay * next_c + done * ahead_c
+        next_end = stay * next_end + done * ahead_end
 
 
 @njit(cache=True, nogil=True)
@@ -128,12 +174,11 @@ def count_levels(level: np.ndarray, out: np.ndarray) -> None:  # pragma: no cove
 
 
 @njit(cache=True, nogil=True)
-def gather_kinds(kind: np.ndarray, count: np.ndarray, values: np.ndarray, out_count: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out_count[b] = count[kind[b]]`` and ``out[f, b] = values[f, kind[b]]`` for every batch
-    ``b``: the per-batch arrays of batches of a few kinds, in one pass."""
+def gather_kinds(kind: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``out[f, b] = values[f, kind[b]]`` for every batch ``b``: the per-batch arrays of batches
+    of a few kinds, in one pass."""
     fields = values.shape[0]
     for b in range(kind.shape[0]):
         k = kind[b]
-        out_count[b] = count[k]
         for f in range(fields):
             out[f, b] = values[f, k]

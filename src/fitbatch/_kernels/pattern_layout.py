@@ -106,8 +106,25 @@ def lay_out_drawn(
     last = tables.times.size - 1
     order, offsets = _written(labels, by_length, counts, tables, loops)
     del by_length
-    tail = -1 if not labels.size else labels.size - 1 - int(np.argmax(labels[::-1] == last))
+    tail = -1 if not labels.size else _last(labels, last)
     return Layout(order, offsets, labels, tables.width, tables.longest, tables.total, tail)
+
+
+def _last(labels: NDArray[Any], label: int) -> int:
+    """Where ``label`` is last in ``labels`` (not empty), looked for from the end in growing
+    pieces (no array of the whole length); the last place when it is not there.
+
+    >>> _last(np.array([0, 1, 0, 2, 2]), 0), _last(np.array([1, 1]), 0)
+    (2, 1)
+    """
+    end, step = labels.size, 1 << 12
+    while end > 0:
+        start = max(0, end - step)
+        hit = np.flatnonzero(labels[start:end] == label)
+        if hit.size:
+            return start + int(hit[-1])
+        end, step = start, step * 4
+    return labels.size - 1
 
 
 def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None) -> NDArray[Any]:
@@ -124,14 +141,14 @@ def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleTyp
     if rng is None or total <= 1:
         return np.repeat(patterns, times)
     left = np.asarray(times, dtype=np.int64).copy()
-    pieces, bounds = [], [0]
+    labels = np.empty(total, dtype=label)
+    bounds = [0]
     while bounds[-1] < total:
         size = min(PIECE, total - bounds[-1])
         held = rng.multivariate_hypergeometric(left, size) if size < left.sum() else left.copy()
         left -= held
-        pieces.append(np.repeat(patterns, held))
+        labels[bounds[-1] : bounds[-1] + size] = np.repeat(patterns, held)
         bounds.append(bounds[-1] + size)
-    labels = np.concatenate(pieces)
     _shuffle(labels, np.asarray(bounds, dtype=np.int64), rng, loops)
     return labels
 
@@ -198,16 +215,40 @@ def _shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops:
 
 def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType, chunk: int) -> None:
     """The compiled :func:`_shuffle`, fed ``chunk`` raw draws at a time (as 32-bit halves, low
-    first: the order of numpy's 32-bit draws on a little-endian machine)."""
+    first: numpy's order of 32-bit draws), drawn by the compiled PCG64 from the generator's state
+    (one buffer for every chunk; the generator is advanced past them afterwards)."""
     state = np.array([0, -1], dtype=np.int64)
     steps = np.empty(STEPS, dtype=np.int64)
-    raw = rng.bit_generator.random_raw
     kept = _kept_half(rng)
-    while state[0] < bounds.size - 1:
-        draws = raw(chunk).astype("<u8", copy=False).view("<u4")
-        if kept is not None:  # numpy's next 32-bit draw is the half it kept from its last 64 bits
-            draws, kept = np.concatenate([np.array([kept], dtype="<u4"), draws]), None
+    words = _pcg64_words(rng)
+    halves = np.empty(2 * chunk + 1, dtype=np.uint32)
+    drawn = 0
+    if kept is not None:  # numpy's next 32-bit draw is the half it kept from its last 64 bits
+        halves[0] = kept
+        loops.pcg64_halves(words, halves[1:])
+        draws = halves
+    else:
+        draws = halves[1:]
+        loops.pcg64_halves(words, draws)
+    while True:
+        drawn += chunk
         loops.shuffle_blocks(x, bounds, draws, state, steps)
+        if state[0] >= bounds.size - 1:
+            break
+        draws = halves[1:]
+        loops.pcg64_halves(words, draws)
+    bit_generator = rng.bit_generator
+    if isinstance(bit_generator, np.random.PCG64):  # (it is: _kept_half refuses another)
+        bit_generator.advance(drawn)
+
+
+def _pcg64_words(rng: np.random.Generator) -> NDArray[np.uint64]:
+    """A PCG64 generator's state and increment as four 64-bit words, high first (see
+    :func:`fitbatch._kernels.compiled_histogram.pcg64_halves`)."""
+    inner = rng.bit_generator.state["state"]
+    state, inc = int(inner["state"]), int(inner["inc"])
+    mask = (1 << 64) - 1
+    return np.array([state >> 64, state & mask, inc >> 64, inc & mask], dtype=np.uint64)
 
 
 def _kept_half(rng: np.random.Generator) -> int | None:
@@ -261,21 +302,17 @@ def _written(
     return order, offsets
 
 
-def per_batch(kind: NDArray[Any], count: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray]:
-    """Each batch's count and values from its kind's: ``count[kind]`` and ``values[:, kind]``
-    (``values``: one row of float64 per quantity), compiled as one pass with the ``fast`` extra.
+def per_batch(kind: NDArray[Any], values: FloatArray) -> FloatArray:
+    """Each batch's values from its kind's: ``values[:, kind]`` (``values``: one row of float64
+    per quantity), compiled as one pass with the ``fast`` extra.
 
-    >>> c, v = per_batch(np.array([1, 0, 1], np.uint16), np.array([2, 3]), np.array([[5.0, 6.0], [10.0, 18.0]]))
-    >>> c.tolist(), v.tolist()
-    ([3, 2, 3], [[6.0, 5.0, 6.0], [18.0, 10.0, 18.0]])
+    >>> per_batch(np.array([1, 0, 1], np.uint16), np.array([[5.0, 6.0], [10.0, 18.0]])).tolist()
+    [[6.0, 5.0, 6.0], [18.0, 10.0, 18.0]]
     """
     loops = _loops(0)
-    count = np.ascontiguousarray(count, dtype=np.int64)
     values = np.ascontiguousarray(values, dtype=np.float64)
     if loops is None:
-        return count[kind], values[:, kind]
-    out_count = np.empty(kind.shape[0], dtype=np.int64)
+        return values[:, kind]
     out = np.empty((values.shape[0], kind.shape[0]), dtype=np.float64)
-    loops.gather_kinds(np.ascontiguousarray(kind), count, values, out_count, out)
-    return out_count, out
-
+    loops.gather_kinds(np.ascontiguousarray(kind), values, out)
+    return out

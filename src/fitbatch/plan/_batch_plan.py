@@ -70,6 +70,21 @@ class _Windows(dict):  # type: ignore[type-arg]
         return view
 
 
+class _Base(dict):  # type: ignore[type-arg]
+    """A plan's per-batch arrays over its (order, offsets), by name; the counts are taken from the
+    offsets on first use (millions of batches: 8 B each, that a plan nobody iterates never reads)."""
+
+    def __init__(self, offsets: IntArray, **arrays: Any) -> None:
+        super().__init__(arrays, heads=offsets[:-1])
+        self.offsets = offsets
+
+    def __missing__(self, name: str) -> Any:
+        if name != "counts":
+            raise KeyError(name)
+        counts = self["counts"] = np.diff(self.offsets)
+        return counts
+
+
 def _per_batch(name: str, doc: str) -> Any:
     """A read-only per-batch array of a plan (selected for the plan's batches on first use)."""
     return property(lambda plan: plan._pick(name), doc=doc)
@@ -120,13 +135,7 @@ class BatchPlan(Sequence[IntArray]):
         self._base_order = order
         self._base_offsets = offsets
         self._ids = batch_ids
-        self._base: dict[str, Any] = {
-            "costs": costs,
-            "real_units": real_units,
-            "padded_units": padded_units,
-            "counts": np.diff(offsets),
-            "heads": offsets[:-1],
-        }
+        self._base: dict[str, Any] = _Base(offsets, costs=costs, real_units=real_units, padded_units=padded_units)
         self._picked: dict[str, Any] = {}
         # whether batch_ids reorders every batch (then sums and extremes equal the base arrays')
         self._all = batch_ids is None or (ids_permute_all and batch_ids.size == offsets.size - 1)
@@ -283,10 +292,10 @@ class BatchPlan(Sequence[IntArray]):
 
     @property
     def n_samples(self) -> int:
-        return int(self._totals("counts").sum())
+        return int(self._base_offsets[-1] - self._base_offsets[0]) if self._all else int(self._pick("counts").sum())
 
     def __len__(self) -> int:
-        return int(self._base["counts"].size if self._ids is None else self._ids.size)
+        return int(self._base_offsets.size - 1 if self._ids is None else self._ids.size)
 
     @overload
     def __getitem__(self, i: int) -> IntArray: ...
@@ -469,14 +478,23 @@ def measure_batches(
     """
     values = sizes.values
     if kinds is not None and values.ndim == 1:
-        kind, count, mx, sm = kinds
-        cost = model.evaluate(count.astype(np.float64), mx, sm)
-        same = cost is sm  # (a sum cost: the costs are the real units)
-        per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
-        counts, got = pattern_layout.per_batch(kind, count, per_kind)
-        return counts, got[0], got[0] if same else got[2], got[1]
+        return (np.asarray(kinds[1], dtype=np.int64)[kinds[0]], *_measure_kinds(model, kinds))
     costs, real, padded = _measure(sizes, model, order, offsets, laid)
     return np.diff(offsets), costs, real, padded
+
+
+def _measure_kinds(
+    model: CostModel, kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray]
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """:func:`measure_batches`' cost, real and padded units of batches of kinds (1-D sizes; see
+    its ``kinds``): each kind measured once, then gathered per batch (one array shared by the
+    costs and the real units under a sum cost; the counts are left to the offsets)."""
+    kind, count, mx, sm = kinds
+    cost = model.evaluate(count.astype(np.float64), mx, sm)
+    same = cost is sm  # (a sum cost: the costs are the real units)
+    per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
+    got = pattern_layout.per_batch(kind, per_kind)
+    return got[0], got[0] if same else got[2], got[1]
 
 
 def _measure(
