@@ -37,22 +37,6 @@ def _same(a: L.Layout, b: L.Layout) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in arrays) and a.tail == b.tail
 
 
-@given(state=st.integers(0, 2**128 - 1), inc=st.integers(0, 2**127 - 1), size=st.integers(0, 40))
-def test_the_compiled_pcg64_draws_numpys_raw_outputs(state, inc, size):
-    loops = _loops()
-    bit_generator = np.random.PCG64()
-    bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": 2 * inc + 1}, "has_uint32": 0, "uinteger": 0}
-    words = L._pcg64_words(np.random.Generator(bit_generator))
-    halves = np.zeros(2 * size, dtype=np.uint32)
-    loops.pcg64_halves(words, halves)
-    raw = bit_generator.random_raw(size + 1)
-    assert np.array_equal(halves[0::2].astype(np.uint64) | (halves[1::2].astype(np.uint64) << np.uint64(32)), raw[:size])
-    # the state words are advanced as numpy's state is: the next output follows on
-    following = np.zeros(2, dtype=np.uint32)
-    loops.pcg64_halves(words, following)
-    assert int(following[0]) | int(following[1]) << 32 == int(raw[size])
-
-
 @given(
     lengths=st.lists(st.integers(1, 40), min_size=1, max_size=400),
     budget=st.integers(40, 64),
@@ -103,27 +87,41 @@ def test_without_generators_the_batches_are_in_pattern_order_and_index_order():
     assert [out.order[a:b].tolist() for a, b in zip(out.offsets[:-1], out.offsets[1:])] == [[0, 1], [3, 5], [6, 7], [2, 4]]
 
 
+def _pcg64(state: int, inc: int) -> np.random.Generator:
+    bit_generator = np.random.PCG64()
+    bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+    return np.random.Generator(bit_generator)
+
+
 @given(
     blocks=st.lists(st.integers(0, 40_000), min_size=1, max_size=6),
-    chunk=st.integers(1, 3000),
-    seed=st.integers(0, 2**32 - 1),
+    state=st.one_of(st.integers(0, 2**128 - 1), st.sampled_from([0, 2**64 - 1, 2**64, 2**128 - 1])),
+    inc=st.one_of(st.integers(0, 2**127 - 1), st.sampled_from([0, 2**63 - 1, 2**63, 2**127 - 1])),
     dtype=st.sampled_from([np.int32, np.int64, np.uint16]),
     primed=st.integers(0, 3),
 )
-def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, chunk, seed, dtype, primed):
+def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, state, inc, dtype, primed):
+    """Same swaps from the same draws (numpy's PCG64 run in the loop, from any state: the 128-bit
+    arithmetic's carries), and the generator left where numpy's shuffle leaves it."""
     loops = _loops()
     bounds = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
     theirs = np.arange(bounds[-1]).astype(dtype)
     mine = theirs.copy()
-    rng, ours = np.random.Generator(np.random.PCG64(seed)), np.random.Generator(np.random.PCG64(seed))
+    rng, ours = _pcg64(state, 2 * inc + 1), _pcg64(state, 2 * inc + 1)
     for g in (rng, ours):  # 32-bit draws before: numpy may hold a half for its next one
         g.integers(0, 1000, size=primed, dtype=np.uint32)
     for a, b in zip(bounds[:-1], bounds[1:]):
         rng.shuffle(theirs[a:b])
-    # fed in chunks of raw draws: it resumes where it stopped
-    L._compiled_shuffle(mine, bounds, ours, loops, chunk)
+    L._compiled_shuffle(mine, bounds, ours, loops)
     assert np.array_equal(mine, theirs)
+    assert ours.bit_generator.state == rng.bit_generator.state
+    assert ours.integers(0, 1 << 30, 5).tolist() == rng.integers(0, 1 << 30, 5).tolist()
     assert L._same_shuffle(loops)
+
+
+def test_the_compiled_shuffle_refuses_another_bit_generator():
+    with pytest.raises(ValueError, match="PCG64DXSM"):
+        L._compiled_shuffle(np.arange(5), np.array([0, 5]), np.random.Generator(np.random.PCG64DXSM(0)), _loops())
 
 
 @given(level=st.lists(st.integers(0, 20), max_size=500))

@@ -28,27 +28,27 @@ def group_by_level(level: np.ndarray, top: int, at: np.ndarray, out: np.ndarray)
 
 
 @njit(cache=True, nogil=True)
-def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: np.ndarray, steps: np.ndarray) -> None:  # pragma: no cover - compiled
+def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, words: np.ndarray, steps: np.ndarray) -> None:  # pragma: no cover - compiled
     """``Generator.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block ``d`` in turn, in place,
-    drawing from ``draws`` (the generator's next raw 64-bit outputs as 32-bit halves, low first:
-    numpy's order).
+    for a PCG64 generator whose state ``words`` holds: its 128-bit state and increment as
+    (state high, state low, increment high, increment low) 64-bit words, then whether it kept a
+    32-bit half of its last output and that half (updated in place: the generator's state after
+    the shuffle, as numpy's would be).
 
     numpy's shuffle swaps ``x[i]`` with ``x[j]`` for ``i`` from the block's last position down to
     1, ``j`` uniform in ``[0, i]``: a 32-bit draw masked to the bits of ``i``, drawn again while
-    over ``i``. The draws of up to ``len(steps)`` steps are found first without a branch (a
-    rejected draw leaves ``i`` as it is; the mask narrows as ``i`` crosses a power of two), then
-    their swaps are made. ``state`` holds (block, ``i``) and is updated in place: when ``draws``
-    run out the loop returns and resumes there with the next draws (block ``len(bounds) - 1``:
-    done).
+    over ``i`` (32-bit draws are the halves of the 64-bit outputs, low first, the high one kept
+    for the next draw). The draws of up to ``len(steps)`` steps are found first without a branch
+    on their values (a rejected draw leaves ``i`` as it is; the mask narrows as ``i`` crosses a
+    power of two), then their swaps are made.
     """
-    blocks = bounds.shape[0] - 1
-    d, i = state[0], state[1]
-    q, end = 0, draws.shape[0]
+    hi, lo, inc_hi, inc_lo = words[0], words[1], words[2], words[3]
+    kept, half32 = words[4] != 0, words[5]
+    low32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
     cap = steps.shape[0]
-    while d < blocks:
+    for d in range(bounds.shape[0] - 1):
         a = bounds[d]
-        if i < 0:
-            i = bounds[d + 1] - a - 1
+        i = bounds[d + 1] - a - 1
         # Invariant: x[a + i + 1 : bounds[d + 1]] hold their final values (numpy's order of swaps).
         while i > 0:
             first, stop = i, max(i - cap, 0)
@@ -60,9 +60,14 @@ def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: 
             m |= m >> np.uint64(16)
             mask = np.int64(m)
             half = mask >> 1
-            while i > stop and q < end:
-                v = np.int64(draws[q]) & mask
-                q += 1
+            while i > stop:
+                if kept:  # (alternates: predicted)
+                    draw = half32
+                else:
+                    hi, lo, word = _pcg64_next(hi, lo, inc_hi, inc_lo)
+                    draw, half32 = word & low32, word >> s32
+                kept = not kept
+                v = np.int64(draw) & mask
                 steps[first - i] = v
                 i -= np.int64(v <= i)
                 narrow = np.int64(i <= half)
@@ -74,43 +79,30 @@ def shuffle_blocks(x: np.ndarray, bounds: np.ndarray, draws: np.ndarray, state: 
                 t = x[s]
                 x[s] = x[j]
                 x[j] = t
-            if i > stop:  # the draws ran out
-                state[0], state[1] = d, i
-                return
-        d += 1
-        i = -1
-    state[0], state[1] = d, -1
+    words[0], words[1] = hi, lo
+    words[4], words[5] = np.uint64(1 if kept else 0), half32
 
 
 @njit(cache=True, nogil=True)
-def pcg64_halves(state: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``out`` filled with numpy's PCG64 outputs from ``state`` (its 128-bit state and increment
-    as (state high, state low, increment high, increment low) 64-bit words, advanced in place),
-    each 64-bit output as two 32-bit halves, low first (numpy's order of 32-bit draws):
-    ``bit_generator.random_raw`` without its call per draw (``len(out)`` must be even).
-
-    PCG64 (XSL-RR): the state becomes ``state * MULTIPLIER + increment`` (mod ``2**128``), and
-    the output is its high and low words xor-ed, rotated right by its top 6 bits.
-    """
-    hi, lo, inc_hi, inc_lo = state[0], state[1], state[2], state[3]
+def _pcg64_next(hi: np.uint64, lo: np.uint64, inc_hi: np.uint64, inc_lo: np.uint64) -> tuple[np.uint64, np.uint64, np.uint64]:  # pragma: no cover - compiled
+    """numpy's PCG64 (XSL-RR) one step on: the state ``(hi, lo)`` becomes ``state * MULTIPLIER +
+    increment`` (mod ``2**128``), and the output is its words xor-ed, rotated right by its top 6
+    bits. Returns the new state's words and the output."""
     mul_hi, mul_lo = np.uint64(2549297995355413924), np.uint64(4865540595714422341)
-    low32, s32, s58, s63, s64 = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(58), np.uint64(63), np.uint64(64)
-    for i in range(0, out.shape[0], 2):
-        new_lo = lo * mul_lo
-        new_hi = _mul_high(lo, mul_lo) + lo * mul_hi + hi * mul_lo
-        lo = new_lo + inc_lo
-        hi = new_hi + inc_hi + np.uint64(lo < inc_lo)
-        x = hi ^ lo
-        r = hi >> s58
-        word = (x >> r) | (x << ((s64 - r) & s63))
-        out[i] = np.uint32(word & low32)
-        out[i + 1] = np.uint32(word >> s32)
-    state[0], state[1] = hi, lo
+    s58, s63, s64 = np.uint64(58), np.uint64(63), np.uint64(64)
+    new_lo = lo * mul_lo
+    new_hi = _mul_high(lo, mul_lo) + lo * mul_hi + hi * mul_lo
+    lo = new_lo + inc_lo
+    hi = new_hi + inc_hi + np.uint64(lo < inc_lo)
+    x = hi ^ lo
+    r = hi >> s58
+    return hi, lo, (x >> r) | (x << ((s64 - r) & s63))
 
 
 @njit(cache=True, nogil=True)
 def _mul_high(a: np.uint64, b: np.uint64) -> np.uint64:  # pragma: no cover - compiled
-    """The high 64 bits of ``a * b`` (128 bits) from 32-bit halves (LLVM makes it one multiply)."""
+    """The high 64 bits of ``a * b`` (128 bits) from 32-bit halves (numba has no 128-bit
+    integers; LLVM makes it one multiply once inlined)."""
     low32, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
     a0, a1, b0, b1 = a & low32, a >> s32, b & low32, b >> s32
     p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0

@@ -45,9 +45,6 @@ IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, longest first)
 
-#: raw 64-bit draws fed to the compiled shuffle at a time (numpy's shuffle takes about 0.7 of
-#: one per position: 32-bit halves, redrawn while over the bound)
-RAW_CHUNK = 1 << 20
 #: steps whose draws the compiled shuffle finds before making their swaps
 STEPS = 1 << 14
 #: batches of the drawn sequence shuffled at a time (512 KiB of labels: in the cache)
@@ -206,58 +203,26 @@ def _shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops:
     """``rng.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block in turn, in place (compiled:
     the same swaps, from the same draws)."""
     if loops is not None and x.flags.c_contiguous and type(rng.bit_generator) is np.random.PCG64 and _same_shuffle(loops):
-        _compiled_shuffle(x, bounds, rng, loops, RAW_CHUNK)
+        _compiled_shuffle(x, bounds, rng, loops)
         return
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         if b - a > 1:
             rng.shuffle(x[a:b])
 
 
-def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType, chunk: int) -> None:
-    """The compiled :func:`_shuffle`, fed ``chunk`` raw draws at a time (as 32-bit halves, low
-    first: numpy's order of 32-bit draws), drawn by the compiled PCG64 from the generator's state
-    (one buffer for every chunk; the generator is advanced past them afterwards)."""
-    state = np.array([0, -1], dtype=np.int64)
-    steps = np.empty(STEPS, dtype=np.int64)
-    kept = _kept_half(rng)
-    words = _pcg64_words(rng)
-    halves = np.empty(2 * chunk + 1, dtype=np.uint32)
-    drawn = 0
-    if kept is not None:  # numpy's next 32-bit draw is the half it kept from its last 64 bits
-        halves[0] = kept
-        loops.pcg64_halves(words, halves[1:])
-        draws = halves
-    else:
-        draws = halves[1:]
-        loops.pcg64_halves(words, draws)
-    while True:
-        drawn += chunk
-        loops.shuffle_blocks(x, bounds, draws, state, steps)
-        if state[0] >= bounds.size - 1:
-            break
-        draws = halves[1:]
-        loops.pcg64_halves(words, draws)
-    bit_generator = rng.bit_generator
-    if isinstance(bit_generator, np.random.PCG64):  # (it is: _kept_half refuses another)
-        bit_generator.advance(drawn)
-
-
-def _pcg64_words(rng: np.random.Generator) -> NDArray[np.uint64]:
-    """A PCG64 generator's state and increment as four 64-bit words, high first (see
-    :func:`fitbatch._kernels.compiled_histogram.pcg64_halves`)."""
-    inner = rng.bit_generator.state["state"]
-    state, inc = int(inner["state"]), int(inner["inc"])
-    mask = (1 << 64) - 1
-    return np.array([state >> 64, state & mask, inc >> 64, inc & mask], dtype=np.uint64)
-
-
-def _kept_half(rng: np.random.Generator) -> int | None:
-    """The 32-bit half a PCG64 generator kept for its next 32-bit draw, if any; ``ValueError``
-    for another bit generator (its 32-bit draws are not known to be halves of its raw ones)."""
+def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType) -> None:
+    """The compiled :func:`_shuffle`: numpy's PCG64 run in the loop from the generator's state,
+    which is set to where numpy's shuffle would leave it (``ValueError`` for another bit
+    generator: its draws are not known)."""
     state = rng.bit_generator.state
     if state.get("bit_generator") != "PCG64":
         raise ValueError(f"the compiled shuffle follows PCG64's draws, not {state.get('bit_generator')!r}'s")
-    return int(state["uinteger"]) if state["has_uint32"] else None
+    inner, mask = state["state"], (1 << 64) - 1
+    at, inc = int(inner["state"]), int(inner["inc"])
+    words = np.array([at >> 64, at & mask, inc >> 64, inc & mask, int(state["has_uint32"]), int(state["uinteger"])], dtype=np.uint64)
+    loops.shuffle_blocks(x, bounds, words, np.empty(STEPS, dtype=np.int64))
+    high, low, _, _, kept, half = (int(w) for w in words)
+    rng.bit_generator.state = {**state, "state": {"state": high << 64 | low, "inc": inc}, "has_uint32": kept, "uinteger": half}
 
 
 @functools.lru_cache(maxsize=1)
@@ -268,9 +233,9 @@ def _same_shuffle(loops: ModuleType) -> bool:
     mine, theirs = np.arange(71_000, dtype=np.int32), np.arange(71_000, dtype=np.int32)
     ours, numpys = (np.random.Generator(np.random.PCG64(20_211_128)) for _ in range(2))
     ours.integers(0, 1 << 20, dtype=np.uint32), numpys.integers(0, 1 << 20, dtype=np.uint32)  # a half kept
-    _compiled_shuffle(mine, bounds, ours, loops, 977)
+    _compiled_shuffle(mine, bounds, ours, loops)
     _shuffle(theirs, bounds, numpys, None)
-    same = bool(np.array_equal(mine, theirs))
+    same = bool(np.array_equal(mine, theirs)) and ours.bit_generator.state == numpys.bit_generator.state
     if not same:
         logger.warning("this numpy shuffles otherwise than the compiled loop: numpy lays out histogram plans")
     return same

@@ -11,7 +11,7 @@ import gc
 import itertools
 import logging
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -70,15 +70,28 @@ class _Windows(dict):  # type: ignore[type-arg]
         return view
 
 
+class _Later:
+    """A per-batch array a plan makes on first use: ``make()`` (given to :class:`BatchPlan` in
+    place of the array; see :func:`_measure_kinds`)."""
+
+    def __init__(self, make: Callable[[], FloatArray]) -> None:
+        self.make = make
+
+
 class _Base(dict):  # type: ignore[type-arg]
     """A plan's per-batch arrays over its (order, offsets), by name; the counts are taken from the
-    offsets on first use (millions of batches: 8 B each, that a plan nobody iterates never reads)."""
+    offsets on first use (millions of batches: 8 B each, that a plan nobody iterates never reads),
+    and an array given as :class:`_Later` is made then."""
 
     def __init__(self, offsets: IntArray, **arrays: Any) -> None:
-        super().__init__(arrays, heads=offsets[:-1])
+        self.later = {name: a for name, a in arrays.items() if isinstance(a, _Later)}
+        super().__init__({name: a for name, a in arrays.items() if name not in self.later}, heads=offsets[:-1])
         self.offsets = offsets
 
     def __missing__(self, name: str) -> Any:
+        if name in self.later:
+            made = self[name] = self.later.pop(name).make()
+            return made
         if name != "counts":
             raise KeyError(name)
         counts = self["counts"] = np.diff(self.offsets)
@@ -478,23 +491,32 @@ def measure_batches(
     """
     values = sizes.values
     if kinds is not None and values.ndim == 1:
-        return (np.asarray(kinds[1], dtype=np.int64)[kinds[0]], *_measure_kinds(model, kinds))
+        costs, real, padded = _measure_kinds(model, kinds)
+        return np.asarray(kinds[1], dtype=np.int64)[kinds[0]], costs, real, padded
     costs, real, padded = _measure(sizes, model, order, offsets, laid)
     return np.diff(offsets), costs, real, padded
 
 
 def _measure_kinds(
-    model: CostModel, kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray]
-) -> tuple[FloatArray, FloatArray, FloatArray]:
+    model: CostModel, kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray], *, later: bool = False
+) -> tuple[FloatArray, FloatArray, Any]:
     """:func:`measure_batches`' cost, real and padded units of batches of kinds (1-D sizes; see
     its ``kinds``): each kind measured once, then gathered per batch (one array shared by the
-    costs and the real units under a sum cost; the counts are left to the offsets)."""
+    costs and the real units under a sum cost; the counts are left to the offsets). With
+    ``later``, the padded units come as :class:`_Later` (gathered when the plan is asked for them:
+    the plan keeps the kinds, 2 B a batch, instead of 8)."""
     kind, count, mx, sm = kinds
     cost = model.evaluate(count.astype(np.float64), mx, sm)
     same = cost is sm  # (a sum cost: the costs are the real units)
-    per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
-    got = pattern_layout.per_batch(kind, per_kind)
-    return got[0], got[0] if same else got[2], got[1]
+    padded = np.asarray(count * mx, dtype=np.float64)
+    rows = [cost] if same else [cost, sm]
+    if not later:
+        rows.append(padded)
+    got = pattern_layout.per_batch(kind, np.stack(rows).astype(np.float64, copy=False))
+    real = got[0] if same else got[1]
+    if not later:
+        return got[0], real, got[-1]
+    return got[0], real, _Later(lambda: pattern_layout.per_batch(kind, padded[np.newaxis])[0])
 
 
 def _measure(

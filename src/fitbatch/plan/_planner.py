@@ -167,7 +167,7 @@ def plan_with(
         if kinds is None:
             costs, real, padded = _measure(kept, model, None if in_plan_order else order, offsets)
         else:
-            costs, real, padded = _measure_kinds(model, kinds[1:])
+            costs, real, padded = _measure_kinds(model, kinds[1:], later=True)
     del kinds
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
