@@ -212,3 +212,21 @@ def test_the_sequence_drawn_in_pieces_holds_every_batch_once_either_way(seed):
     assert np.array_equal(plain, compiled)
     assert np.array_equal(np.bincount(plain, minlength=9), times)
     assert plain.tolist() != sorted(plain.tolist()) or times.sum() <= 1
+
+
+def test_a_histogram_plan_measures_when_read_and_pickles_before_and_after():
+    """The counts and padded units are made on first read (from the offsets and the batches'
+    patterns): the same as measured from the samples, and a plan pickles whether made or not."""
+    import pickle
+
+    sizes = np.clip(np.ceil(np.random.default_rng(4).lognormal(4.0, 0.9, 200_000)), 1, 256).astype(np.int64)
+    plan = fitbatch.plan_batches(sizes, 256, cost="sum", strategy="packed", seed=2)
+    assert len(plan) == plan.offsets.size - 1 and plan.n_samples == sizes.size
+    again = pickle.loads(pickle.dumps(plan))
+    lengths = [sizes[b] for b in plan]
+    assert plan.counts.tolist() == [b.size for b in lengths]
+    assert plan.padded_units.tolist() == [float(b.size * b.max()) for b in lengths]
+    assert plan.costs.tolist() == plan.real_units.tolist() == [float(b.sum()) for b in lengths]
+    for copy in (again, pickle.loads(pickle.dumps(plan))):
+        assert np.array_equal(copy.padded_units, plan.padded_units) and np.array_equal(copy.counts, plan.counts)
+        assert np.array_equal(copy.order, plan.order) and copy.stats() == plan.stats()

@@ -11,7 +11,7 @@ import gc
 import itertools
 import logging
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -71,11 +71,15 @@ class _Windows(dict):  # type: ignore[type-arg]
 
 
 class _Later:
-    """A per-batch array a plan makes on first use: ``make()`` (given to :class:`BatchPlan` in
-    place of the array; see :func:`_measure_kinds`)."""
+    """A per-batch array a plan gathers on first use: ``values[kind]`` (given to
+    :class:`BatchPlan` in place of the array; see :func:`_measure_kinds`). Plain data, so the
+    plan pickles."""
 
-    def __init__(self, make: Callable[[], FloatArray]) -> None:
-        self.make = make
+    def __init__(self, kind: NDArray[Any], values: FloatArray) -> None:
+        self.kind, self.values = kind, values
+
+    def make(self) -> FloatArray:
+        return pattern_layout.per_batch(self.kind, self.values[np.newaxis])[0]
 
 
 class _Base(dict):  # type: ignore[type-arg]
@@ -516,7 +520,7 @@ def _measure_kinds(
     real = got[0] if same else got[1]
     if not later:
         return got[0], real, got[-1]
-    return got[0], real, _Later(lambda: pattern_layout.per_batch(kind, padded[np.newaxis])[0])
+    return got[0], real, _Later(kind, padded)
 
 
 def _measure(
