@@ -99,11 +99,13 @@ def lay_out_drawn(
     if within is not None:
         desc = counts[::-1]
         _shuffle(by_length, np.concatenate([[0], np.cumsum(desc)]).astype(np.int64), within, loops)
-    labels = _sequence(tables.times, sequence, loops)
+    holding: list[tuple[int, int]] = []
+    labels = _sequence(tables.times, sequence, loops, holding)
     last = tables.times.size - 1
     order, offsets = _written(labels, by_length, counts, tables, loops)
     del by_length
-    tail = -1 if not labels.size else _last(labels, last)
+    start, end = holding[-1] if holding else (0, labels.size)
+    tail = -1 if not labels.size else start + _last(labels[start:end], last)
     return Layout(order, offsets, labels, tables.width, tables.longest, tables.total, tail)
 
 
@@ -124,14 +126,17 @@ def _last(labels: NDArray[Any], label: int) -> int:
     return labels.size - 1
 
 
-def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None) -> NDArray[Any]:
+def _sequence(
+    times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None, holding: list[tuple[int, int]] | None = None
+) -> NDArray[Any]:
     """One pattern label per batch (pattern ``p`` ``times[p]`` times), in a drawn order: every
     arrangement equally likely (``rng=None``: pattern by pattern).
 
     The sequence is drawn in pieces of :data:`PIECE` batches, so that each shuffle stays in the
     cache: how many batches of each pattern a piece holds is drawn first for every piece (a
     multivariate hypergeometric draw from those left, as a uniform arrangement cut there would
-    hold), then each piece is shuffled (``Generator.shuffle``)."""
+    hold), then each piece is shuffled (``Generator.shuffle``). ``holding``, when given, gets
+    the bounds of the pieces that hold the last pattern (where the plan's tail batch is)."""
     label = np.uint16 if times.size <= 1 << 16 else np.int64
     patterns = np.arange(times.size, dtype=label)
     total = int(times.sum())
@@ -145,6 +150,8 @@ def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleTyp
         held = rng.multivariate_hypergeometric(left, size) if size < left.sum() else left.copy()
         left -= held
         labels[bounds[-1] : bounds[-1] + size] = np.repeat(patterns, held)
+        if holding is not None and held[-1]:
+            holding.append((bounds[-1], bounds[-1] + size))
         bounds.append(bounds[-1] + size)
     _shuffle(labels, np.asarray(bounds, dtype=np.int64), rng, loops)
     return labels
