@@ -38,6 +38,7 @@ from fitbatch._kernels import packing_depth as PD  # noqa: E402
 from fitbatch._kernels import pattern_layout as L  # noqa: E402
 from fitbatch._kernels.histogram import histogram_plan, placements  # noqa: E402
 from fitbatch._kernels.packing import first_fit_starts  # noqa: E402
+from fitbatch.plan._batch_plan import _measure_kinds  # noqa: E402
 from fitbatch.strategies._base import Context, _pooled_layout  # noqa: E402
 
 SETS = ("cpython_stdlib_functions", "cpython_stdlib_pytokens")
@@ -103,9 +104,17 @@ def wikipedia(repeat: int) -> None:
     c0 = time.process_time()
     patterns = PD._repaired(PD.histogram_patterns(counts, 512, None, "large"), 512)
     patterns_cpu = time.process_time() - c0
-    ctx = Context(fitbatch.as_sizes(sizes), 512.0, fitbatch.costs.resolve_cost("sum"), None, 1, True, 0, 0)
+    c0 = time.process_time()
+    converted = fitbatch.as_sizes(sizes)
+    convert_cpu = time.process_time() - c0
+    ctx = Context(converted, 512.0, fitbatch.costs.resolve_cost("sum"), None, 1, True, 0, 0)
+    c0 = time.process_time()
     keys = ctx.keys()[0]
-    steps = layout_parts(keys, counts, patterns, ctx)
+    ctx.key_counts()
+    keys_cpu = time.process_time() - c0
+    steps = {"sizes converted and checked (as_sizes: int64 -> float64)": convert_cpu,
+             "size keys and their counts (16-bit, compiled count)": keys_cpu,
+             **layout_parts(keys, counts, patterns, ctx)}
     # the histogram first fit (the default before) and every sample's place, alone
     laid = np.sort(sizes)[::-1].astype(np.uint16)
     c0 = time.process_time()
@@ -133,7 +142,8 @@ def layout_parts(keys: np.ndarray, counts: np.ndarray, patterns: list, ctx: Cont
     names = ("positions grouped by length (stable counting sort)",
              "positions drawn within each length (Generator.shuffle of each block)",
              "batch sequence drawn (one label per batch: pieces' counts, then Generator.shuffle)",
-             "batches written in that sequence (order, offsets)")
+             "batches written in that sequence (order, offsets)",
+             "per-batch costs from the batches' patterns (padded units gathered when read)")
     best = dict.fromkeys(names, float("inf"))
     tables = L._tables(counts, patterns, keys.size)
     bounds = np.concatenate([[0], np.cumsum(counts[::-1])]).astype(np.int64)
@@ -147,7 +157,10 @@ def layout_parts(keys: np.ndarray, counts: np.ndarray, patterns: list, ctx: Cont
         took.append(time.process_time())
         written = L._written(labels, by_length, counts, tables, loops)
         took.append(time.process_time())
-        del by_length, labels, written
+        kinds = (labels, tables.width, tables.longest, tables.total)
+        costs, _, padded = _measure_kinds(ctx.cost, kinds, later=True)
+        took.append(time.process_time())
+        del by_length, labels, written, costs, padded
         for name, a, b in zip(names, took[:-1], took[1:]):
             best[name] = min(best[name], b - a)
     return best

@@ -87,27 +87,41 @@ def test_without_generators_the_batches_are_in_pattern_order_and_index_order():
     assert [out.order[a:b].tolist() for a, b in zip(out.offsets[:-1], out.offsets[1:])] == [[0, 1], [3, 5], [6, 7], [2, 4]]
 
 
+def _pcg64(state: int, inc: int) -> np.random.Generator:
+    bit_generator = np.random.PCG64()
+    bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc}, "has_uint32": 0, "uinteger": 0}
+    return np.random.Generator(bit_generator)
+
+
 @given(
     blocks=st.lists(st.integers(0, 40_000), min_size=1, max_size=6),
-    chunk=st.integers(1, 3000),
-    seed=st.integers(0, 2**32 - 1),
+    state=st.one_of(st.integers(0, 2**128 - 1), st.sampled_from([0, 2**64 - 1, 2**64, 2**128 - 1])),
+    inc=st.one_of(st.integers(0, 2**127 - 1), st.sampled_from([0, 2**63 - 1, 2**63, 2**127 - 1])),
     dtype=st.sampled_from([np.int32, np.int64, np.uint16]),
     primed=st.integers(0, 3),
 )
-def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, chunk, seed, dtype, primed):
+def test_the_compiled_shuffle_is_numpys_shuffle_draw_for_draw(blocks, state, inc, dtype, primed):
+    """Same swaps from the same draws (numpy's PCG64 run in the loop, from any state: the 128-bit
+    arithmetic's carries), and the generator left where numpy's shuffle leaves it."""
     loops = _loops()
     bounds = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
     theirs = np.arange(bounds[-1]).astype(dtype)
     mine = theirs.copy()
-    rng, ours = np.random.Generator(np.random.PCG64(seed)), np.random.Generator(np.random.PCG64(seed))
+    rng, ours = _pcg64(state, 2 * inc + 1), _pcg64(state, 2 * inc + 1)
     for g in (rng, ours):  # 32-bit draws before: numpy may hold a half for its next one
         g.integers(0, 1000, size=primed, dtype=np.uint32)
     for a, b in zip(bounds[:-1], bounds[1:]):
         rng.shuffle(theirs[a:b])
-    # fed in chunks of raw draws: it resumes where it stopped
-    L._compiled_shuffle(mine, bounds, ours, loops, chunk)
+    L._compiled_shuffle(mine, bounds, ours, loops)
     assert np.array_equal(mine, theirs)
+    assert ours.bit_generator.state == rng.bit_generator.state
+    assert ours.integers(0, 1 << 30, 5).tolist() == rng.integers(0, 1 << 30, 5).tolist()
     assert L._same_shuffle(loops)
+
+
+def test_the_compiled_shuffle_refuses_another_bit_generator():
+    with pytest.raises(ValueError, match="PCG64DXSM"):
+        L._compiled_shuffle(np.arange(5), np.array([0, 5]), np.random.Generator(np.random.PCG64DXSM(0)), _loops())
 
 
 @given(level=st.lists(st.integers(0, 20), max_size=500))
@@ -173,14 +187,13 @@ def test_per_batch_gathers_each_batchs_kind_either_way(kind, fields, seed):
     _loops()
     kind = np.asarray(kind, dtype=np.uint16)
     rng = np.random.default_rng(seed)
-    count, values = rng.integers(1, 9, 10), rng.random((fields, 10))
+    values = rng.random((fields, 10))
     with jit("0"):
-        plain = L.per_batch(kind, count, values)
+        plain = L.per_batch(kind, values)
     with jit("1"):
-        compiled = L.per_batch(kind, count, values)
+        compiled = L.per_batch(kind, values)
     for got in (plain, compiled):
-        assert np.array_equal(got[0], count[kind]) and got[0].dtype == np.int64
-        assert np.array_equal(got[1], values[:, kind])
+        assert np.array_equal(got, values[:, kind]) and got.dtype == np.float64
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -199,3 +212,21 @@ def test_the_sequence_drawn_in_pieces_holds_every_batch_once_either_way(seed):
     assert np.array_equal(plain, compiled)
     assert np.array_equal(np.bincount(plain, minlength=9), times)
     assert plain.tolist() != sorted(plain.tolist()) or times.sum() <= 1
+
+
+def test_a_histogram_plan_measures_when_read_and_pickles_before_and_after():
+    """The counts and padded units are made on first read (from the offsets and the batches'
+    patterns): the same as measured from the samples, and a plan pickles whether made or not."""
+    import pickle
+
+    sizes = np.clip(np.ceil(np.random.default_rng(4).lognormal(4.0, 0.9, 200_000)), 1, 256).astype(np.int64)
+    plan = fitbatch.plan_batches(sizes, 256, cost="sum", strategy="packed", seed=2)
+    assert len(plan) == plan.offsets.size - 1 and plan.n_samples == sizes.size
+    again = pickle.loads(pickle.dumps(plan))
+    lengths = [sizes[b] for b in plan]
+    assert plan.counts.tolist() == [b.size for b in lengths]
+    assert plan.padded_units.tolist() == [float(b.size * b.max()) for b in lengths]
+    assert plan.costs.tolist() == plan.real_units.tolist() == [float(b.sum()) for b in lengths]
+    for copy in (again, pickle.loads(pickle.dumps(plan))):
+        assert np.array_equal(copy.padded_units, plan.padded_units) and np.array_equal(copy.counts, plan.counts)
+        assert np.array_equal(copy.order, plan.order) and copy.stats() == plan.stats()

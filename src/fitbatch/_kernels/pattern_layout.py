@@ -45,9 +45,6 @@ IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 Pattern = tuple[int, tuple[int, ...]]  # (times taken, lengths of one batch, longest first)
 
-#: raw 64-bit draws fed to the compiled shuffle at a time (numpy's shuffle takes about 0.7 of
-#: one per position: 32-bit halves, redrawn while over the bound)
-RAW_CHUNK = 1 << 20
 #: steps whose draws the compiled shuffle finds before making their swaps
 STEPS = 1 << 14
 #: batches of the drawn sequence shuffled at a time (512 KiB of labels: in the cache)
@@ -102,36 +99,60 @@ def lay_out_drawn(
     if within is not None:
         desc = counts[::-1]
         _shuffle(by_length, np.concatenate([[0], np.cumsum(desc)]).astype(np.int64), within, loops)
-    labels = _sequence(tables.times, sequence, loops)
+    holding: list[tuple[int, int]] = []
+    labels = _sequence(tables.times, sequence, loops, holding)
     last = tables.times.size - 1
     order, offsets = _written(labels, by_length, counts, tables, loops)
     del by_length
-    tail = -1 if not labels.size else labels.size - 1 - int(np.argmax(labels[::-1] == last))
+    start, end = holding[-1] if holding else (0, labels.size)
+    tail = -1 if not labels.size else start + _last(labels[start:end], last)
     return Layout(order, offsets, labels, tables.width, tables.longest, tables.total, tail)
 
 
-def _sequence(times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None) -> NDArray[Any]:
+def _last(labels: NDArray[Any], label: int) -> int:
+    """Where ``label`` is last in ``labels`` (not empty), looked for from the end in growing
+    pieces (no array of the whole length); the last place when it is not there.
+
+    >>> _last(np.array([0, 1, 0, 2, 2]), 0), _last(np.array([1, 1]), 0)
+    (2, 1)
+    """
+    end, step = labels.size, 1 << 12
+    while end > 0:
+        start = max(0, end - step)
+        hit = np.flatnonzero(labels[start:end] == label)
+        if hit.size:
+            return start + int(hit[-1])
+        end, step = start, step * 4
+    return labels.size - 1
+
+
+def _sequence(
+    times: IntArray, rng: np.random.Generator | None, loops: ModuleType | None, holding: list[tuple[int, int]] | None = None
+) -> NDArray[Any]:
     """One pattern label per batch (pattern ``p`` ``times[p]`` times), in a drawn order: every
     arrangement equally likely (``rng=None``: pattern by pattern).
 
     The sequence is drawn in pieces of :data:`PIECE` batches, so that each shuffle stays in the
     cache: how many batches of each pattern a piece holds is drawn first for every piece (a
     multivariate hypergeometric draw from those left, as a uniform arrangement cut there would
-    hold), then each piece is shuffled (``Generator.shuffle``)."""
+    hold), then each piece is shuffled (``Generator.shuffle``). ``holding``, when given, gets
+    the bounds of the pieces that hold the last pattern (where the plan's tail batch is)."""
     label = np.uint16 if times.size <= 1 << 16 else np.int64
     patterns = np.arange(times.size, dtype=label)
     total = int(times.sum())
     if rng is None or total <= 1:
         return np.repeat(patterns, times)
     left = np.asarray(times, dtype=np.int64).copy()
-    pieces, bounds = [], [0]
+    labels = np.empty(total, dtype=label)
+    bounds = [0]
     while bounds[-1] < total:
         size = min(PIECE, total - bounds[-1])
         held = rng.multivariate_hypergeometric(left, size) if size < left.sum() else left.copy()
         left -= held
-        pieces.append(np.repeat(patterns, held))
+        labels[bounds[-1] : bounds[-1] + size] = np.repeat(patterns, held)
+        if holding is not None and held[-1]:
+            holding.append((bounds[-1], bounds[-1] + size))
         bounds.append(bounds[-1] + size)
-    labels = np.concatenate(pieces)
     _shuffle(labels, np.asarray(bounds, dtype=np.int64), rng, loops)
     return labels
 
@@ -189,34 +210,26 @@ def _shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops:
     """``rng.shuffle(x[bounds[d]:bounds[d + 1]])`` for every block in turn, in place (compiled:
     the same swaps, from the same draws)."""
     if loops is not None and x.flags.c_contiguous and type(rng.bit_generator) is np.random.PCG64 and _same_shuffle(loops):
-        _compiled_shuffle(x, bounds, rng, loops, RAW_CHUNK)
+        _compiled_shuffle(x, bounds, rng, loops)
         return
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         if b - a > 1:
             rng.shuffle(x[a:b])
 
 
-def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType, chunk: int) -> None:
-    """The compiled :func:`_shuffle`, fed ``chunk`` raw draws at a time (as 32-bit halves, low
-    first: the order of numpy's 32-bit draws on a little-endian machine)."""
-    state = np.array([0, -1], dtype=np.int64)
-    steps = np.empty(STEPS, dtype=np.int64)
-    raw = rng.bit_generator.random_raw
-    kept = _kept_half(rng)
-    while state[0] < bounds.size - 1:
-        draws = raw(chunk).astype("<u8", copy=False).view("<u4")
-        if kept is not None:  # numpy's next 32-bit draw is the half it kept from its last 64 bits
-            draws, kept = np.concatenate([np.array([kept], dtype="<u4"), draws]), None
-        loops.shuffle_blocks(x, bounds, draws, state, steps)
-
-
-def _kept_half(rng: np.random.Generator) -> int | None:
-    """The 32-bit half a PCG64 generator kept for its next 32-bit draw, if any; ``ValueError``
-    for another bit generator (its 32-bit draws are not known to be halves of its raw ones)."""
+def _compiled_shuffle(x: NDArray[Any], bounds: IntArray, rng: np.random.Generator, loops: ModuleType) -> None:
+    """The compiled :func:`_shuffle`: numpy's PCG64 run in the loop from the generator's state,
+    which is set to where numpy's shuffle would leave it (``ValueError`` for another bit
+    generator: its draws are not known)."""
     state = rng.bit_generator.state
     if state.get("bit_generator") != "PCG64":
         raise ValueError(f"the compiled shuffle follows PCG64's draws, not {state.get('bit_generator')!r}'s")
-    return int(state["uinteger"]) if state["has_uint32"] else None
+    inner, mask = state["state"], (1 << 64) - 1
+    at, inc = int(inner["state"]), int(inner["inc"])
+    words = np.array([at >> 64, at & mask, inc >> 64, inc & mask, int(state["has_uint32"]), int(state["uinteger"])], dtype=np.uint64)
+    loops.shuffle_blocks(x, bounds, words, np.empty(STEPS, dtype=np.int64))
+    high, low, _, _, kept, half = (int(w) for w in words)
+    rng.bit_generator.state = {**state, "state": {"state": high << 64 | low, "inc": inc}, "has_uint32": kept, "uinteger": half}
 
 
 @functools.lru_cache(maxsize=1)
@@ -227,9 +240,9 @@ def _same_shuffle(loops: ModuleType) -> bool:
     mine, theirs = np.arange(71_000, dtype=np.int32), np.arange(71_000, dtype=np.int32)
     ours, numpys = (np.random.Generator(np.random.PCG64(20_211_128)) for _ in range(2))
     ours.integers(0, 1 << 20, dtype=np.uint32), numpys.integers(0, 1 << 20, dtype=np.uint32)  # a half kept
-    _compiled_shuffle(mine, bounds, ours, loops, 977)
+    _compiled_shuffle(mine, bounds, ours, loops)
     _shuffle(theirs, bounds, numpys, None)
-    same = bool(np.array_equal(mine, theirs))
+    same = bool(np.array_equal(mine, theirs)) and ours.bit_generator.state == numpys.bit_generator.state
     if not same:
         logger.warning("this numpy shuffles otherwise than the compiled loop: numpy lays out histogram plans")
     return same
@@ -261,21 +274,17 @@ def _written(
     return order, offsets
 
 
-def per_batch(kind: NDArray[Any], count: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray]:
-    """Each batch's count and values from its kind's: ``count[kind]`` and ``values[:, kind]``
-    (``values``: one row of float64 per quantity), compiled as one pass with the ``fast`` extra.
+def per_batch(kind: NDArray[Any], values: FloatArray) -> FloatArray:
+    """Each batch's values from its kind's: ``values[:, kind]`` (``values``: one row of float64
+    per quantity), compiled as one pass with the ``fast`` extra.
 
-    >>> c, v = per_batch(np.array([1, 0, 1], np.uint16), np.array([2, 3]), np.array([[5.0, 6.0], [10.0, 18.0]]))
-    >>> c.tolist(), v.tolist()
-    ([3, 2, 3], [[6.0, 5.0, 6.0], [18.0, 10.0, 18.0]])
+    >>> per_batch(np.array([1, 0, 1], np.uint16), np.array([[5.0, 6.0], [10.0, 18.0]])).tolist()
+    [[6.0, 5.0, 6.0], [18.0, 10.0, 18.0]]
     """
     loops = _loops(0)
-    count = np.ascontiguousarray(count, dtype=np.int64)
     values = np.ascontiguousarray(values, dtype=np.float64)
     if loops is None:
-        return count[kind], values[:, kind]
-    out_count = np.empty(kind.shape[0], dtype=np.int64)
+        return values[:, kind]
     out = np.empty((values.shape[0], kind.shape[0]), dtype=np.float64)
-    loops.gather_kinds(np.ascontiguousarray(kind), count, values, out_count, out)
-    return out_count, out
-
+    loops.gather_kinds(np.ascontiguousarray(kind), values, out)
+    return out

@@ -70,6 +70,38 @@ class _Windows(dict):  # type: ignore[type-arg]
         return view
 
 
+class _Later:
+    """A per-batch array a plan gathers on first use: ``values[kind]`` (given to
+    :class:`BatchPlan` in place of the array; see :func:`_measure_kinds`). Plain data, so the
+    plan pickles."""
+
+    def __init__(self, kind: NDArray[Any], values: FloatArray) -> None:
+        self.kind, self.values = kind, values
+
+    def make(self) -> FloatArray:
+        return pattern_layout.per_batch(self.kind, self.values[np.newaxis])[0]
+
+
+class _Base(dict):  # type: ignore[type-arg]
+    """A plan's per-batch arrays over its (order, offsets), by name; the counts are taken from the
+    offsets on first use (millions of batches: 8 B each, that a plan nobody iterates never reads),
+    and an array given as :class:`_Later` is made then."""
+
+    def __init__(self, offsets: IntArray, **arrays: Any) -> None:
+        self.later = {name: a for name, a in arrays.items() if isinstance(a, _Later)}
+        super().__init__({name: a for name, a in arrays.items() if name not in self.later}, heads=offsets[:-1])
+        self.offsets = offsets
+
+    def __missing__(self, name: str) -> Any:
+        if name in self.later:
+            made = self[name] = self.later.pop(name).make()
+            return made
+        if name != "counts":
+            raise KeyError(name)
+        counts = self["counts"] = np.diff(self.offsets)
+        return counts
+
+
 def _per_batch(name: str, doc: str) -> Any:
     """A read-only per-batch array of a plan (selected for the plan's batches on first use)."""
     return property(lambda plan: plan._pick(name), doc=doc)
@@ -120,13 +152,7 @@ class BatchPlan(Sequence[IntArray]):
         self._base_order = order
         self._base_offsets = offsets
         self._ids = batch_ids
-        self._base: dict[str, Any] = {
-            "costs": costs,
-            "real_units": real_units,
-            "padded_units": padded_units,
-            "counts": np.diff(offsets),
-            "heads": offsets[:-1],
-        }
+        self._base: dict[str, Any] = _Base(offsets, costs=costs, real_units=real_units, padded_units=padded_units)
         self._picked: dict[str, Any] = {}
         # whether batch_ids reorders every batch (then sums and extremes equal the base arrays')
         self._all = batch_ids is None or (ids_permute_all and batch_ids.size == offsets.size - 1)
@@ -283,10 +309,10 @@ class BatchPlan(Sequence[IntArray]):
 
     @property
     def n_samples(self) -> int:
-        return int(self._totals("counts").sum())
+        return int(self._base_offsets[-1] - self._base_offsets[0]) if self._all else int(self._pick("counts").sum())
 
     def __len__(self) -> int:
-        return int(self._base["counts"].size if self._ids is None else self._ids.size)
+        return int(self._base_offsets.size - 1 if self._ids is None else self._ids.size)
 
     @overload
     def __getitem__(self, i: int) -> IntArray: ...
@@ -469,14 +495,32 @@ def measure_batches(
     """
     values = sizes.values
     if kinds is not None and values.ndim == 1:
-        kind, count, mx, sm = kinds
-        cost = model.evaluate(count.astype(np.float64), mx, sm)
-        same = cost is sm  # (a sum cost: the costs are the real units)
-        per_kind = np.stack([cost, count * mx] if same else [cost, count * mx, sm]).astype(np.float64, copy=False)
-        counts, got = pattern_layout.per_batch(kind, count, per_kind)
-        return counts, got[0], got[0] if same else got[2], got[1]
+        costs, real, padded = _measure_kinds(model, kinds)
+        return np.asarray(kinds[1], dtype=np.int64)[kinds[0]], costs, real, padded
     costs, real, padded = _measure(sizes, model, order, offsets, laid)
     return np.diff(offsets), costs, real, padded
+
+
+def _measure_kinds(
+    model: CostModel, kinds: tuple[NDArray[Any], IntArray, FloatArray, FloatArray], *, later: bool = False
+) -> tuple[FloatArray, FloatArray, Any]:
+    """:func:`measure_batches`' cost, real and padded units of batches of kinds (1-D sizes; see
+    its ``kinds``): each kind measured once, then gathered per batch (one array shared by the
+    costs and the real units under a sum cost; the counts are left to the offsets). With
+    ``later``, the padded units come as :class:`_Later` (gathered when the plan is asked for them:
+    the plan keeps the kinds, 2 B a batch, instead of 8)."""
+    kind, count, mx, sm = kinds
+    cost = model.evaluate(count.astype(np.float64), mx, sm)
+    same = cost is sm  # (a sum cost: the costs are the real units)
+    padded = np.asarray(count * mx, dtype=np.float64)
+    rows = [cost] if same else [cost, sm]
+    if not later:
+        rows.append(padded)
+    got = pattern_layout.per_batch(kind, np.stack(rows).astype(np.float64, copy=False))
+    real = got[0] if same else got[1]
+    if not later:
+        return got[0], real, got[-1]
+    return got[0], real, _Later(kind, padded)
 
 
 def _measure(

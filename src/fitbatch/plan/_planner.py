@@ -29,7 +29,7 @@ from fitbatch._validate import non_negative_int
 from fitbatch.costs import CostModel, Limits
 from fitbatch.costs._limits import check_limits, describer
 from fitbatch.plan import _shapes as S
-from fitbatch.plan._batch_plan import BatchPlan, _measure, measure_batches
+from fitbatch.plan._batch_plan import BatchPlan, _measure, _measure_kinds, measure_batches
 from fitbatch.plan._options import PlanKeywords, PlanOptions
 from fitbatch.plan._rules import OVERSIZED, planning_budget, screen_oversized
 from fitbatch.plan._stats import lower_bound, samples_bound
@@ -167,7 +167,7 @@ def plan_with(
         if kinds is None:
             costs, real, padded = _measure(kept, model, None if in_plan_order else order, offsets)
         else:
-            _, costs, real, padded = measure_batches(kept, model, None, offsets, kinds=kinds[1:])
+            costs, real, padded = _measure_kinds(model, kinds[1:], later=True)
     del kinds
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
