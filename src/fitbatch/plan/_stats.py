@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -140,6 +139,8 @@ def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: 
         return 0
     if not model.superadditive or not math.isfinite(total_alone):
         return 1
+    from fractions import Fraction  # here: ~1.5 ms of imports (decimal) a plan of whole sizes never needs
+
     base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
     marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
     if usable <= 0 or marginal <= 0:
