@@ -8,6 +8,7 @@ import inspect
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fitbatch
@@ -83,6 +84,44 @@ def test_import_does_not_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr or "import fitbatch imported torch"
+
+
+def test_import_leaves_out_what_a_plan_may_not_need():
+    """``import fitbatch`` does not load numpy.random (a generator loads it), fractions (exact
+    lower bounds load it) nor numba; an unshuffled plan draws nothing, so never loads numpy.random."""
+    code = (
+        "import sys, numpy, fitbatch\n"
+        "print(*(m in sys.modules for m in ('numpy.random', 'fractions', 'numba')))\n"
+        "fitbatch.plan_batches([3, 1, 2, 5], 6, cost='sum', strategy='sorted').to_lists()\n"
+        "print('numpy.random' in sys.modules)\n"
+        "from fitbatch._rng import SeedLike\n"
+        "print(numpy.random.SeedSequence in SeedLike.__args__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False", "False", "True"]
+
+
+@pytest.mark.parametrize(
+    ("seed", "expected"),
+    [(7, 7), (np.int64(7), 7), (np.random.SeedSequence(9), 9), (0, 0)],
+)
+def test_resolve_seed_accepts_ints_and_root_seed_sequences(seed, expected):
+    from fitbatch._rng import resolve_seed
+
+    assert resolve_seed(seed) == expected and type(resolve_seed(seed)) is int
+
+
+@pytest.mark.parametrize(
+    ("seed", "error"),
+    [(True, TypeError), (2.0, TypeError), ("3", TypeError), (-1, ValueError), (np.int8(-2), ValueError),
+     (np.random.SeedSequence(1).spawn(1)[0], ValueError)],
+)
+def test_resolve_seed_refuses_other_seeds(seed, error):
+    from fitbatch._rng import resolve_seed
+
+    with pytest.raises(error, match="seed must"):
+        resolve_seed(seed)
 
 
 def test_version():
