@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fitbatch
@@ -83,6 +85,48 @@ def test_import_does_not_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr or "import fitbatch imported torch"
+
+
+def test_import_leaves_out_what_a_plan_may_not_need():
+    """``import fitbatch`` does not load numpy.random (a generator loads it), fractions (exact
+    lower bounds load it), numba nor the pattern layout (the histogram path loads it); an
+    unshuffled sorted plan of whole sizes draws nothing, lays out no patterns and bounds its
+    batch count in integers, so loads none of them either."""
+    code = (
+        "import sys, numpy, fitbatch\n"
+        "later = ('numpy.random', 'fractions', 'numba', 'fitbatch._kernels.pattern_layout')\n"
+        "print(*(m in sys.modules for m in later))\n"
+        "fitbatch.plan_batches([3, 1, 2, 5], 6, strategy='sorted').to_lists()\n"
+        "print(*(m in sys.modules for m in later[:2] + later[3:]))\n"
+        "from fitbatch._rng import SeedLike\n"
+        "print(numpy.random.SeedSequence in SeedLike.__args__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FITBATCH_JIT"}  # (FITBATCH_JIT=1 loads numba at once)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"] * 7 + ["True"]
+
+
+@pytest.mark.parametrize(
+    ("seed", "expected"),
+    [(7, 7), (np.int64(7), 7), (np.random.SeedSequence(9), 9), (0, 0)],
+)
+def test_resolve_seed_accepts_ints_and_root_seed_sequences(seed, expected):
+    from fitbatch._rng import resolve_seed
+
+    assert resolve_seed(seed) == expected and type(resolve_seed(seed)) is int
+
+
+@pytest.mark.parametrize(
+    ("seed", "error"),
+    [(True, TypeError), (2.0, TypeError), ("3", TypeError), (-1, ValueError), (np.int8(-2), ValueError),
+     (np.random.SeedSequence(1).spawn(1)[0], ValueError)],
+)
+def test_resolve_seed_refuses_other_seeds(seed, error):
+    from fitbatch._rng import resolve_seed
+
+    with pytest.raises(error, match="seed must"):
+        resolve_seed(seed)
 
 
 def test_version():

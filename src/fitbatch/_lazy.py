@@ -36,3 +36,33 @@ def exports(
         return sorted(set(namespace) | set(table))
 
     return __getattr__, __dir__
+
+
+class _Later:
+    """A module imported at the first lookup of one of its attributes (see :func:`module`)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<module {self._name!r}, imported on first use>"
+
+
+def module(name: str) -> Any:
+    """The module ``name`` for a module-level global that imports it on first use: a kernel a
+    plan may not need stays out of ``import fitbatch``. Declare the real module under
+    ``TYPE_CHECKING`` so that type checks see it.
+
+    >>> import sys
+    >>> later = module("fitbatch._no_such_module_yet")
+    >>> "fitbatch._no_such_module_yet" in sys.modules
+    False
+    >>> module("colorsys").rgb_to_hsv(1.0, 0.0, 0.0)
+    (0.0, 1.0, 1.0)
+    """
+    return _Later(name)

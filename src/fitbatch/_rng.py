@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import numbers
 import zlib
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-SeedLike = int | np.random.SeedSequence | None
+# numpy.random (~13 ms of imports: bit generators, secrets, hashlib) loads with the first
+# generator or SeedSequence, not with ``import fitbatch``: a plan that draws nothing never loads it
+if TYPE_CHECKING:
+    SeedLike = int | np.random.SeedSequence | None
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "SeedLike":  # built on first use (it names numpy.random.SeedSequence)
+            global SeedLike
+            SeedLike = int | np.random.SeedSequence | None
+            return SeedLike
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Purposes are hashed to stable ints so adding a purpose never shifts another's stream.
 _PURPOSE_CACHE: dict[str, int] = {}
@@ -52,15 +64,15 @@ def resolve_seed(seed: SeedLike) -> int:
     """
     if seed is None:
         return int(np.random.SeedSequence().entropy)  # type: ignore[arg-type]
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed!r}")
+        return int(seed)
     if isinstance(seed, np.random.SeedSequence):
         if seed.spawn_key:
             raise ValueError("seed must be a root SeedSequence (empty spawn_key)")
         return int(seed.entropy)  # type: ignore[arg-type]
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, a numpy SeedSequence or None, got {seed!r}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed!r}")
-    return int(seed)
+    raise TypeError(f"seed must be an int, a numpy SeedSequence or None, got {seed!r}")
 
 
 def generator(seed: int, epoch: int, purpose: str, *extra: int) -> np.random.Generator:

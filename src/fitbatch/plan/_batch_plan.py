@@ -12,20 +12,25 @@ import itertools
 import logging
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _lazy
 from fitbatch._kernels import batches as K
 from fitbatch._kernels import jit as _jit
-from fitbatch._kernels import pattern_layout
 from fitbatch._validate import parse_budget
 from fitbatch.costs import CostModel, Limits, resolve_cost
 from fitbatch.costs._limits import check_limits, column_costs, limit_fills, limit_index
 from fitbatch.plan import _shapes as S
 from fitbatch.plan._stats import PlanStats
 from fitbatch.sizes import Sizes, SizesLike, as_sizes
+
+if TYPE_CHECKING:
+    from fitbatch._kernels import pattern_layout
+else:  # loaded by the first plan that measures its batches by pattern (not by import fitbatch)
+    pattern_layout = _lazy.module("fitbatch._kernels.pattern_layout")
 
 logger = logging.getLogger("fitbatch.plan._planner")
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from fitbatch._rng import SeedLike, resolve_seed
+from fitbatch._rng import resolve_seed
 from fitbatch._validate import choice, fraction, parse_budget, positive_int
 from fitbatch.costs import CostModel, resolve_cost, resolve_limits
 from fitbatch.plan._rules import OVERSIZED
 from fitbatch.strategies import Strategy, resolve_strategy
+
+if TYPE_CHECKING:
+    from fitbatch._rng import SeedLike
 
 
 def check_model(model: CostModel, max_shapes: int | None) -> None:

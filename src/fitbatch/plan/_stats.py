@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -141,12 +140,18 @@ def lower_bound(model: CostModel, budget: float, total_alone: float, n_samples: 
     if not model.superadditive or not math.isfinite(total_alone):
         return 1
     base = float(model.evaluate(np.zeros(1), np.zeros(1), np.zeros(1))[0])
+    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: exact in ints, no rounding
+        whole_marginal, whole_usable = int(total_alone) - int(base) * n_samples, int(budget) - int(base)
+        if whole_usable <= 0 or whole_marginal <= 0:
+            return 1
+        return max(1, -(-whole_marginal // whole_usable))
+    # imported here: fractions loads decimal (~1.5 ms), which whole sizes and costs never need
+    from fractions import Fraction
+
     marginal, usable = Fraction(total_alone) - Fraction(base) * n_samples, Fraction(budget) - Fraction(base)
     if usable <= 0 or marginal <= 0:
         return 1
     ratio = marginal / usable
-    if all(float(x).is_integer() for x in (total_alone, base, budget)):  # whole numbers: no rounding
-        return max(1, math.ceil(ratio))
     slack = Fraction(n_samples + 1, 2**52)  # the relative rounding error of a float sum of n terms
     return max(1, math.ceil(ratio * (1 - min(slack, Fraction(1, 2)))))
 

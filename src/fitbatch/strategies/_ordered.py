@@ -7,13 +7,14 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fitbatch import _lazy
 from fitbatch._kernels import batches as K
-from fitbatch._kernels import histogram, pattern_layout
+from fitbatch._kernels import histogram
 from fitbatch._kernels import packing_depth as PD
 from fitbatch._kernels import sorting as SK
 from fitbatch._kernels.batches import FloatArray
@@ -43,6 +44,11 @@ from fitbatch.strategies._mixing import (
 )
 from fitbatch.strategies._recut import enabled as recut_enabled
 from fitbatch.strategies._recut import least_cost_starts
+
+if TYPE_CHECKING:
+    from fitbatch._kernels import pattern_layout
+else:  # loaded by the first plan that lays out batch patterns (the histogram path), not by import fitbatch
+    pattern_layout = _lazy.module("fitbatch._kernels.pattern_layout")
 
 # Packed batches filled below this share of the budget are packed again with every pool's.
 LOOSE = 0.95
