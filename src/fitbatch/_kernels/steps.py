@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
-from fitbatch._kernels.steps_refine import refine, step_time
+from fitbatch._kernels.steps_refine import _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
@@ -374,6 +374,10 @@ def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool
 
 # --------------------------------------------------------------------------- the whole pooled partition
 
+#: from this many units the refinement's passes take them from one sort by weight (below: each
+#: pass sorts its own, as fast for so few)
+PRESORT_FROM = 1024
+
 
 @njit(**OPTS)
 def _pairwise(a: Any, lo: int, n: int) -> float:
@@ -530,9 +534,12 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
+    by_w = e_i
     if world > 1 and first > least:
-        refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
-               yes, world, load.sum() / world * (1 + close), most, balance, consts)
+        if n >= PRESORT_FROM:
+            by_w = _stable(weight)  # the units by weight, ties by unit (`placed` is every unit, in order)
+        _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
+                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w)
         now = step_time(load, one, nb, yes, world)
     if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
@@ -545,10 +552,11 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             if not w_failed:
                 wider = step_time(w_load, one, more * world, yes, world)
                 if world > 1 and wider > least:
-                    refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
-                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
-                           n <= balanced_up_to,
-                           consts)
+                    if by_w.size != n and n >= PRESORT_FROM:
+                        by_w = _stable(weight)
+                    _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
+                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
+                            n <= balanced_up_to, consts, by_w)
                     wider = step_time(w_load, one, more * world, yes, world)
                 if wider < now:
                     m, load, bin_of = more, w_load, w_bin
