@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
-from fitbatch._kernels.steps_refine import _passes, refine, step_time
+from fitbatch._kernels.steps_refine import PRESORT_FROM, _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
@@ -204,7 +204,9 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
     """``_place_rest`` of one row: units that fit no bin fail the row; the others paired with
     the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit."""
     m = load.size
-    cmin, lmin, tmin = bc.min(), bl.min(), bt.min()
+    cmin, lmin, tmin = bc[0], bl[0], bt[0]  # the three least in one scan
+    for b in range(1, m):
+        cmin, lmin, tmin = min(cmin, bc[b]), min(lmin, bl[b]), min(tmin, bt[b])
     keep = np.ones(rest.size, dtype=np.bool_)
     for i in range(rest.size):
         u = rest[i]
@@ -373,10 +375,6 @@ def bound_terms(w: Any, extra: Any, big: Any, any_big: bool, superadditive: bool
 
 
 # --------------------------------------------------------------------------- the whole pooled partition
-
-#: from this many units the refinement's passes take them from one sort by weight (below: each
-#: pass sorts its own, as fast for so few)
-PRESORT_FROM = 1024
 
 
 @njit(**OPTS)

@@ -16,6 +16,10 @@ from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _search, _stable, _then
 
+#: from this many units the passes take them from one sort by weight (below: each pass sorts its
+#: own, as fast for so few)
+PRESORT_FROM = 1024
+
 
 @njit(**OPTS)
 def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
@@ -449,8 +453,10 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
 
 @njit(**OPTS)
 def _by_weight(placed: Any, w: Any) -> Any:
-    """The placed units by weight, ties by unit, where ``placed`` is ascending (else empty: the
-    passes sort their units by pair and weight themselves)."""
+    """The placed units by weight, ties by unit, where ``placed`` is ascending and holds at least
+    ``PRESORT_FROM`` (else empty: the passes sort their units by pair and weight themselves)."""
+    if placed.size < PRESORT_FROM:
+        return np.zeros(0, dtype=np.int64)
     for i in range(1, placed.size):
         if placed[i] <= placed[i - 1]:
             return np.zeros(0, dtype=np.int64)
