@@ -274,7 +274,7 @@ def _sides_presorted(by_w: Any, flat: Any, pair_of: Any, h: Any, w: Any, scale: 
         kj, kp = 2.0 * gp[j] + gw[j] / scale, 2.0 * gp[j - 1] + gw[j - 1] / scale
         if kj < kp or kj == kp and g[j] < g[j - 1]:
             return False, take, t_key, g, gp, gw, n_take
-    return by_w.size > 0, take, t_key, g, gp, gw, n_take
+    return True, take, t_key, g, gp, gw, n_take
 
 
 @njit(**OPTS)
@@ -285,7 +285,9 @@ def _candidates(placed: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t
     count, total and longest; those that pass a positive weight within the pair's room.
     ``by_w``: the placed units by weight (ties by unit), where ``u`` is ascending; else empty."""
     scale = w.max() + 1.0
-    ok, take, t_key, g, gp, gw, n_take = _sides_presorted(by_w, flat, pair_of, h, w, scale, n_pairs)
+    ok = by_w.size > 0
+    if ok:
+        ok, take, t_key, g, gp, gw, n_take = _sides_presorted(by_w, flat, pair_of, h, w, scale, n_pairs)
     if not ok:  # the units of the pairs, by pair and weight
         u = placed[pair_of[flat[placed]] >= 0]
         pair = pair_of[flat[u]]
