@@ -532,12 +532,13 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
-    by_w = e_i
+    # room for the units by weight, ties by unit (`placed` is every unit, in order), sorted by the first
+    # pass that takes them (both refinements: the same units and weights)
+    by_w = np.empty(n, dtype=np.int64) if n >= PRESORT_FROM else e_i
+    have = np.zeros(1, dtype=np.bool_)
     if world > 1 and first > least:
-        if n >= PRESORT_FROM:
-            by_w = _stable(weight)  # the units by weight, ties by unit (`placed` is every unit, in order)
         _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
-                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w)
+                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have)
         now = step_time(load, one, nb, yes, world)
     if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
@@ -550,11 +551,9 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             if not w_failed:
                 wider = step_time(w_load, one, more * world, yes, world)
                 if world > 1 and wider > least:
-                    if by_w.size != n and n >= PRESORT_FROM:
-                        by_w = _stable(weight)
                     _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
                             uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
-                            n <= balanced_up_to, consts, by_w)
+                            n <= balanced_up_to, consts, by_w, have)
                     wider = step_time(w_load, one, more * world, yes, world)
                 if wider < now:
                     m, load, bin_of = more, w_load, w_bin

@@ -183,9 +183,10 @@ def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
 @njit(**OPTS)
 def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
               budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-              mode: int, wide: int, paired: int, n_rounds: int, by_w: Any) -> Any:
+              mode: int, wide: int, paired: int, n_rounds: int, by_w: Any, have: Any) -> Any:
     """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on).
-    ``by_w``: the placed units by weight, ties by unit, where ``placed`` is ascending (else empty)."""
+    ``by_w``: room for the placed units by weight, ties by unit (:func:`_presort_room`), filled
+    where ``have[0]``."""
     h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide)
     n_pairs = h.size
     if n_pairs == 0:
@@ -202,8 +203,14 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
         n_u = 0
         for i in range(placed.size):
             n_u += pair_of[flat[placed[i]]] >= 0
-    # the presorted units where the pairs hold a good part of them (two scans of all; else a sort of theirs)
-    presorted = by_w if 4 * n_u >= by_w.size else by_w[:0]
+    # the presorted units where the pairs hold a good part of them (two scans of all; else a sort of
+    # theirs), sorted at the first such pass
+    presorted = by_w[:0]
+    if by_w.size and 4 * n_u >= by_w.size:
+        if not have[0]:
+            by_w[:] = placed[_stable(w[placed])]
+            have[0] = True
+        presorted = by_w
     cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(placed, flat, pair_of, w, c, lg, t, room, best, n_pairs,
                                                           mode, paired, presorted, h)
     _exchange(load, bc, bl, bt, flat, w, c, lg, t, budget, kind, params, h, l_, room, best, same, top_id, second,
@@ -450,26 +457,27 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
            ideal: float, most: int, balance: bool, consts: Any) -> None:
     """``refine``'s passes on flat bins, in place (``consts``: VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS)."""
     _passes(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max, rows, nb, pooled, world,
-            ideal, most, balance, consts, _by_weight(placed, w))
+            ideal, most, balance, consts, _presort_room(placed), np.zeros(1, dtype=np.bool_))
 
 
 @njit(**OPTS)
-def _by_weight(placed: Any, w: Any) -> Any:
-    """The placed units by weight, ties by unit, where ``placed`` is ascending and holds at least
-    ``PRESORT_FROM`` (else empty: the passes sort their units by pair and weight themselves)."""
+def _presort_room(placed: Any) -> Any:
+    """Room for the placed units by weight, ties by unit (a pass sorts them there when first
+    needed), where ``placed`` is ascending and holds at least ``PRESORT_FROM``; else empty (the
+    passes sort their units by pair and weight themselves)."""
     if placed.size < PRESORT_FROM:
         return np.zeros(0, dtype=np.int64)
     for i in range(1, placed.size):
         if placed[i] <= placed[i - 1]:
             return np.zeros(0, dtype=np.int64)
-    return placed[_stable(w[placed])]
+    return np.empty(placed.size, dtype=np.int64)
 
 
 @njit(**OPTS)
 def _passes(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
             budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-            ideal: float, most: int, balance: bool, consts: Any, by_w: Any) -> None:
-    """:func:`refine` with ``by_w`` (:func:`_by_weight`) given."""
+            ideal: float, most: int, balance: bool, consts: Any, by_w: Any, have: Any) -> None:
+    """:func:`refine` with the presort's room ``by_w`` (:func:`_presort_room`) given, filled where ``have[0]``."""
     visits, gain, gain_b = consts[0], consts[1], consts[2]
     wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
     times = np.empty(most)
@@ -480,14 +488,14 @@ def _passes(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
             before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w)
+                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w, have)
             after = step_time(load, rows, nb, pooled, world)
             if after > before:
                 load[:], bc[:], bl[:], bt[:], flat[:] = kept
             balance = after < before * (1 - gain_b) and after > ideal
         else:
             now, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds, by_w)
+                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds, by_w, have)
             times[n_times] = now
             n_times += 1
             if now <= ideal or n_times >= 3 and now > times[n_times - 3] * (1 - gain):
