@@ -326,3 +326,23 @@ def test_a_padded_start_is_refined_without_balance_passes(monkeypatch: pytest.Mo
         assert modes[0] == "balance"
     with jit("1"):
         assert_same(padded, partition(lengths, 16384, world=16, weights=lambda L: 24576 * L + L**2, micro_multiple=4))
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_passes_from_one_sort_by_weight_are_the_numpy_passes(heavy: bool) -> None:
+    """From ``PRESORT_FROM`` units the compiled passes take each pair's units from one sort of all
+    by weight (a counting sort by pair keeps it) where that is the stable order of their keys;
+    where distinct weights share a key (one weight of ``2**51`` beside small ones: the keys' last
+    bits drop) they sort as before. Either way, the numpy partition."""
+    from fitbatch._kernels import steps as kernels
+
+    rng = np.random.default_rng(4096)
+    n = max(2048, kernels.PRESORT_FROM)
+    lengths = np.clip(np.ceil(rng.lognormal(6.5, 1.0, n)), 1, 8192).astype(np.int64)
+    weights: Any = lambda L: 24576 * L + L**2  # noqa: E731
+    if heavy:
+        weights = rng.integers(0, 1000, n).astype(np.float64)
+        weights[0] = 2.0**51
+    for world, mm in ((64, 1), (16, 2), (8, 1)):
+        plain, compiled = both(lambda w=world, m=mm: partition(lengths, 16384, world=w, weights=weights, micro_multiple=m))
+        assert_same(plain, compiled)

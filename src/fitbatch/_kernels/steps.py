@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
-from fitbatch._kernels.steps_refine import refine, step_time
+from fitbatch._kernels.steps_refine import PRESORT_FROM, _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
@@ -204,7 +204,9 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
     """``_place_rest`` of one row: units that fit no bin fail the row; the others paired with
     the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit."""
     m = load.size
-    cmin, lmin, tmin = bc.min(), bl.min(), bt.min()
+    cmin, lmin, tmin = bc[0], bl[0], bt[0]  # the three least in one scan
+    for b in range(1, m):
+        cmin, lmin, tmin = min(cmin, bc[b]), min(lmin, bl[b]), min(tmin, bt[b])
     keep = np.ones(rest.size, dtype=np.bool_)
     for i in range(rest.size):
         u = rest[i]
@@ -530,9 +532,13 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
+    # room for the units by weight, ties by unit (`placed` is every unit, in order), sorted by the first
+    # pass that takes them (both refinements: the same units and weights)
+    by_w = np.empty(n, dtype=np.int64) if n >= PRESORT_FROM else e_i
+    have = np.zeros(1, dtype=np.bool_)
     if world > 1 and first > least:
-        refine(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
-               yes, world, load.sum() / world * (1 + close), most, balance, consts)
+        _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
+                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have)
         now = step_time(load, one, nb, yes, world)
     if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
         cost = np.empty(nb)
@@ -545,10 +551,9 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             if not w_failed:
                 wider = step_time(w_load, one, more * world, yes, world)
                 if world > 1 and wider > least:
-                    refine(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
-                           uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
-                           n <= balanced_up_to,
-                           consts)
+                    _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
+                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
+                            n <= balanced_up_to, consts, by_w, have)
                     wider = step_time(w_load, one, more * world, yes, world)
                 if wider < now:
                     m, load, bin_of = more, w_load, w_bin

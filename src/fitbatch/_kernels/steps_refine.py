@@ -16,6 +16,10 @@ from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _search, _stable, _then
 
+#: from this many units the passes take them from one sort by weight (below: each pass sorts its
+#: own, as fast for so few)
+PRESORT_FROM = 1024
+
 
 @njit(**OPTS)
 def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
@@ -114,23 +118,28 @@ def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, w
 
 
 @njit(**OPTS)
-def _second_longest(u: Any, flat: Any, lg: Any, n_bins: int) -> Any:
-    """``_second_longest`` in one scan: the unit holding each bin's longest size (the last of
-    ``u`` among equals, as the stable sort there leaves it), and the bin's longest without it
-    (the next in that order: the second largest size, equal to the longest on a tie; 0 alone)."""
+def _second_longest(placed: Any, flat: Any, pair_of: Any, lg: Any, n_bins: int) -> Any:
+    """``_second_longest`` in one scan of the units of the pass (``u``: those of ``placed`` in a
+    pair's bin, in its order): the unit holding each bin's longest size (the last of ``u`` among
+    equals, as the stable sort there leaves it), and the bin's longest without it (the next in that
+    order: the second largest size, equal to the longest on a tie; 0 alone); and ``u``'s size."""
     top_id = np.full(n_bins, -1, dtype=np.int64)
     top = np.zeros(n_bins)
     second = np.zeros(n_bins)
-    for i in range(u.size):
-        x = u[i]
+    n_u = 0
+    for i in range(placed.size):
+        x = placed[i]
         b, v = flat[x], lg[x]
+        if pair_of[b] < 0:
+            continue
+        n_u += 1
         if top_id[b] < 0:
             top_id[b], top[b] = x, v
         elif v >= top[b]:
             second[b], top[b], top_id[b] = top[b], v, x
         elif v > second[b]:
             second[b] = v
-    return top_id, second
+    return top_id, second, n_u
 
 
 @njit(**OPTS)
@@ -174,8 +183,10 @@ def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
 @njit(**OPTS)
 def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
               budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-              mode: int, wide: int, paired: int, n_rounds: int) -> Any:
-    """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on)."""
+              mode: int, wide: int, paired: int, n_rounds: int, by_w: Any, have: Any) -> Any:
+    """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on).
+    ``by_w``: room for the placed units by weight, ties by unit (:func:`_presort_room`), filled
+    where ``have[0]``."""
     h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide)
     n_pairs = h.size
     if n_pairs == 0:
@@ -185,37 +196,110 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
     for i in range(n_pairs):
         pair_of[h[i]] = i
         pair_of[l_[i]] = i
-    u = placed[pair_of[flat[placed]] >= 0]
-    pair = pair_of[flat[u]]
-    give = flat[u] == h[pair]
-    if uses_max:
-        top_id, second = _second_longest(u, flat, lg, n_bins)
+    if uses_max:  # the units of the pairs (`u`, in `placed`'s order), each bin's longest and second
+        top_id, second, n_u = _second_longest(placed, flat, pair_of, lg, n_bins)
     else:
         top_id, second = np.full(n_bins, -1, dtype=np.int64), bl  # a model blind to the longest
-    cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(u, pair, give, flat, pair_of, w, c, lg, t, room, best,
-                                                          n_pairs, mode, paired)
+        n_u = 0
+        for i in range(placed.size):
+            n_u += pair_of[flat[placed[i]]] >= 0
+    # the presorted units where the pairs hold a good part of them (two scans of all; else a sort of
+    # theirs), sorted at the first such pass
+    presorted = by_w[:0]
+    if by_w.size and 4 * n_u >= by_w.size:
+        if not have[0]:
+            by_w[:] = placed[_stable(w[placed])]
+            have[0] = True
+        presorted = by_w
+    cu, v1, v2, cp, delta, in_c, in_t, in_l = _candidates(placed, flat, pair_of, w, c, lg, t, room, best, n_pairs,
+                                                          mode, paired, presorted, h)
     _exchange(load, bc, bl, bt, flat, w, c, lg, t, budget, kind, params, h, l_, room, best, same, top_id, second,
               cu, v1, v2, cp, delta, in_c, in_t, in_l, n_rounds)
-    return now, u.size
+    return now, n_u
 
 
 @njit(**OPTS)
-def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t: Any, room: Any,
-                best: Any, n_pairs: int, mode: int, paired: int) -> Any:
-    """A pass's candidate exchanges (``_one_pass`` up to its rounds): the given unit, the one
-    or two units coming back (-1: none), the pair, the weight passed, and what comes back's
-    count, total and longest; those that pass a positive weight within the pair's room."""
+def _sides(u: Any, pair: Any, give: Any, w: Any, scale: float, n_pairs: int) -> Any:
+    """The pass's units by pair, then weight (key ``2 * pair + weight / scale``, stably: ties by
+    position in ``u``), taking and giving apart: (taking units, their keys, giving units, their
+    pairs, their weights, each pair's number of taking units)."""
     wu = w[u]
-    scale = w.max() + 1.0
     key = 2.0 * pair + wu / scale
     take = np.flatnonzero(~give)
     g = np.flatnonzero(give)
     take, g = _by_pair(take, pair, key, n_pairs), _by_pair(g, pair, key, n_pairs)
-    t_key, gp, gw = key[take], pair[g], wu[g]
-    take, g = u[take], u[g]
     n_take = np.zeros(n_pairs, dtype=np.int64)
     for i in range(take.size):
-        n_take[pair_of[flat[take[i]]]] += 1
+        n_take[pair[take[i]]] += 1
+    return u[take], key[take], u[g], pair[g], wu[g], n_take
+
+
+@njit(**OPTS)
+def _sides_presorted(by_w: Any, flat: Any, pair_of: Any, h: Any, w: Any, scale: float, n_pairs: int) -> Any:
+    """:func:`_sides` from ``by_w`` (the placed units by weight, ties by unit; ``u`` ascending):
+    a counting sort by pair keeps that order within each pair. It is the stable sort by key where
+    the keys it gives are in order, equal keys by unit (else distinct weights met in one key:
+    ``ok`` false, and :func:`_sides` sorts): (ok, the sides)."""
+    n_take = np.zeros(n_pairs, dtype=np.int64)
+    n_give = np.zeros(n_pairs, dtype=np.int64)
+    for i in range(by_w.size):
+        x = by_w[i]
+        p = pair_of[flat[x]]
+        if p >= 0:
+            if flat[x] == h[p]:
+                n_give[p] += 1
+            else:
+                n_take[p] += 1
+    t_at = np.empty(n_pairs, dtype=np.int64)
+    g_at = np.empty(n_pairs, dtype=np.int64)
+    nt, ng = 0, 0
+    for p in range(n_pairs):
+        t_at[p], g_at[p] = nt, ng
+        nt += n_take[p]
+        ng += n_give[p]
+    take = np.empty(nt, dtype=np.int64)
+    t_key = np.empty(nt)
+    g = np.empty(ng, dtype=np.int64)
+    gp = np.empty(ng, dtype=np.int64)
+    gw = np.empty(ng)
+    for i in range(by_w.size):
+        x = by_w[i]
+        p = pair_of[flat[x]]
+        if p >= 0:
+            if flat[x] == h[p]:
+                j = g_at[p]
+                g[j], gp[j], gw[j] = x, p, w[x]
+                g_at[p] = j + 1
+            else:
+                j = t_at[p]
+                take[j], t_key[j] = x, 2.0 * p + w[x] / scale
+                t_at[p] = j + 1
+    for j in range(1, nt):  # the order of the keys (equal ones by unit): the stable sort's
+        if t_key[j] < t_key[j - 1] or t_key[j] == t_key[j - 1] and take[j] < take[j - 1]:
+            return False, take, t_key, g, gp, gw, n_take
+    for j in range(1, ng):
+        kj, kp = 2.0 * gp[j] + gw[j] / scale, 2.0 * gp[j - 1] + gw[j - 1] / scale
+        if kj < kp or kj == kp and g[j] < g[j - 1]:
+            return False, take, t_key, g, gp, gw, n_take
+    return True, take, t_key, g, gp, gw, n_take
+
+
+@njit(**OPTS)
+def _candidates(placed: Any, flat: Any, pair_of: Any, w: Any, c: Any, lg: Any, t: Any, room: Any, best: Any,
+                n_pairs: int, mode: int, paired: int, by_w: Any, h: Any) -> Any:
+    """A pass's candidate exchanges (``_one_pass`` up to its rounds): the given unit, the one
+    or two units coming back (-1: none), the pair, the weight passed, and what comes back's
+    count, total and longest; those that pass a positive weight within the pair's room.
+    ``by_w``: the placed units by weight (ties by unit), where ``u`` is ascending; else empty."""
+    scale = w.max() + 1.0
+    ok = by_w.size > 0
+    if ok:
+        ok, take, t_key, g, gp, gw, n_take = _sides_presorted(by_w, flat, pair_of, h, w, scale, n_pairs)
+    if not ok:  # the units of the pairs, by pair and weight
+        u = placed[pair_of[flat[placed]] >= 0]
+        pair = pair_of[flat[u]]
+        give = flat[u] == h[pair]
+        take, t_key, g, gp, gw, n_take = _sides(u, pair, give, w, scale, n_pairs)
     hi = np.cumsum(n_take)
     lo = hi - n_take
     ng = g.size
@@ -225,11 +309,6 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
     # partners finds the position a search of all of them finds (fewer, unpredictable, steps)
     for i in range(ng):
         at[i] = _search(t_key, 2.0 * gp[i] + max(gw[i] - best[gp[i]], 0.0) / scale, lo[gp[i]], hi[gp[i]])
-    # candidates: the given unit for none, for the partner unit at `at`, for the one before it
-    n_above, n_below = 0, 0
-    for i in range(ng):
-        n_above += at[i] < hi[gp[i]]
-        n_below += at[i] > lo[gp[i]]
     n_heavy_reps = 0
     if mode == 2 and take.size:
         n_give = np.zeros(n_pairs, dtype=np.int64)
@@ -239,24 +318,42 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
         for i in range(ng):
             if i >= c_give[gp[i]] - paired:
                 n_heavy_reps += n_take[gp[i]]
-    total = ng + n_above + n_below + n_heavy_reps
+    # candidates, in this order: each given unit for none, for the partner unit at `at`, for the
+    # one before it, then the heavy ones for two; only those passing a positive weight within the
+    # pair's room are written (the order of those kept, as a filter of all of them keeps it)
+    total = 3 * ng + n_heavy_reps
     cu = np.empty(total, dtype=np.int64)
-    v1 = np.full(total, -1, dtype=np.int64)
-    v2 = np.full(total, -1, dtype=np.int64)
+    v1 = np.empty(total, dtype=np.int64)
+    v2 = np.empty(total, dtype=np.int64)
     cp = np.empty(total, dtype=np.int64)
+    delta = np.empty(total)
+    in_c, in_t, in_l = np.empty(total), np.empty(total), np.empty(total)
     x = 0
     for i in range(ng):
-        cu[x], cp[x] = g[i], gp[i]
-        x += 1
-    last = max(take.size - 1, 0)
-    for i in range(ng):
-        if at[i] < hi[gp[i]]:
-            cu[x], v1[x], cp[x] = g[i], take[min(at[i], last)], gp[i]
+        p = gp[i]
+        d = gw[i]
+        if d > 0 and d <= room[p]:
+            cu[x], v1[x], v2[x], cp[x], delta[x] = g[i], -1, -1, p, d
+            in_c[x], in_t[x], in_l[x] = 0.0, 0.0, 0.0
             x += 1
     for i in range(ng):
-        if at[i] > lo[gp[i]]:
-            cu[x], v1[x], cp[x] = g[i], take[at[i] - 1], gp[i]
-            x += 1
+        p = gp[i]
+        if at[i] < hi[p]:
+            a = take[at[i]]
+            d = gw[i] - w[a]
+            if d > 0 and d <= room[p]:
+                cu[x], v1[x], v2[x], cp[x], delta[x] = g[i], a, -1, p, d
+                in_c[x], in_t[x], in_l[x] = c[a], t[a], max(lg[a], 0.0)
+                x += 1
+    for i in range(ng):
+        p = gp[i]
+        if at[i] > lo[p]:
+            a = take[at[i] - 1]
+            d = gw[i] - w[a]
+            if d > 0 and d <= room[p]:
+                cu[x], v1[x], v2[x], cp[x], delta[x] = g[i], a, -1, p, d
+                in_c[x], in_t[x], in_l[x] = c[a], t[a], max(lg[a], 0.0)
+                x += 1
     if n_heavy_reps:  # one for two: the PAIRED heaviest given units of a pair, each partner unit
         for i in range(ng):
             p = gp[i]
@@ -268,23 +365,14 @@ def _candidates(u: Any, pair: Any, give: Any, flat: Any, pair_of: Any, w: Any, c
                 if i2 == i1:
                     i2 += 1
                 if i2 < hi[p]:
-                    cu[x], v1[x], v2[x], cp[x] = g[i], take[i1], take[i2], p
-                    x += 1
-    delta = np.empty(x)
-    kept = 0
-    for i in range(x):  # those that fit, compacted in place (in order: kept <= i)
-        d = w[cu[i]] - (w[v1[i]] if v1[i] >= 0 else 0.0) - (w[v2[i]] if v2[i] >= 0 else 0.0)
-        if d > 0 and d <= room[cp[i]]:
-            cu[kept], v1[kept], v2[kept], cp[kept], delta[kept] = cu[i], v1[i], v2[i], cp[i], d
-            kept += 1
-    x = kept
+                    a, b = take[i1], take[i2]
+                    d = w[g[i]] - w[a] - w[b]
+                    if d > 0 and d <= room[p]:
+                        cu[x], v1[x], v2[x], cp[x], delta[x] = g[i], a, b, p, d
+                        in_c[x], in_t[x], in_l[x] = c[a] + c[b], t[a] + t[b], max(lg[a], lg[b])
+                        x += 1
     cu, v1, v2, cp, delta = cu[:x], v1[:x], v2[:x], cp[:x], delta[:x]
-    in_c, in_t, in_l = np.zeros(x), np.zeros(x), np.zeros(x)
-    for i in range(x):
-        a, b = v1[i], v2[i]
-        ca, ta, la = (c[a], t[a], lg[a]) if a >= 0 else (0.0, 0.0, 0.0)
-        cb, tb, lb_ = (c[b], t[b], lg[b]) if b >= 0 else (0.0, 0.0, 0.0)
-        in_c[i], in_t[i], in_l[i] = ca + cb, ta + tb, max(la, lb_)
+    in_c, in_t, in_l = in_c[:x], in_t[:x], in_l[:x]
     return cu, v1, v2, cp, delta, in_c, in_t, in_l
 
 
@@ -368,6 +456,28 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
            budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
            ideal: float, most: int, balance: bool, consts: Any) -> None:
     """``refine``'s passes on flat bins, in place (``consts``: VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS)."""
+    _passes(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max, rows, nb, pooled, world,
+            ideal, most, balance, consts, _presort_room(placed), np.zeros(1, dtype=np.bool_))
+
+
+@njit(**OPTS)
+def _presort_room(placed: Any) -> Any:
+    """Room for the placed units by weight, ties by unit (a pass sorts them there when first
+    needed), where ``placed`` is ascending and holds at least ``PRESORT_FROM``; else empty (the
+    passes sort their units by pair and weight themselves)."""
+    if placed.size < PRESORT_FROM:
+        return np.zeros(0, dtype=np.int64)
+    for i in range(1, placed.size):
+        if placed[i] <= placed[i - 1]:
+            return np.zeros(0, dtype=np.int64)
+    return np.empty(placed.size, dtype=np.int64)
+
+
+@njit(**OPTS)
+def _passes(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
+            budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
+            ideal: float, most: int, balance: bool, consts: Any, by_w: Any, have: Any) -> None:
+    """:func:`refine` with the presort's room ``by_w`` (:func:`_presort_room`) given, filled where ``have[0]``."""
     visits, gain, gain_b = consts[0], consts[1], consts[2]
     wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
     times = np.empty(most)
@@ -378,14 +488,14 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
             before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds)
+                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w, have)
             after = step_time(load, rows, nb, pooled, world)
             if after > before:
                 load[:], bc[:], bl[:], bt[:], flat[:] = kept
             balance = after < before * (1 - gain_b) and after > ideal
         else:
             now, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds)
+                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds, by_w, have)
             times[n_times] = now
             n_times += 1
             if now <= ideal or n_times >= 3 and now > times[n_times - 3] * (1 - gain):
