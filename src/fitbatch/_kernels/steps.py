@@ -184,12 +184,25 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
             if not ok[j]:
                 rest[i] = us[j]
                 i += 1
-        _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
-        state[0], state[1] = 0, width  # any bin may have changed
-        return d + width
-    state[1] = width
-    if wide:
-        return d + width
+        touched = np.zeros(m, dtype=np.bool_)
+        _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, touched)
+        state[1] = width
+        if wide or failed[0]:
+            state[0] = 0  # any bin may have changed
+            return d + width
+        pos = 0
+        while pos < size:  # the bins in the heap that took a unit: their loads only grew, sunk one by one
+            b = hb[pos]
+            if touched[b]:  # (positions before pos keep their bins; the one moved up into pos is looked at next)
+                touched[b] = False
+                hk[pos] = load[b]
+                _sift_down(hk, hb, size, pos)
+            else:
+                pos += 1
+    else:
+        state[1] = width
+        if wide:
+            return d + width
     for j in range(width):
         b = lightest[j]
         hk[size], hb[size] = load[b], b
@@ -200,9 +213,10 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
 
 @njit(**OPTS)
 def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any, bin_of: Any,
-                failed: Any, budget: float, kind: int, params: Any) -> None:
+                failed: Any, budget: float, kind: int, params: Any, touched: Any) -> None:
     """``_place_rest`` of one row: units that fit no bin fail the row; the others paired with
-    the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit."""
+    the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit
+    (``touched``: each bin that took one)."""
     m = load.size
     cmin, lmin, tmin = bc[0], bl[0], bt[0]  # the three least in one scan
     for b in range(1, m):
@@ -242,6 +256,7 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
                 load[b] += w[u]
                 bc[b], bl[b], bt[b] = nc[i], nl[i], nt[i]
                 bin_of[u] = b
+                touched[b] = True
         units = units[~ok]
     for i in range(units.size):  # _place_alone
         if failed[0]:
@@ -258,6 +273,7 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
         load[at] += w[u]
         bc[at], bl[at], bt[at] = bc[at] + c[u], max(bl[at], lg[u]), bt[at] + t[u]
         bin_of[u] = at
+        touched[at] = True
 
 
 @njit(**OPTS)
