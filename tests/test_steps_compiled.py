@@ -346,3 +346,30 @@ def test_passes_from_one_sort_by_weight_are_the_numpy_passes(heavy: bool) -> Non
     for world, mm in ((64, 1), (16, 2), (8, 1)):
         plain, compiled = both(lambda w=world, m=mm: partition(lengths, 16384, world=w, weights=weights, micro_multiple=m))
         assert_same(plain, compiled)
+
+
+@pytest.mark.parametrize(("seed", "refined"), [(1, [144]), (5, [144, 136])])
+def test_one_more_micro_step_is_tried_first_where_the_packing_is_full(monkeypatch: pytest.MonkeyPatch, seed: int,
+                                                                      refined: list[int]) -> None:
+    """Where the packing into the fewest micro-batches is spread and full to the cap, one more
+    micro-step is packed and refined first; within ``MORE`` of its mean it is kept without
+    refining the fewest (seed 1: one refinement, of 18 micro-steps x 8 ranks), otherwise the
+    fewest are refined and the faster kept, as before (seed 5: both, 18 micro-steps win); both
+    forms give the same partition."""
+    from fitbatch.steps import _partition
+
+    sizes: list[int] = []
+    real = _partition.refine
+
+    def recording(bins: Any, *args: Any, **kwargs: Any) -> Any:
+        sizes.append(bins.load.size)
+        return real(bins, *args, **kwargs)
+
+    monkeypatch.setattr(_partition, "refine", recording)
+    lengths = np.clip(np.ceil(np.random.default_rng(seed).lognormal(6.5, 1.0, 2048)), 1, 8192).astype(np.int64)
+    call = lambda: partition(lengths, 16384, world=8, weights=lambda L: 24576 * L + L**2)  # noqa: E731
+    plain, compiled = both(call)
+    assert_same(plain, compiled)
+    assert sizes == refined and plain.n_micro == 18
+    if len(refined) == 1:  # kept at once: within MORE of its mean
+        assert plain.workload.max(axis=0).sum() <= plain.workload.sum() / 8 * (1 + _partition.MORE)

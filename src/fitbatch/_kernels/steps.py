@@ -184,12 +184,25 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
             if not ok[j]:
                 rest[i] = us[j]
                 i += 1
-        _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params)
-        state[0], state[1] = 0, width  # any bin may have changed
-        return d + width
-    state[1] = width
-    if wide:
-        return d + width
+        touched = np.zeros(m, dtype=np.bool_)
+        _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, touched)
+        state[1] = width
+        if wide or failed[0]:
+            state[0] = 0  # any bin may have changed
+            return d + width
+        pos = 0
+        while pos < size:  # the bins in the heap that took a unit: their loads only grew, sunk one by one
+            b = hb[pos]
+            if touched[b]:  # (positions before pos keep their bins; the one moved up into pos is looked at next)
+                touched[b] = False
+                hk[pos] = load[b]
+                _sift_down(hk, hb, size, pos)
+            else:
+                pos += 1
+    else:
+        state[1] = width
+        if wide:
+            return d + width
     for j in range(width):
         b = lightest[j]
         hk[size], hb[size] = load[b], b
@@ -200,9 +213,10 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
 
 @njit(**OPTS)
 def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any, bin_of: Any,
-                failed: Any, budget: float, kind: int, params: Any) -> None:
+                failed: Any, budget: float, kind: int, params: Any, touched: Any) -> None:
     """``_place_rest`` of one row: units that fit no bin fail the row; the others paired with
-    the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit."""
+    the cheapest bins (``_place_roomiest``), then one by one into the lightest bin they fit
+    (``touched``: each bin that took one)."""
     m = load.size
     cmin, lmin, tmin = bc[0], bl[0], bt[0]  # the three least in one scan
     for b in range(1, m):
@@ -242,6 +256,7 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
                 load[b] += w[u]
                 bc[b], bl[b], bt[b] = nc[i], nl[i], nt[i]
                 bin_of[u] = b
+                touched[b] = True
         units = units[~ok]
     for i in range(units.size):  # _place_alone
         if failed[0]:
@@ -258,6 +273,7 @@ def _place_rest(rest: Any, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, 
         load[at] += w[u]
         bc[at], bl[at], bt[at] = bc[at] + c[u], max(bl[at], lg[u]), bt[at] + t[u]
         bin_of[u] = at
+        touched[at] = True
 
 
 @njit(**OPTS)
@@ -438,6 +454,39 @@ def _padded(load: Any, bc: Any, bl: Any, bt: Any, nb: int) -> Any:
 
 
 @njit(**OPTS)
+def _spread_and_full(t: float, least: float, load: Any, bc: Any, bl: Any, bt: Any, budget: float, kind: int,
+                     params: Any, world: int, m: int, top: int, more_gap: float, full: float) -> bool:
+    """``_balanced``'s test for one more micro-step at a step time ``t`` of these bins: slower than
+    the least time and than the mean by ``MORE``, at most the least count, ``FULL`` of the cap."""
+    if not (t > least and t > load.sum() / world * (1 + more_gap) and m <= top):
+        return False
+    nb = load.size
+    cost = np.empty(nb)
+    for b in range(nb):
+        cost[b] = min(_cost(kind, params, bc[b], bl[b], bt[b]), budget)
+    return _np_sum(cost) / (nb * budget) >= full
+
+
+@njit(**OPTS)
+def _wider(heaviest: Any, alone_row: Any, weight: Any, ones: Any, sizes: Any, budget: float, kind: int, params: Any,
+           uses_max: bool, nb: int, world: int, exact_rounds: int, least: float, close: float, most: int,
+           balance: bool, consts: Any, placed: Any, by_w: Any, have: Any) -> Any:
+    """``_balanced``'s packing into one more micro-step (``nb`` bins), refined where slower than the
+    least time: (fits, its step time, loads, bin of each unit)."""
+    one, yes = np.int64(1), np.bool_(True)
+    w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, nb, budget,
+                                                          kind, params, exact_rounds)
+    if w_failed:
+        return False, 0.0, w_load, w_bin
+    wider = step_time(w_load, one, nb, yes, world)
+    if world > 1 and wider > least:
+        _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max,
+                one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have)
+        wider = step_time(w_load, one, nb, yes, world)
+    return True, wider, w_load, w_bin
+
+
+@njit(**OPTS)
 def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int, params: Any, uses_max: bool,
                    step: int, floor: int, world: int, exact_rounds: int, consts: Any, tune: Any) -> Any:
     """:func:`fitbatch.steps.partition` of one pool without groups, skips or oversized sequences, under a
@@ -536,27 +585,35 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     # pass that takes them (both refinements: the same units and weights)
     by_w = np.empty(n, dtype=np.int64) if n >= PRESORT_FROM else e_i
     have = np.zeros(1, dtype=np.bool_)
-    if world > 1 and first > least:
+    top = -(-max(bound_p, floor, 1) // step) * step
+    more = m + step
+    tried, fits, wider = False, False, 0.0  # one more micro-step: packed, fits, its (refined) step time
+    w_load, w_bin = e_f, e_i
+    if not padded_start and _spread_and_full(first, least, load, bc, bl, bt, budget, kind, params, world, m, top,
+                                             more_gap, full):
+        # already spread and full to the cap as packed: one more micro-step first; one within MORE
+        # of its mean is kept without refining this count (its refinement could gain at most that)
+        tried = True
+        fits, wider, w_load, w_bin = _wider(heaviest, alone_row, weight, ones, sizes, budget, kind, params,
+                                            uses_max, more * world, world, exact_rounds, least, close, most,
+                                            n <= balanced_up_to, consts, placed, by_w, have)
+        if fits and wider <= load.sum() / world * (1 + more_gap):
+            now = -1.0  # taken: no refinement of this count
+    if now >= 0 and world > 1 and first > least:
         _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                 yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have)
         now = step_time(load, one, nb, yes, world)
-    if now > least and now > load.sum() / world * (1 + more_gap) and m <= -(-max(bound_p, floor, 1) // step) * step:
-        cost = np.empty(nb)
-        for b in range(nb):
-            cost[b] = min(_cost(kind, params, bc[b], bl[b], bt[b]), budget)
-        if _np_sum(cost) / (nb * budget) >= full:  # full to the cap: one more micro-step, if faster
-            more = m + step
-            w_load, w_bc, w_bl, w_bt, w_bin, w_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
-                                                                  more * world, budget, kind, params, exact_rounds)
-            if not w_failed:
-                wider = step_time(w_load, one, more * world, yes, world)
-                if world > 1 and wider > least:
-                    _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params,
-                            uses_max, one, more * world, yes, world, w_load.sum() / world * (1 + close), most,
-                            n <= balanced_up_to, consts, by_w, have)
-                    wider = step_time(w_load, one, more * world, yes, world)
-                if wider < now:
-                    m, load, bin_of = more, w_load, w_bin
+    if now < 0:
+        m, load, bin_of = more, w_load, w_bin
+    elif _spread_and_full(now, least, load, bc, bl, bt, budget, kind, params, world, m, top, more_gap, full):
+        # still spread after refining at the least count, micro-batches full to the cap: no room
+        # to even out; one more micro-step (micro_multiple more) is kept if it runs faster
+        if not tried:
+            fits, wider, w_load, w_bin = _wider(heaviest, alone_row, weight, ones, sizes, budget, kind, params,
+                                                uses_max, more * world, world, exact_rounds, least, close, most,
+                                                n <= balanced_up_to, consts, placed, by_w, have)
+        if fits and wider < now:
+            m, load, bin_of = more, w_load, w_bin
     order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
         load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
     slowest, total = 0.0, 0.0

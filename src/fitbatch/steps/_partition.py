@@ -361,23 +361,42 @@ def _balanced(plan: _Plan, order: IntArray, alone: IntArray, bound: int, row_of_
             fewer = fewer.padded(m * width)
             if step_time(fewer.load, pooled, world, exact) < first:
                 bins, padded_start = fewer, True
+    top = round_up(max(bound, plan.floor, 1), plan.step)
+
+    def spread_and_full(t: float) -> bool:  # one more micro-step is tried at a step time t of `bins`
+        return bool(m and t > least and t > bins.load.sum() / world * (1 + MORE) and m <= top
+                    and _fill(bins, plan) >= FULL)
+
+    def wider_bins() -> Bins | None:  # packed into one more micro-step (refined); None: it did not fit
+        more = m + plan.step
+        got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None,
+                            width=width)
+        if got != more:
+            return None
+        if step_time(wider.load, pooled, world, exact) > least:
+            wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
+        return wider
+
+    tried, wider = False, None
+    if not padded_start and spread_and_full(first):
+        # already spread and full to the cap as packed: one more micro-step first; one within MORE
+        # of its mean is kept without refining this count (its refinement could gain at most that)
+        tried, wider = True, wider_bins()
+        if wider is not None and step_time(wider.load, pooled, world, exact) <= bins.load.sum() / world * (1 + MORE):
+            return m + plan.step, wider
     if step_time(bins.load, pooled, world, exact) > least:
         # a padded start is refined without balance passes: they pair its loaded bins with the
         # empty ones, splitting each over two micro-steps (slower, and undone: a pass for nothing)
         bins = refine(bins, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world,
                       balance=not padded_start)
     now = step_time(bins.load, pooled, world, exact)
-    if (m and now > least and now > bins.load.sum() / world * (1 + MORE) and _fill(bins, plan) >= FULL
-            and m <= round_up(max(bound, plan.floor, 1), plan.step)):
+    if spread_and_full(now):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (``micro_multiple`` more) is kept if it runs faster
-        more = m + plan.step
-        got, wider = settle(order, alone, plan.units, more, dataclasses.replace(plan, floor=more), agree=None, width=width)
-        if got == more:
-            if step_time(wider.load, pooled, world, exact) > least:
-                wider = refine(wider, row_of_unit, plan.units, plan.budget, plan.model, pooled=pooled, world=world)
-            if step_time(wider.load, pooled, world, exact) < now:
-                return more, wider
+        if not tried:
+            wider = wider_bins()
+        if wider is not None and step_time(wider.load, pooled, world, exact) < now:
+            return m + plan.step, wider
     return m, bins
 
 
