@@ -201,7 +201,7 @@ def main() -> None:
                     v = measure(v_batches, lengths, args.cap)
                     short = name.replace("cpython_stdlib_", "")
                     print(f"| {short} | {n} | {world} | {mm} | {f[0]} / {v[0]} | {f[1]} / {v[1]} | {f[2]} / {v[2]} "
-                          f"| {f[3]:.4f} / {v[3]:.4f} | {part.efficiency_bound:.4f} | {t_f * 1e3:.3f} / {t_v * 1e3:.1f} | {t_v / t_f:.1f}x |",
+                          f"| {f[3]:.4f} / {v[3]:.4f} | {part.efficiency_bound:.4f} | {t_f * 1e3:.3f} / {t_v * 1e3:.2f} | {t_v / t_f:.1f}x |",
                           flush=True)
 
 

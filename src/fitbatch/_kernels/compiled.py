@@ -420,30 +420,22 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
         a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
     b = np.empty(n, dtype=np.uint64)
     count = np.empty(256, dtype=np.int64)
+    # the low byte's pass writes the shuffled positions already re-keyed by 65535 - key
     for d in range(256):
         if bounds[d + 1] - bounds[d] > 1:
-            _byte_pass(a, b, bounds[d], bounds[d + 1], shift, count)
+            _byte_pass_rekey(a, b, bounds[d], bounds[d + 1], shift, count, keys)
         else:
             for j in range(bounds[d], bounds[d + 1]):
-                b[j] = a[j]
-    # b holds the shuffled positions (low 32 bits): re-key them by 65535 - key, pool by pool
-    positions = np.uint64(0xFFFFFFFF)
-    for j in range(n):
-        i = b[j] & positions
-        b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+                i = a[j] & np.uint64(0xFFFFFFFF)
+                b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+    # pool by pool, two passes by the bytes of 65535 - key; the second writes the positions
+    # (and the laid keys) as it places them, into b's memory (b[s:e] is read by the first only)
+    out = b.view(np.int64)
+    lay = laid_keys.shape[0] == n
     for s in range(0, n, pool):
         e = min(n, s + pool)
         _byte_pass(b, a, s, e, np.uint64(32), count)
-        _byte_pass(a, b, s, e, np.uint64(40), count)
-    out = a.view(np.int64)
-    if laid_keys.shape[0] == n:
-        for j in range(n):
-            c = b[j]
-            out[j] = np.int64(c & positions)
-            laid_keys[j] = 65535 - (c >> shift)
-    else:
-        for j in range(n):
-            out[j] = np.int64(b[j] & positions)
+        _byte_pass_out(a, out, s, e, np.uint64(40), count, laid_keys, lay)
     return out
 
 
@@ -463,6 +455,50 @@ def _byte_pass(  # pragma: no cover - compiled
         p = count[q]
         count[q] = p + 1
         dst[p] = c
+
+
+@njit(cache=True, nogil=True)
+def _byte_pass_rekey(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray, keys: np.ndarray
+) -> None:
+    """:func:`_byte_pass` of ``draw << 32 | position`` words whose output word is
+    ``(65535 - keys[position]) << 32 | position`` (the next sort's key, in the same pass)."""
+    byte = np.uint64(255)
+    positions = np.uint64(0xFFFFFFFF)
+    count[:] = 0
+    for j in range(s, e):
+        count[(src[j] >> shift) & byte] += 1
+    _starts(count, s)
+    for j in range(s, e):
+        c = src[j]
+        q = (c >> shift) & byte
+        p = count[q]
+        count[q] = p + 1
+        i = c & positions
+        dst[p] = (np.uint64(65535 - keys[i]) << np.uint64(32)) | i
+
+
+@njit(cache=True, nogil=True)
+def _byte_pass_out(  # pragma: no cover - compiled
+    src: np.ndarray, out: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray,
+    laid_keys: np.ndarray, lay: bool,
+) -> None:
+    """:func:`_byte_pass` of ``(65535 - key) << 32 | position`` words that writes each word's
+    position into ``out`` (int64) and, when ``lay``, its key into ``laid_keys``."""
+    byte = np.uint64(255)
+    positions = np.uint64(0xFFFFFFFF)
+    count[:] = 0
+    for j in range(s, e):
+        count[(src[j] >> shift) & byte] += 1
+    _starts(count, s)
+    for j in range(s, e):
+        c = src[j]
+        q = (c >> shift) & byte
+        p = count[q]
+        count[q] = p + 1
+        out[p] = np.int64(c & positions)
+        if lay:
+            laid_keys[p] = 65535 - (c >> np.uint64(32))
 
 
 @njit(cache=True, nogil=True)
