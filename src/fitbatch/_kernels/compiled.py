@@ -423,7 +423,7 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
     # the low byte's pass writes the shuffled positions already re-keyed by 65535 - key
     for d in range(256):
         if bounds[d + 1] - bounds[d] > 1:
-            _byte_pass_rekey(a, b, bounds[d], bounds[d + 1], shift, count, keys)
+            _byte_pass_as(a, b, bounds[d], bounds[d + 1], shift, count, _REKEY, keys, laid_keys)
         else:
             for j in range(bounds[d], bounds[d + 1]):
                 i = a[j] & np.uint64(0xFFFFFFFF)
@@ -431,11 +431,10 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
     # pool by pool, two passes by the bytes of 65535 - key; the second writes the positions
     # (and the laid keys) as it places them, into b's memory (b[s:e] is read by the first only)
     out = b.view(np.int64)
-    lay = laid_keys.shape[0] == n
     for s in range(0, n, pool):
         e = min(n, s + pool)
         _byte_pass(b, a, s, e, np.uint64(32), count)
-        _byte_pass_out(a, out, s, e, np.uint64(40), count, laid_keys, lay)
+        _byte_pass_as(a, out, s, e, np.uint64(40), count, _POSITIONS, keys, laid_keys)
     return out
 
 
@@ -444,27 +443,29 @@ def _byte_pass(  # pragma: no cover - compiled
     src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
 ) -> None:
     """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
-    byte = np.uint64(255)
-    count[:] = 0
-    for j in range(s, e):
-        count[(src[j] >> shift) & byte] += 1
-    _starts(count, s)
-    for j in range(s, e):
-        c = src[j]
-        q = (c >> shift) & byte
-        p = count[q]
-        count[q] = p + 1
-        dst[p] = c
+    _byte_pass_as(src, dst, s, e, shift, count, _COPY, dst, dst.view(np.uint16))
+
+
+_COPY, _REKEY, _POSITIONS = 0, 1, 2
 
 
 @njit(cache=True, nogil=True)
-def _byte_pass_rekey(  # pragma: no cover - compiled
-    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray, keys: np.ndarray
+def _byte_pass_as(  # pragma: no cover - compiled
+    src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray, what: int,
+    keys: np.ndarray, laid_keys: np.ndarray,
 ) -> None:
-    """:func:`_byte_pass` of ``draw << 32 | position`` words whose output word is
-    ``(65535 - keys[position]) << 32 | position`` (the next sort's key, in the same pass)."""
+    """One pass of a radix sort: ``src[s:e]``'s words (``high << 32 | position``) stably sorted
+    by the byte at ``shift``, each written to its place in ``dst`` as ``what`` says:
+
+    - ``_COPY``: the word itself;
+    - ``_REKEY``: ``(65535 - keys[position]) << 32 | position`` (the next sort's word);
+    - ``_POSITIONS``: the position (``dst`` int64), and its key ``65535 - high`` into ``laid_keys``
+      when that is as long as ``dst``.
+    """
     byte = np.uint64(255)
     positions = np.uint64(0xFFFFFFFF)
+    high = np.uint64(32)
+    lay = laid_keys.shape[0] == dst.shape[0]
     count[:] = 0
     for j in range(s, e):
         count[(src[j] >> shift) & byte] += 1
@@ -474,31 +475,15 @@ def _byte_pass_rekey(  # pragma: no cover - compiled
         q = (c >> shift) & byte
         p = count[q]
         count[q] = p + 1
-        i = c & positions
-        dst[p] = (np.uint64(65535 - keys[i]) << np.uint64(32)) | i
-
-
-@njit(cache=True, nogil=True)
-def _byte_pass_out(  # pragma: no cover - compiled
-    src: np.ndarray, out: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray,
-    laid_keys: np.ndarray, lay: bool,
-) -> None:
-    """:func:`_byte_pass` of ``(65535 - key) << 32 | position`` words that writes each word's
-    position into ``out`` (int64) and, when ``lay``, its key into ``laid_keys``."""
-    byte = np.uint64(255)
-    positions = np.uint64(0xFFFFFFFF)
-    count[:] = 0
-    for j in range(s, e):
-        count[(src[j] >> shift) & byte] += 1
-    _starts(count, s)
-    for j in range(s, e):
-        c = src[j]
-        q = (c >> shift) & byte
-        p = count[q]
-        count[q] = p + 1
-        out[p] = np.int64(c & positions)
-        if lay:
-            laid_keys[p] = 65535 - (c >> np.uint64(32))
+        if what == _COPY:
+            dst[p] = c
+        elif what == _REKEY:
+            i = c & positions
+            dst[p] = (np.uint64(65535 - keys[i]) << high) | i
+        else:
+            dst[p] = c & positions
+            if lay:
+                laid_keys[p] = 65535 - (c >> high)
 
 
 @njit(cache=True, nogil=True)
