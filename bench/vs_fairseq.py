@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,20 +297,14 @@ def first_calls(built: str | None, n: int, budget: int, repeat: int, sets: list[
           f"sizes, plan, batches as index arrays (best of {repeat}, cells in turn; CPU counts every thread)\n")
     print("| set | plan | wall s | CPU s | numba imported by then | compiled loops loaded |")
     print("|---|---|---:|---:|---|---|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in sets:
-            path = str(Path(tmp) / f"{name}.npy")
-            np.save(path, sizes_of(name, n, budget))
-            best = {c: (float("inf"), float("inf"), False, "-") for c in cells}
-            for _ in range(max(repeat, 1)):
-                for c in cells:
-                    code = FIRST.format(path=path, cell=c, built=built or "", budget=budget)
-                    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-                    wall, cpu, numba, loops = out.stdout.split()
-                    if float(wall) < best[c][0]:
-                        best[c] = (float(wall), float(cpu), numba == "True", loops)
-            for c, (wall, cpu, numba, loops) in best.items():
-                print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | {wall:.3f} | {cpu:.3f} | {'yes' if numba else 'no'} | {loops} |")
+    for name, runs in _fresh_runs(FIRST, cells, built, n, budget, repeat, sets):
+        best = {c: (float("inf"), float("inf"), False, "-") for c in cells}
+        for c, words in runs:
+            wall, cpu, numba, loops = words
+            if float(wall) < best[c][0]:
+                best[c] = (float(wall), float(cpu), numba == "True", loops)
+        for c, (wall, cpu, numba, loops) in best.items():
+            print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | {wall:.3f} | {cpu:.3f} | {'yes' if numba else 'no'} | {loops} |")
 
 
 def first_stages(built: str | None, n: int, budget: int, repeat: int, sets: list[str]) -> None:
@@ -321,20 +316,34 @@ def first_stages(built: str | None, n: int, budget: int, repeat: int, sets: list
           "(sort: fairseq's shuffle and argsort; plan: plan_batches; batches: fairseq's batch_by_size_vec / list(plan))\n")
     print("| set | cell | import numpy | load sizes | import library | sort / plan | batches | batch count |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, runs in _fresh_runs(STAGES, cells, built, n, budget, repeat, sets):
+        best = {c: [float("inf")] * 5 + [0.0] for c in cells}
+        for c, words in runs:
+            got = [float(v) for v in words]
+            best[c] = [min(a, b) for a, b in zip(best[c][:5], got[:5])] + [got[5]]
+        for c, row in best.items():
+            print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | " + " | ".join(f"{v:.3f}" for v in row[:5])
+                  + f" | {int(row[5]):,} |")
+
+
+def _fresh_runs(template: str, cells: list[str], built: str | None, n: int, budget: int, repeat: int,
+                sets: list[str]) -> Iterator[tuple[str, Iterator[tuple[str, list[str]]]]]:
+    """Per set, its sizes saved once and ``template`` run in a fresh process per cell, cells in
+    turn, ``repeat`` rounds: ``(set, runs)``, ``runs`` yielding each ``(cell, stdout words)``."""
     with tempfile.TemporaryDirectory() as tmp:
         for name in sets:
             path = str(Path(tmp) / f"{name}.npy")
             np.save(path, sizes_of(name, n, budget))
-            best = {c: [float("inf")] * 5 + [0.0] for c in cells}
-            for _ in range(max(repeat, 1)):
-                for c in cells:
-                    code = STAGES.format(path=path, cell=c, built=built or "", budget=budget)
-                    got = [float(v) for v in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                                            check=True).stdout.split()]
-                    best[c] = [min(a, b) for a, b in zip(best[c][:5], got[:5])] + [got[5]]
-            for c, row in best.items():
-                print(f"| {name.removeprefix('cpython_stdlib_')} | {c} | " + " | ".join(f"{v:.3f}" for v in row[:5])
-                      + f" | {int(row[5]):,} |")
+            yield name, _runs(template, path, cells, built, budget, repeat)
+
+
+def _runs(template: str, path: str, cells: list[str], built: str | None, budget: int,
+          repeat: int) -> Iterator[tuple[str, list[str]]]:
+    for _ in range(max(repeat, 1)):
+        for c in cells:
+            code = template.format(path=path, cell=c, built=built or "", budget=budget)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            yield c, out.stdout.split()
 
 
 def per_epoch(sizes: np.ndarray, budget: int, epochs: int, **options: Any) -> tuple[float, list[Any]]:
