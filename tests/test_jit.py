@@ -465,6 +465,11 @@ def test_both_compiled_shuffles_match_numpy(compact_at, monkeypatch):
         assert compiled_keys.tolist() == plain_keys.tolist()
     plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), level, 40))
     assert compiled.tolist() == plain.tolist()
+    # one level of more than 2**16 positions (sorted in place, after the others in buffers)
+    heavy = np.where(rng.random(n) < 0.97, 3, level).astype(np.uint16)
+    assert np.bincount(heavy).max() > 1 << 16
+    plain, compiled = both(lambda: _shuffled_by_level(n, np.random.default_rng(9), heavy, 40))
+    assert compiled.tolist() == plain.tolist()
 
 
 def test_compiled_walk_over_runs_matches_python():

@@ -178,3 +178,22 @@ def test_many_samples_per_size_pack_on_the_quick_patterns_or_first_fit_whichever
     assert len(other) == len(plan) and other.to_lists() != plan.to_lists()
     fixed = fitbatch.plan_batches(sizes, 512, cost="sum", strategy="packed", shuffle=False)
     check_plan(fixed, sizes, 512, fitbatch.SumCost())
+
+
+@pytest.mark.parametrize(
+    ("n", "top", "strategy"),
+    [
+        (70_000, 30, fitbatch.Packed()),  # one pool, many samples per size: first fit on the histogram
+        (30_000, 4000, fitbatch.Packed(pool_size=4096)),  # pools of 16-bit keys, loose ends packed again
+        (30_000, 4000, fitbatch.Packed()),  # one pool of keys
+    ],
+)
+def test_packed_sum_measures_are_the_batches_own(n, top, strategy):
+    """The packer hands the plan each batch's longest and total (from the histogram's runs or
+    the keys in batch order): they are the batches' own, batch for batch."""
+    sizes = np.minimum(np.random.default_rng(n + top).geometric(3.0 / top, n), top).astype(np.int64)
+    plan = fitbatch.plan_batches(sizes, 16384, cost="sum", strategy=strategy, epoch=1)
+    batches = list(plan)
+    assert np.array_equal(plan.costs, [float(sizes[b].sum()) for b in batches])
+    assert np.array_equal(plan.real_units, plan.costs)
+    assert np.array_equal(plan.padded_units, [float(b.size * sizes[b].max()) for b in batches])

@@ -242,16 +242,32 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
     """Positions stably sorted by their 16-bit random draw (a shuffle), then stably by
     descending ``level`` (``top - level``, in ``[0, top]``, ``top < 2**16``; under ``2**32`` positions).
 
-    That is one sort by (``top - level``, draw, position): a counting sort by level (positions
-    in order, so ties stay by position), then inside each level a two-pass radix sort of the
-    positions by the draw's low byte and its high byte (both stable). The positions are 32-bit
-    and live in the int64 output itself (its two halves), widened in place at the end: one
-    array of n int64 in all.
+    That is one sort by (``top - level``, draw, position): see :func:`_by_level_compact`. One
+    array of n int64 in all, and at most one byte a position more while it runs.
+    """
+    return _by_level_compact(draws, level, top, draws[:0])
+
+
+@njit(cache=True, nogil=True)
+def _by_level_compact(  # pragma: no cover - compiled
+    draws: np.ndarray, level: np.ndarray, top: int, laid_keys: np.ndarray
+) -> np.ndarray:
+    """:func:`shuffle_by_level`; ``laid_keys`` (of n, else empty) receives each position's level.
+
+    A counting sort by level (positions in order, so ties stay by position) writes each position
+    and its draw side by side (the 32-bit positions in the int64 output's first half, the draws
+    in its second): the draws are read in sequence, not through the positions. Each level of at
+    most n / :data:`LEVEL_WORDS_FROM` positions (or 65,536) is then sorted by
+    ``draw << 32 | position`` in a buffer of its own (two byte passes, in cache), read and
+    written back in sequence; a larger level is sorted in place afterwards (two byte passes of
+    the positions by the draw's bytes, the second half as scratch), when the draws written beside
+    the positions are needed no more. The positions are widened in place at the end.
     """
     n = draws.shape[0]
     out = np.empty(n, dtype=np.int64)
-    half = out.view(np.uint32)  # a = half[:n], b = half[n:]
+    half = out.view(np.uint32)
     a, b = half[:n], half[n:]
+    beside = b.view(np.uint16)[:n]  # each position's draw, beside it (b's first half)
     bounds = _level_bounds(level, top)  # level d holds [bounds[d], bounds[d + 1]) (descending levels)
     at = bounds[:-1].copy()
     for i in range(n):
@@ -259,14 +275,43 @@ def shuffle_by_level(  # pragma: no cover - compiled; checked against numpy's so
         p = at[d]
         at[d] = p + 1
         a[p] = i
+        beside[p] = draws[i]
+    limit = max(1 << 16, n // LEVEL_WORDS_FROM)  # the largest level sorted in a buffer
+    widest = 0
+    for d in range(top + 1):
+        m = bounds[d + 1] - bounds[d]
+        if widest < m <= limit:
+            widest = m
+    words = np.empty(widest, dtype=np.uint64)
+    spare = np.empty(widest, dtype=np.uint64)
     count = np.empty(256, dtype=np.int64)
+    shift = np.uint64(32)
+    low = np.uint64(0xFFFFFFFF)
     for d in range(top + 1):
         s, e = bounds[d], bounds[d + 1]
-        if e - s > 1:
+        if 1 < e - s <= limit:
+            for j in range(s, e):
+                words[j - s] = (np.uint64(beside[j]) << shift) | np.uint64(a[j])
+            _byte_pass(words, spare, 0, e - s, shift, count)
+            _byte_pass(spare, words, 0, e - s, np.uint64(40), count)
+            for j in range(s, e):
+                a[j] = np.uint32(words[j - s] & low)
+    for d in range(top + 1):  # (the draws beside the positions are read no more)
+        s, e = bounds[d], bounds[d + 1]
+        if e - s > limit:
             _byte_pass16(a, b, s, e, draws, 0, False, count)
             _byte_pass16(b, a, s, e, draws, 8, False, count)
+    if laid_keys.shape[0] == n:
+        for d in range(top + 1):
+            for j in range(bounds[d], bounds[d + 1]):
+                laid_keys[j] = top - d
     _widen(out, half, n)
     return out
+
+
+#: :func:`_by_level_compact` sorts a level in a buffer of its own (16 B a position) when it
+#: holds at most this fraction of the positions (or 65,536): at most 1 B a position more
+LEVEL_WORDS_FROM = 16
 
 
 @njit(cache=True, nogil=True)
@@ -280,9 +325,12 @@ def shuffle_in_pools(  # pragma: no cover - compiled; checked against numpy's so
     The shuffle is a two-pass radix sort of the positions (in order, so ties stay by position)
     by the draw's low byte, then its high byte; each pool then takes two passes by the bytes of
     ``65535 - key``. The 32-bit positions live in the int64 output itself (its two halves),
-    widened in place at the end: one array of n int64 in all.
+    widened in place at the end: one array of n int64 in all. One pool (``pool >= n``) is the
+    sort by levels of :func:`_by_level_compact` (the same order: keys, then draws, then positions).
     """
     n = draws.shape[0]
+    if pool >= n:  # one pool: the sort by (65535 - key, draw, position) of the levels
+        return _by_level_compact(draws, keys, 65535, laid_keys)
     out = np.empty(n, dtype=np.int64)
     half = out.view(np.uint32)
     a, b = half[:n], half[n:]

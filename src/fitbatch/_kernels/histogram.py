@@ -153,6 +153,48 @@ def histogram_plan(laid: NDArray[np.integer], budget: float, cap: int | None = N
     return _runs_and_starts(parts, opened)
 
 
+def run_sizes(runs: Parts, laid: NDArray[np.integer]) -> NDArray[np.float64]:
+    """The size of each of :func:`histogram_plan`'s runs (float64): a run places samples of one
+    size, that of its first sample in the descending sizes ``laid``.
+
+    >>> laid = np.array([6, 5, 4, 3, 2, 2])
+    >>> run_sizes(histogram_plan(laid, 10.0)[0], laid).tolist()
+    [6.0, 5.0, 4.0, 3.0, 2.0, 2.0]
+    """
+    load = runs[1] * runs[2]
+    at = np.cumsum(load)
+    at -= load
+    return laid[at].astype(np.float64)
+
+
+def batch_measures(runs: Parts, value: NDArray[np.float64], batches: int) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
+    """Each batch's longest and total size (float64) from :func:`histogram_plan`'s runs and
+    their sizes (:func:`run_sizes`), without reading a sample through the plan: a batch's
+    longest is the size of the run that opened it (the one placing its first samples; the
+    openers come in opening order, so their sizes repeated over their batches are the longest),
+    its total the sum over its runs. Two per-batch arrays in all; ``None`` where the openers do
+    not cover the batches once each in order (not a plan of :func:`histogram_plan`).
+
+    >>> laid = np.array([6, 5, 4, 3, 2, 2])
+    >>> runs, starts = histogram_plan(laid, 10.0)
+    >>> [m.tolist() for m in batch_measures(runs, run_sizes(runs, laid), starts.size)]
+    [[6.0, 5.0, 2.0], [10.0, 10.0, 2.0]]
+    """
+    first, size, each, before = runs
+    opener = before == 0
+    o_first, o_size = first[opener], size[opener]
+    covered = np.cumsum(o_size)
+    if covered.size and (covered[-1] != batches or o_first[0] != 0 or not np.array_equal(o_first[1:], covered[:-1])):
+        return None
+    longest = np.repeat(value[opener], o_size)
+    # each run adds each * size to its batches: +w where they begin, -w past their end, summed
+    # (whole sizes: every partial sum exact in float64)
+    w = value * each
+    total: NDArray[np.float64] = np.bincount(np.concatenate([first, first + size]), weights=np.concatenate([w, -w]), minlength=batches + 1).astype(np.float64, copy=False)
+    np.cumsum(total, out=total)
+    return longest, total[:batches]
+
+
 def _runs(laid: NDArray[np.integer]) -> tuple[IntArray, IntArray]:
     """The distinct sizes of a descending array and where each run of them starts."""
     firsts = np.flatnonzero(np.diff(laid)) + 1

@@ -529,14 +529,17 @@ def _measure_kinds(
 
 
 def _measure(
-    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, laid: FloatArray | None = None
+    sizes: Sizes, model: CostModel, order: IntArray | None, offsets: IntArray, laid: FloatArray | None = None,
+    measured: tuple[FloatArray, FloatArray] | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """:func:`measure_batches` without the kinds and the counts: per batch cost, real and padded
     units, with one per-batch array fewer alive at a time (the counts, as float64, become the
-    padded units in place; the caller takes ``np.diff(offsets)`` where it needs the counts)."""
+    padded units in place; the caller takes ``np.diff(offsets)`` where it needs the counts).
+    ``measured``: each batch's longest and total size as the strategy found them (1-D sizes;
+    see :attr:`fitbatch.strategies.Result.measured`), used instead of reading the sizes."""
     values = sizes.values
-    compiled = None
-    if sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
+    compiled = measured if values.ndim == 1 else None
+    if compiled is None and sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
         compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
     if compiled is not None:
         mx, sm = compiled

@@ -156,19 +156,21 @@ def plan_with(
     # the sizes the kernel gathered (in plan order) are the ones measured, unless it planned
     # rounded-up shapes: then the kept sizes themselves are let go before measuring
     laid = result.laid if opts.max_shapes is None else None
+    # the batches' longest and total sizes, where the strategy knew them (1-D sizes)
+    measured = result.measured if opts.max_shapes is None else None
     in_plan_order = laid is not None or identity
     # a fresh Sizes over the same values: not the strategy's cached sort keys (2 B a sample)
     kept = Sizes(laid if laid is not None else kept.values, kept.integral, kept.columns)
     del laid
-    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None, kinds=None)
+    result = dataclasses.replace(result, order=np.zeros(0, np.int64), starts=np.zeros(0, np.int64), laid=None, kinds=None, measured=None)
     if identity:  # 0..n-1: made once the sizes are let go (below), not held beside them
         order = np.zeros(0, np.int64)
     with _jit.planning(counted=False):  # (its compiled reductions are the plan's: see LOAD_PLANS)
         if kinds is None:
-            costs, real, padded = _measure(kept, model, None if in_plan_order else order, offsets)
+            costs, real, padded = _measure(kept, model, None if in_plan_order else order, offsets, measured=measured)
         else:
             costs, real, padded = _measure_kinds(model, kinds[1:], later=True)
-    del kinds
+    del kinds, measured
     dropped_ids = np.zeros(0, np.int64)
     if opts.drop_last:
         dropped_ids = np.flatnonzero(result.tails & (costs < opts.saturation * budget))

@@ -98,6 +98,10 @@ class Result:
     # (offsets: starts and the end, each batch's kind, per kind count, longest, total); the plan
     # measures the kinds, not the samples, and its batches are in the epoch's order already
     kinds: tuple[IntArray, NDArray[Any], IntArray, FloatArray, FloatArray] | None = None
+    # each batch's longest and total size (float64, in ``starts``' order; 1-D sizes), when the
+    # strategy knows them as it plans: the plan measures them, not the sizes through the order.
+    # Whatever changes ``order`` or ``starts`` drops them (or carries them along, as replan does)
+    measured: tuple[FloatArray, FloatArray] | None = None
 
 
 class Strategy(ABC):
@@ -377,7 +381,8 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     ``plan_rest(positions)`` plans the loose batches' samples (their positions, in batch order)
     and returns a :class:`Result` over them. Kept batches keep their order and are no longer
     tails; the re-plan's batches follow them. Nothing happens with fewer than two loose batches.
-    The gathered sizes (``laid``) follow the order when both plans carry them.
+    The gathered sizes (``laid``) follow the order, and the batches' measures (``measured``)
+    the batches, when both plans carry them.
     """
     if np.count_nonzero(loose) <= 1:
         return first
@@ -421,4 +426,11 @@ def replan(first: Result, loose: NDArray[np.bool_], plan_rest: Callable[[IntArra
     del kept_lengths
     np.add(again.starts, n_kept, out=starts[n_first:])
     tails = np.concatenate([np.zeros(n_first, bool), again.tails])
-    return Result(order, starts, tails, laid=laid)
+    measured = None
+    if first.measured is not None and again.measured is not None:
+        kept = ~loose
+        measured = (
+            np.concatenate([first.measured[0][kept], again.measured[0]]),
+            np.concatenate([first.measured[1][kept], again.measured[1]]),
+        )
+    return Result(order, starts, tails, laid=laid, measured=measured)

@@ -337,7 +337,7 @@ def split_densest(ctx: Context, result: Result, allowed: int) -> Result:
     batch = np.repeat(np.arange(starts.size, dtype=np.int64), parts)
     part = np.arange(batch.size, dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
     new = starts[batch] + part * counts[batch] // parts[batch]
-    return dataclasses.replace(result, starts=new, tails=_tails(new, np.zeros(1, np.int64), n))
+    return dataclasses.replace(result, starts=new, tails=_tails(new, np.zeros(1, np.int64), n), measured=None)
 
 
 def _sorted_count(ctx: Context) -> int:
@@ -360,7 +360,7 @@ def _recut(ctx: Context, result: Result) -> Result:
     starts = least_cost_starts(laid, result.starts, ctx.budget, ctx.cost, ctx.cap)
     if starts is None:
         return result
-    return dataclasses.replace(result, starts=starts, tails=_tails(starts, np.zeros(1, np.int64), result.order.size))
+    return dataclasses.replace(result, starts=starts, tails=_tails(starts, np.zeros(1, np.int64), result.order.size), measured=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,14 +397,16 @@ class Packed(_Pools):
         values = ctx.sizes.values
         laid: FloatArray | None = None
         loads: FloatArray | None = None  # each batch's sum of sizes, where the keys give it
+        measured: tuple[FloatArray, FloatArray] | None = None
         if SK.keys_are_sizes(edges, ctx.sizes.integral):
             # the first fit reads the 16-bit keys (2 B a sample), not float64 sizes laid out (8 B);
-            # the plan is measured through the order (no laid copy of 8 B a sample)
+            # the plan measures each batch's longest and load from the keys in batch order (whole
+            # sizes: exact), not the sizes through the order (no laid copy of 8 B a sample)
             laid_keys = np.empty(keys.size, dtype=np.uint16)
             order, seg_starts = _pooled_order(ctx, self.pool_size, laid_keys)
             order, starts, laid_keys = first_fit_keys(laid_keys, order, seg_starts, ctx.budget, ctx.cap)
-            if seg_starts.size > 1:  # each batch's load (below), from the keys in batch order (whole sizes: exact)
-                loads = batch_loads(laid_keys, starts)
+            loads = batch_loads(laid_keys, starts)
+            measured = (_longest(laid_keys, starts), loads)
             del laid_keys
         else:
             order, seg_starts = _pooled_order(ctx, self.pool_size)
@@ -412,8 +414,8 @@ class Packed(_Pools):
             if seg_starts.size > 1:
                 loads = np.add.reduceat(laid, starts)
         # Packing keeps each segment's samples together, so segment borders stay where they were.
-        first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid)
-        if loads is None:  # one pool
+        first = Result(order, starts, _tails(starts, seg_starts, order.size), laid=laid, measured=measured)
+        if loads is None or seg_starts.size == 1:  # one pool
             return first
         # A pool ends with loosely filled batches (its small samples ran out): pack those of all
         # pools again, together, so that the epoch has one loose end instead of one per pool.
@@ -427,7 +429,8 @@ class Packed(_Pools):
             down = SK.KEY_LEVELS - 1 - keys[rest].astype(np.int64) if whole else None
             rest = rest[SK.counting_argsort(down, SK.KEY_LEVELS - 1) if down is not None else np.argsort(-values[rest], kind="stable")]
             rest, starts, laid = first_fit_laid(values[rest], rest, np.zeros(1, np.int64), ctx.budget, ctx.cap)
-            return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid)
+            again = (_longest(laid, starts), np.add.reduceat(laid, starts)) if whole and starts.size else None
+            return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid, measured=again)
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
 
@@ -538,6 +541,7 @@ def _packed_on_histogram(ctx: Context) -> Result:
     laid_keys = np.empty(n, dtype=np.uint16)
     order, _ = _pooled_order(ctx, max(n, 1), laid_keys)
     parts, starts = histogram.histogram_plan(laid_keys, ctx.budget)
+    sizes = histogram.run_sizes(parts, laid_keys)  # (one per run: each batch's measures come last)
     del laid_keys
     # the positions in 32 bits while both orders are alive (4 + 4 B a sample, not 8 + 8), widened
     # once the planned one is let go: the plan's int64 order is never beside two others
@@ -549,7 +553,23 @@ def _packed_on_histogram(ctx: Context) -> Result:
         packed[dest] = order[a:b]
     del order
     tails = _tails(starts, np.zeros(1, np.int64), n)
-    return Result(packed.astype(np.int64, copy=False), starts, tails)
+    order = packed.astype(np.int64, copy=False)
+    del packed
+    # each batch's longest and total from the runs (the plan reads no size through the order),
+    # made once the narrow order is let go
+    measured = histogram.batch_measures(parts, sizes, starts.size)
+    return Result(order, starts, tails, measured=measured)
+
+
+def _longest(laid: NDArray[Any], starts: IntArray) -> FloatArray:
+    """Each batch's longest of the sizes ``laid`` in batch order, cut at ``starts`` (float64).
+
+    >>> _longest(np.array([6, 4, 5, 3], np.uint16), np.array([0, 2])).tolist()
+    [6.0, 5.0]
+    """
+    if not starts.size:
+        return np.zeros(0, np.float64)
+    return np.maximum.reduceat(laid, starts).astype(np.float64, copy=False)
 
 
 def _reverse(a: NDArray[Any]) -> NDArray[Any]:
