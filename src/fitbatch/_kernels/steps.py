@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
+from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, _stable_spread, argsort, argsort_int
 from fitbatch._kernels.steps_refine import PRESORT_FROM, _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
@@ -156,7 +156,9 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
                 if load[b] < low:
                     some[i] = b
                     i += 1
-            lightest = some[_stable(load[some])][:width]
+            lightest = some[_stable_spread(load[some])][:width]
+        elif width > 32:
+            lightest = _stable_spread(load)[:width]
         else:
             lightest = _smallest(load, width)
     nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
@@ -445,6 +447,26 @@ def _whole_below(a: Any, limit: float) -> bool:
 
 
 @njit(**OPTS)
+def _lightest_first(heaviest: Any, key: Any) -> Any:
+    """``_stable(key)`` from ``heaviest = _stable(-key)``: that order reversed, each run of equal
+    keys turned back (ties by position)."""
+    n = heaviest.size
+    out = heaviest[::-1].copy()
+    lo = 0
+    while lo < n:
+        hi = lo + 1
+        while hi < n and key[out[hi]] == key[out[lo]]:
+            hi += 1
+        i, j = lo, hi - 1
+        while i < j:
+            out[i], out[j] = out[j], out[i]
+            i += 1
+            j -= 1
+        lo = hi
+    return out
+
+
+@njit(**OPTS)
 def _padded(load: Any, bc: Any, bl: Any, bt: Any, nb: int) -> Any:
     """``Bins.padded`` of one row: these bins, then empty ones up to ``nb``."""
     p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
@@ -583,8 +605,8 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     now = first
     # room for the units by weight, ties by unit (`placed` is every unit, in order), sorted by the first
     # pass that takes them (both refinements: the same units and weights)
-    by_w = np.empty(n, dtype=np.int64) if n >= PRESORT_FROM else e_i
-    have = np.zeros(1, dtype=np.bool_)
+    by_w = _lightest_first(heaviest, weight) if n >= PRESORT_FROM else e_i
+    have = np.ones(1, dtype=np.bool_)  # (made here from the heaviest-first order: no sort of its own)
     top = -(-max(bound_p, floor, 1) // step) * step
     more = m + step
     tried, fits, wider = False, False, 0.0  # one more micro-step: packed, fits, its (refined) step time

@@ -60,6 +60,8 @@ def _stable(key: Any) -> Any:
         v = key[i]
         lo, hi = min(lo, v), max(hi, v)
         whole = whole and v == np.floor(v)
+    if whole and n <= COMPOSITE_UP_TO and hi - lo < 2.0**52:
+        return _composite(key, lo)
     k = np.empty(n, dtype=np.uint64)
     if whole and lo >= 0 and hi < 2.0**63:
         for i in range(n):
@@ -74,6 +76,83 @@ def _stable(key: Any) -> Any:
             b = bits[i]
             k[i] = ~b if b & sign else b | sign
     return _radix(k)
+
+
+@njit(**OPTS)
+def _stable_spread(key: Any) -> Any:
+    """:func:`_stable` of keys spread over their range (a deal round's loads): each to one of ``n``
+    buckets of equal width (in order: a key's bucket never below a smaller key's), by position
+    within one, then one insertion pass (an element moves only within its bucket, past larger
+    keys: ties keep their positions). Where the buckets are too uneven, :func:`_stable`."""
+    n = key.size
+    if n <= 32:
+        return _stable(key)
+    lo, hi = key[0], key[0]
+    for i in range(1, n):
+        lo, hi = min(lo, key[i]), max(hi, key[i])
+    if not (hi > lo and hi - lo < np.inf):
+        return _stable(key)
+    scale = n / (hi - lo)
+    start = np.zeros(n + 1, dtype=np.int64)
+    bucket = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = min(np.int64((key[i] - lo) * scale), n - 1)
+        bucket[i] = b
+        start[b + 1] += 1
+    work = 0  # the insertion's moves are at most the pairs within a bucket
+    for b in range(n):
+        c = start[b + 1]
+        work += c * c
+        start[b + 1] += start[b]
+    if work > SPREAD_WORK * n:
+        return _stable(key)
+    out = np.empty(n, dtype=np.int64)
+    ks = np.empty(n)
+    for i in range(n):
+        b = bucket[i]
+        at = start[b]
+        start[b] = at + 1
+        out[at], ks[at] = i, key[i]
+    for i in range(1, n):  # invariant: out[:i] is the stable order of its keys
+        kx = ks[i]
+        if ks[i - 1] > kx:
+            x = out[i]
+            j = i - 1
+            while j >= 0 and ks[j] > kx:
+                ks[j + 1], out[j + 1] = ks[j], out[j]
+                j -= 1
+            ks[j + 1], out[j + 1] = kx, x
+    return out
+
+
+#: :func:`_stable_spread` sorts by buckets where the squares of their counts sum to at most this many
+#: times the keys (else the buckets would cost more than they save)
+SPREAD_WORK = 12
+
+
+#: whole keys up to this many are sorted as one integer each, key then position (fewer passes
+#: than the radix sort's; above, the radix sort is faster)
+COMPOSITE_UP_TO = 320
+
+
+@njit(**OPTS)
+def _composite(key: Any, lo: float) -> Any:
+    """:func:`_stable` of whole keys spanning less than ``2**52`` from ``lo``: each key's
+    distance from ``lo`` (exact) and its position packed in one unsigned integer, distinct, sorted
+    (so ties are by position, as the stable sort's: the same order, by any sort)."""
+    n = key.size
+    bits = np.uint64(0)
+    while (np.uint64(1) << bits) < np.uint64(n):
+        bits += np.uint64(1)
+    k = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        k[i] = (np.uint64(key[i] - lo) << bits) | np.uint64(i)
+    k.sort()
+    mask = (np.uint64(1) << bits) - np.uint64(1)
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out[i] = np.int64(k[i] & mask)
+    return out
 
 
 @njit(**OPTS)

@@ -55,7 +55,17 @@ def step_time(load: Any, rows: int, nb: int, pooled: bool, world: int) -> float:
     """``step_time`` of flat loads (in-order sum: exact for whole-number loads below 2**53)."""
     if load.size == 0:
         return 0.0
-    return _slowest(load, _steps_of(load, rows, nb, pooled, world)).sum()
+    # a micro-step's slowest load is a value of the row's loads sorted (the p-th heaviest bin makes
+    # micro-step p // world, pooled, or p): the values alone, no stable order of the bins
+    n_steps = (nb + world - 1) // world if pooled else nb
+    slowest = np.zeros(n_steps)
+    for r in range(rows):
+        ascending = np.sort(load[r * nb:(r + 1) * nb])
+        for s in range(n_steps):
+            v = ascending[nb - 1 - (s * world if pooled else s)]
+            if v > slowest[s]:
+                slowest[s] = v
+    return slowest.sum()
 
 
 @njit(**OPTS)
