@@ -26,8 +26,12 @@ __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool",
 
 # --------------------------------------------------------------------------- pack (one pool)
 
-#: a round of the deal takes up to this many bins from the heap, more by a sort of every bin
-HEAP_WIDTH = 32
+#: a round of the deal takes up to this many bins from the heap, more by a sort of those below its
+#: limit (the same bins in the same order: a sort of 17-32 costs less than their pops and pushes)
+HEAP_WIDTH = 16
+#: from this many units :func:`partition_pool`'s passes take them from its sort by weight (made from
+#: the heaviest-first order it has already: no sort of its own, unlike ``PRESORT_FROM``'s)
+PRESORTED_FROM = 256
 
 
 @njit(**OPTS)
@@ -54,6 +58,11 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
     # the stable sort the numpy form takes (a round pops only the bins it deals to)
     hk, hb = np.empty(m), np.empty(m, dtype=np.int64)
     state = np.zeros(2, dtype=np.int64)  # whether the heap holds every bin's load; the last round's width
+    # a round's room (it deals to at most m bins): its bins, units, their new count / longest / total,
+    # whether each fits, the bins below the round's limit and their loads
+    ints = np.empty((3, m), dtype=np.int64)
+    floats = np.empty((4, m))
+    fits = np.empty(m, dtype=np.bool_)
     # invariant: the first `done` units of order are each in one bin (unless the row failed),
     # every bin's cost is <= budget, load holds each bin's weight and the heap every bin's load
     while done < n and not failed[0]:
@@ -65,7 +74,7 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
                 state[0] = 0
                 continue
         done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, hk, hb,
-                           state)
+                           state, ints, floats, fits)
         rounds += 1
     return load, bc, bl, bt, bin_of, failed[0]
 
@@ -111,7 +120,8 @@ def _sift_up(hk: Any, hb: Any, pos: int) -> None:
 
 @njit(**OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
-                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any) -> int:
+                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any,
+                ints: Any, floats: Any, fits: Any) -> int:
     """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
 
     The bins below the lightest load plus the next unit's weight (at least one; every bin for a
@@ -119,7 +129,8 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     bin (the stable sort's first ``width``), and pushed back with their new loads. A round of
     more than ``HEAP_WIDTH`` bins (or one after such a round) counts and sorts them as the numpy
     form does (the same bins in the same order); the heap is built again when next needed.
-    ``state``: whether the heap holds every bin's load, the last round's width."""
+    ``state``: whether the heap holds every bin's load, the last round's width; ``ints``, ``floats``,
+    ``fits``: room for the round's arrays (:func:`pack_pool`'s, one allocation for all rounds)."""
     m, k = load.size, order.size
     first = w[max(order[min(d, k - 1)], 0)]
     limit = min(m, n - d)
@@ -130,7 +141,7 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
         _heapify(load, hk, hb)
         state[0] = 1
     low = (load.min() if wide else hk[0]) + first
-    lightest = np.empty(limit, dtype=np.int64)
+    lightest = ints[0, :limit]
     while not wide and width < min(limit, HEAP_WIDTH) and (first <= 0 or width == 0 or hk[0] < low):
         lightest[width] = hb[0]
         width += 1
@@ -149,21 +160,24 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
             width = min(max(below, 1), n - d)
         else:
             width = limit
-        if 0 < below < m and width > 32:  # the bins below `low` are the lightest: sort only them
-            some = np.empty(below, dtype=np.int64)
+        if 0 < below < m and width > HEAP_WIDTH:  # the bins below `low` are the lightest: sort only them
+            some, keys = ints[1, :below], floats[0, :below]
             i = 0
             for b in range(m):
                 if load[b] < low:
-                    some[i] = b
+                    some[i], keys[i] = b, load[b]
                     i += 1
-            lightest = some[_stable_spread(load[some])][:width]
-        elif width > 32:
+            by_load = _stable_spread(keys)
+            lightest = ints[0, :width]
+            for j in range(width):
+                lightest[j] = some[by_load[j]]
+        elif width > HEAP_WIDTH:
             lightest = _stable_spread(load)[:width]
         else:
             lightest = _smallest(load, width)
-    nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
-    ok = np.empty(width, dtype=np.bool_)
-    us = np.empty(width, dtype=np.int64)
+    nc, nl, nt = floats[1, :width], floats[2, :width], floats[3, :width]
+    ok = fits[:width]
+    us = ints[2, :width]
     for j in range(width):
         u = max(order[min(d + j, k - 1)], 0)
         b = lightest[j]
@@ -603,10 +617,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
-    # room for the units by weight, ties by unit (`placed` is every unit, in order), sorted by the first
-    # pass that takes them (both refinements: the same units and weights)
-    by_w = _lightest_first(heaviest, weight) if n >= PRESORT_FROM else e_i
-    have = np.ones(1, dtype=np.bool_)  # (made here from the heaviest-first order: no sort of its own)
+    # the units by weight, ties by unit (`placed` is every unit, in order), for the passes of both
+    # refinements (the same units and weights): the heaviest-first order turned round, no sort
+    by_w = _lightest_first(heaviest, weight) if n >= PRESORTED_FROM else e_i
+    have = np.ones(1, dtype=np.bool_)
     top = -(-max(bound_p, floor, 1) // step) * step
     more = m + step
     tried, fits, wider = False, False, 0.0  # one more micro-step: packed, fits, its (refined) step time
