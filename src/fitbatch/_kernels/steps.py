@@ -560,7 +560,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
         extra[i] = max(alone - fixed, 0.0)
     if not _whole_below(weight, exact_below) or not _whole_below(extra, exact_below):
         return fail
-    heaviest = _stable(-weight)
+    heaviest = _stable_spread(-weight)
     room = budget - fixed
     if room <= 0:
         bound = n

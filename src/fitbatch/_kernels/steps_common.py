@@ -80,10 +80,11 @@ def _stable(key: Any) -> Any:
 
 @njit(**OPTS)
 def _stable_spread(key: Any) -> Any:
-    """:func:`_stable` of keys spread over their range (a deal round's loads): each to one of ``n``
-    buckets of equal width (in order: a key's bucket never below a smaller key's), by position
-    within one, then one insertion pass (an element moves only within its bucket, past larger
-    keys: ties keep their positions). Where the buckets are too uneven, :func:`_stable`."""
+    """:func:`_stable` of keys spread over their range (a deal round's loads, weights): each to one
+    of ``n`` buckets of equal width (in order: a key's bucket never below a smaller key's), by
+    position within one, then one insertion pass (an element moves only within its bucket, past
+    larger keys: ties keep their positions). Where that takes more than ``SPREAD_WORK`` moves a
+    key (uneven buckets), :func:`_stable` instead."""
     n = key.size
     if n <= 32:
         return _stable(key)
@@ -99,13 +100,8 @@ def _stable_spread(key: Any) -> Any:
         b = min(np.int64((key[i] - lo) * scale), n - 1)
         bucket[i] = b
         start[b + 1] += 1
-    work = 0  # the insertion's moves are at most the pairs within a bucket
     for b in range(n):
-        c = start[b + 1]
-        work += c * c
         start[b + 1] += start[b]
-    if work > SPREAD_WORK * n:
-        return _stable(key)
     out = np.empty(n, dtype=np.int64)
     ks = np.empty(n)
     for i in range(n):
@@ -113,6 +109,7 @@ def _stable_spread(key: Any) -> Any:
         at = start[b]
         start[b] = at + 1
         out[at], ks[at] = i, key[i]
+    budget = SPREAD_WORK * n
     for i in range(1, n):  # invariant: out[:i] is the stable order of its keys
         kx = ks[i]
         if ks[i - 1] > kx:
@@ -122,12 +119,14 @@ def _stable_spread(key: Any) -> Any:
                 ks[j + 1], out[j + 1] = ks[j], out[j]
                 j -= 1
             ks[j + 1], out[j + 1] = kx, x
+            budget -= i - j
+            if budget < 0:
+                return _stable(key)
     return out
 
 
-#: :func:`_stable_spread` sorts by buckets where the squares of their counts sum to at most this many
-#: times the keys (else the buckets would cost more than they save)
-SPREAD_WORK = 12
+#: :func:`_stable_spread`'s insertion moves, at most this many a key (else a sort costs less)
+SPREAD_WORK = 8
 
 
 #: whole keys up to this many are sorted as one integer each, key then position (fewer passes
