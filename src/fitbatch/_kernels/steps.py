@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, _stable_spread, argsort, argsort_int
-from fitbatch._kernels.steps_refine import PRESORT_FROM, _passes, refine, step_time
+from fitbatch._kernels.steps_refine import _passes, heaviest_time, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
@@ -30,7 +30,7 @@ __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool",
 #: limit (the same bins in the same order: a sort of 17-32 costs less than their pops and pushes)
 HEAP_WIDTH = 16
 #: from this many units :func:`partition_pool`'s passes take them from its sort by weight (made from
-#: the heaviest-first order it has already: no sort of its own, unlike ``PRESORT_FROM``'s)
+#: the heaviest-first order it has already: no sort of its own, unlike ``steps_refine.PRESORT_FROM``'s)
 PRESORTED_FROM = 256
 
 
@@ -336,8 +336,14 @@ def lay_out_pool(load: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world:
     m)`` workloads and the empty micro-batches. The bins' micro-steps come from the same stable
     sort of their loads, heaviest first; the order from a counting sort (stable: ascending
     indices within a micro-batch, as ``argsort(kind="stable")`` of the keys)."""
+    return _lay_out(load, _stable(-load), bin_of, unit_of, kept, m, world, sizes, loss)
+
+
+@njit(**OPTS)
+def _lay_out(load: Any, heaviest: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world: int, sizes: Any,
+             loss: Any) -> Any:
+    """:func:`lay_out_pool` with the bins heaviest first (``_stable(-load)``) given."""
     nb = load.size
-    heaviest = _stable(-load)
     key_of_bin = np.empty(nb, dtype=np.int64)
     step_of_bin = np.empty(nb, dtype=np.int64)
     workload = np.zeros((world, m))
@@ -514,10 +520,10 @@ def _wider(heaviest: Any, alone_row: Any, weight: Any, ones: Any, sizes: Any, bu
                                                           kind, params, exact_rounds)
     if w_failed:
         return False, 0.0, w_load, w_bin
-    wider = step_time(w_load, one, nb, yes, world)
+    wider, known = heaviest_time(w_load, world)
     if world > 1 and wider > least:
         _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max,
-                one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have)
+                one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
         wider = step_time(w_load, one, nb, yes, world)
     return True, wider, w_load, w_bin
 
@@ -582,6 +588,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     tried = False  # the fewest micro-batches packed (`_balanced`'s early packing)
     p_load, p_bc, p_bl, p_bt, f_bin = e_f, e_f, e_f, e_f, e_i
     padded = 0.0
+    h_pad = e_i  # the padded bins heaviest first (the stable order their step time comes from)
     padded_start = False
     if early:  # heavy units set the least time: the fewest micro-batches first, taken padded at it
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -590,16 +597,16 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             return fail
         tried = True
         p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-        padded = step_time(p_load, one, nb, yes, world)
+        padded, h_pad = heaviest_time(p_load, world)
     if early and padded <= least:
         load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
-        first = padded
+        first, known = padded, h_pad
     else:
         load, bc, bl, bt, bin_of, failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, nb, budget,
                                                      kind, params, exact_rounds)
         if failed:
             return fail
-        first = step_time(load, one, nb, yes, world)
+        first, known = heaviest_time(load, world)  # `known`: the bins of `load` heaviest first
         if first * world > load.sum() * (1 + spread) and first > least and forced:
             if not tried:
                 f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -608,10 +615,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                 if f_failed:
                     return fail
                 p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-                padded = step_time(p_load, one, nb, yes, world)
+                padded, h_pad = heaviest_time(p_load, world)
             if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
-                first = padded  # the step time of `load` (each taken once: the same values)
+                first, known = padded, h_pad  # the step time of `load` (each taken once: the same values)
                 padded_start = True
     placed = np.arange(n)
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
@@ -637,10 +644,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             now = -1.0  # taken: no refinement of this count
     if now >= 0 and world > 1 and first > least:
         _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
-                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have)
-        now = step_time(load, one, nb, yes, world)
+                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
+        now, known = heaviest_time(load, world)
     if now < 0:
-        m, load, bin_of = more, w_load, w_bin
+        m, load, bin_of, known = more, w_load, w_bin, e_i
     elif _spread_and_full(now, least, load, bc, bl, bt, budget, kind, params, world, m, top, more_gap, full):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (micro_multiple more) is kept if it runs faster
@@ -649,9 +656,11 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                                                 uses_max, more * world, world, exact_rounds, least, close, most,
                                                 n <= balanced_up_to, consts, placed, by_w, have)
         if fits and wider < now:
-            m, load, bin_of = more, w_load, w_bin
-    order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
-        load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
+            m, load, bin_of, known = more, w_load, w_bin, e_i
+    if known.size != load.size:
+        known = _stable(-load)
+    order, offsets, samples, tokens, loss_tokens, workload, n_empty = _lay_out(
+        load, known, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
     slowest, total = 0.0, 0.0
     for j in range(m):
         top = workload[0, j]
