@@ -18,8 +18,16 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, _stable_spread, argsort, argsort_int
-from fitbatch._kernels.steps_refine import _passes, heaviest_time, refine, step_time
+from fitbatch._kernels.steps_common import (
+    OPTS,
+    _cost,
+    _smallest,
+    _stable,
+    _stable_spread,
+    argsort,
+    argsort_int,
+)
+from fitbatch._kernels.steps_refine import _heaviest_time, _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
@@ -520,7 +528,7 @@ def _wider(heaviest: Any, alone_row: Any, weight: Any, ones: Any, sizes: Any, bu
                                                           kind, params, exact_rounds)
     if w_failed:
         return False, 0.0, w_load, w_bin
-    wider, known = heaviest_time(w_load, world)
+    wider, known = _heaviest_time(w_load, world)
     if world > 1 and wider > least:
         _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max,
                 one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
@@ -597,7 +605,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             return fail
         tried = True
         p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-        padded, h_pad = heaviest_time(p_load, world)
+        padded, h_pad = _heaviest_time(p_load, world)
     if early and padded <= least:
         load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
         first, known = padded, h_pad
@@ -606,7 +614,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                                                      kind, params, exact_rounds)
         if failed:
             return fail
-        first, known = heaviest_time(load, world)  # `known`: the bins of `load` heaviest first
+        first, known = _heaviest_time(load, world)  # `known`: the bins of `load` heaviest first
         if first * world > load.sum() * (1 + spread) and first > least and forced:
             if not tried:
                 f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -615,7 +623,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                 if f_failed:
                     return fail
                 p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-                padded, h_pad = heaviest_time(p_load, world)
+                padded, h_pad = _heaviest_time(p_load, world)
             if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
                 first, known = padded, h_pad  # the step time of `load` (each taken once: the same values)
@@ -645,7 +653,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     if now >= 0 and world > 1 and first > least:
         _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
                 yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
-        now, known = heaviest_time(load, world)
+        now, known = _heaviest_time(load, world)
     if now < 0:
         m, load, bin_of, known = more, w_load, w_bin, e_i
     elif _spread_and_full(now, least, load, bc, bl, bt, budget, kind, params, world, m, top, more_gap, full):

@@ -43,7 +43,7 @@ def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int, kno
 
 
 @njit(**OPTS)
-def heaviest_time(load: Any, world: int) -> Any:
+def _heaviest_time(load: Any, world: int) -> Any:
     """:func:`step_time` of one pooled row and its bins heaviest first (the stable order, which
     :func:`_steps_heaviest` then need not sort again): (step time, order)."""
     nb = load.size
@@ -520,7 +520,7 @@ def _passes(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any
             before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
                                      rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w, have, known)
             if one_row:  # the order the step time comes from is the next pass's
-                after, known = heaviest_time(load, world)
+                after, known = _heaviest_time(load, world)
             else:
                 after, known = step_time(load, rows, nb, pooled, world), none
             if after > before:
