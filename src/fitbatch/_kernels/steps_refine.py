@@ -231,9 +231,10 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
         for i in range(placed.size):
             n_u += pair_of[flat[placed[i]]] >= 0
     # the presorted units where the pairs hold a good part of them (two scans of all; else a sort of
-    # theirs), sorted at the first such pass
+    # theirs), sorted at the first such pass; already sorted (partition_pool's), from a 64th of them
+    # (the other way scans all units too, to find theirs)
     presorted = by_w[:0]
-    if by_w.size and 4 * n_u >= by_w.size:
+    if by_w.size and (4 * n_u >= by_w.size or have[0] and 64 * n_u >= by_w.size):
         if not have[0]:
             by_w[:] = placed[_stable(w[placed])]
             have[0] = True
