@@ -32,8 +32,9 @@ def _cost(kind: int, p: Any, c: float, lng: float, t: float) -> float:
 @njit(**OPTS)
 def _stable(key: Any) -> Any:
     """Positions of ``key`` (floats, no NaN) sorted ascending, ties by position: numpy's
-    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, else a
-    radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
+    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, whole
+    numbers up to ``COMPOSITE_UP_TO`` as one integer each with their positions (:func:`_composite`),
+    else a radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
     compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
     floats' bits."""
     n = key.size

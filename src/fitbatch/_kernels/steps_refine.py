@@ -22,12 +22,6 @@ PRESORT_FROM = 1024
 
 
 @njit(**OPTS)
-def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
-    """``steps_of``, flat: each bin's micro-step."""
-    return _steps_heaviest(load, rows, nb, pooled, world, np.zeros(0, dtype=np.int64))[0]
-
-
-@njit(**OPTS)
 def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int, known: Any) -> Any:
     """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
     row, the stable order the micro-steps come from; ``known``: that order of one row's loads,
