@@ -66,11 +66,10 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
     # the stable sort the numpy form takes (a round pops only the bins it deals to)
     hk, hb = np.empty(m), np.empty(m, dtype=np.int64)
     state = np.zeros(2, dtype=np.int64)  # whether the heap holds every bin's load; the last round's width
-    # a round's room (it deals to at most m bins): its bins, units, their new count / longest / total,
-    # whether each fits, the bins below the round's limit and their loads
+    # a round's room (it deals to at most m bins): its bins, the bins below its limit, the units that
+    # do not fit; those bins' loads
     ints = np.empty((3, m), dtype=np.int64)
-    floats = np.empty((4, m))
-    fits = np.empty(m, dtype=np.bool_)
+    keys = np.empty(m)
     # invariant: the first `done` units of order are each in one bin (unless the row failed),
     # every bin's cost is <= budget, load holds each bin's weight and the heap every bin's load
     while done < n and not failed[0]:
@@ -82,7 +81,7 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
                 state[0] = 0
                 continue
         done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, hk, hb,
-                           state, ints, floats, fits)
+                           state, ints, keys)
         rounds += 1
     return load, bc, bl, bt, bin_of, failed[0]
 
@@ -129,7 +128,7 @@ def _sift_up(hk: Any, hb: Any, pos: int) -> None:
 @njit(**OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
                 bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any,
-                ints: Any, floats: Any, fits: Any) -> int:
+                ints: Any, keys: Any) -> int:
     """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
 
     The bins below the lightest load plus the next unit's weight (at least one; every bin for a
@@ -137,8 +136,8 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     bin (the stable sort's first ``width``), and pushed back with their new loads. A round of
     more than ``HEAP_WIDTH`` bins (or one after such a round) counts and sorts them as the numpy
     form does (the same bins in the same order); the heap is built again when next needed.
-    ``state``: whether the heap holds every bin's load, the last round's width; ``ints``, ``floats``,
-    ``fits``: room for the round's arrays (:func:`pack_pool`'s, one allocation for all rounds)."""
+    ``state``: whether the heap holds every bin's load, the last round's width; ``ints``, ``keys``:
+    room for the round's arrays (:func:`pack_pool`'s, one allocation for all rounds)."""
     m, k = load.size, order.size
     first = w[max(order[min(d, k - 1)], 0)]
     limit = min(m, n - d)
@@ -169,13 +168,13 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
         else:
             width = limit
         if 0 < below < m and width > HEAP_WIDTH:  # the bins below `low` are the lightest: sort only them
-            some, keys = ints[1, :below], floats[0, :below]
+            some, key = ints[1, :below], keys[:below]
             i = 0
             for b in range(m):
                 if load[b] < low:
-                    some[i], keys[i] = b, load[b]
+                    some[i], key[i] = b, load[b]
                     i += 1
-            by_load = _stable_spread(keys)
+            by_load = _stable_spread(key)
             lightest = ints[0, :width]
             for j in range(width):
                 lightest[j] = some[by_load[j]]
@@ -183,31 +182,21 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
             lightest = _stable_spread(load)[:width]
         else:
             lightest = _smallest(load, width)
-    nc, nl, nt = floats[1, :width], floats[2, :width], floats[3, :width]
-    ok = fits[:width]
-    us = ints[2, :width]
-    for j in range(width):
+    rest = ints[2]  # the units that do not fit their bin, in order
+    bad = 0
+    for j in range(width):  # distinct bins: a unit placed does not change another's test
         u = max(order[min(d + j, k - 1)], 0)
         b = lightest[j]
-        us[j] = u
-        nc[j], nl[j], nt[j] = bc[b] + c[u], max(bl[b], lg[u]), bt[b] + t[u]
-        ok[j] = _cost(kind, params, nc[j], nl[j], nt[j]) <= budget
-    bad = 0
-    for j in range(width):
-        if ok[j]:
-            b, u = lightest[j], us[j]
+        nc, nl, nt = bc[b] + c[u], max(bl[b], lg[u]), bt[b] + t[u]
+        if _cost(kind, params, nc, nl, nt) <= budget:
             load[b] += w[u]
-            bc[b], bl[b], bt[b] = nc[j], nl[j], nt[j]
+            bc[b], bl[b], bt[b] = nc, nl, nt
             bin_of[u] = b
         else:
+            rest[bad] = u
             bad += 1
     if bad:
-        rest = np.empty(bad, dtype=np.int64)
-        i = 0
-        for j in range(width):
-            if not ok[j]:
-                rest[i] = us[j]
-                i += 1
+        rest = rest[:bad]
         touched = np.zeros(m, dtype=np.bool_)
         _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, touched)
         state[1] = width
