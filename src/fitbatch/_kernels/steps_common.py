@@ -32,9 +32,8 @@ def _cost(kind: int, p: Any, c: float, lng: float, t: float) -> float:
 @njit(**OPTS)
 def _stable(key: Any) -> Any:
     """Positions of ``key`` (floats, no NaN) sorted ascending, ties by position: numpy's
-    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, whole
-    numbers up to ``COMPOSITE_UP_TO`` as one integer each with their positions (:func:`_composite`),
-    else a radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
+    ``argsort(kind="stable")`` (a stable order is unique); insertion for short arrays, else a
+    radix sort of unsigned integers in the same order (``-0.0`` counts as ``0.0``, as numpy
     compares them): whole numbers as themselves (``~(-x)`` if none is positive), else the
     floats' bits."""
     n = key.size
@@ -61,8 +60,6 @@ def _stable(key: Any) -> Any:
         v = key[i]
         lo, hi = min(lo, v), max(hi, v)
         whole = whole and v == np.floor(v)
-    if whole and n <= COMPOSITE_UP_TO and hi - lo < 2.0**52:
-        return _composite(key, lo)
     k = np.empty(n, dtype=np.uint64)
     if whole and lo >= 0 and hi < 2.0**63:
         for i in range(n):
@@ -128,31 +125,6 @@ def _stable_spread(key: Any) -> Any:
 
 #: :func:`_stable_spread`'s insertion moves, at most this many a key (else a sort costs less)
 SPREAD_WORK = 8
-
-
-#: whole keys up to this many are sorted as one integer each, key then position (fewer passes
-#: than the radix sort's; above, the radix sort is faster)
-COMPOSITE_UP_TO = 320
-
-
-@njit(**OPTS)
-def _composite(key: Any, lo: float) -> Any:
-    """:func:`_stable` of whole keys spanning less than ``2**52`` from ``lo``: each key's
-    distance from ``lo`` (exact) and its position packed in one unsigned integer, distinct, sorted
-    (so ties are by position, as the stable sort's: the same order, by any sort)."""
-    n = key.size
-    bits = np.uint64(0)
-    while (np.uint64(1) << bits) < np.uint64(n):
-        bits += np.uint64(1)
-    k = np.empty(n, dtype=np.uint64)
-    for i in range(n):
-        k[i] = (np.uint64(key[i] - lo) << bits) | np.uint64(i)
-    k.sort()
-    mask = (np.uint64(1) << bits) - np.uint64(1)
-    out = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        out[i] = np.int64(k[i] & mask)
-    return out
 
 
 @njit(**OPTS)
