@@ -330,14 +330,14 @@ def test_a_padded_start_is_refined_without_balance_passes(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("heavy", [False, True])
 def test_passes_from_one_sort_by_weight_are_the_numpy_passes(heavy: bool) -> None:
-    """From ``PRESORT_FROM`` units the compiled passes take each pair's units from one sort of all
+    """From ``PRESORTED_FROM`` units the compiled passes take each pair's units from one sort of all
     by weight (a counting sort by pair keeps it) where that is the stable order of their keys;
     where distinct weights share a key (one weight of ``2**51`` beside small ones: the keys' last
     bits drop) they sort as before. Either way, the numpy partition."""
     from fitbatch._kernels import steps as kernels
 
     rng = np.random.default_rng(4096)
-    n = max(2048, kernels.PRESORT_FROM)
+    n = max(2048, kernels.PRESORTED_FROM)
     lengths = np.clip(np.ceil(rng.lognormal(6.5, 1.0, n)), 1, 8192).astype(np.int64)
     weights: Any = lambda L: 24576 * L + L**2  # noqa: E731
     if heavy:

@@ -18,16 +18,28 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from fitbatch._kernels.steps_common import OPTS, _cost, _smallest, _stable, argsort, argsort_int
-from fitbatch._kernels.steps_refine import PRESORT_FROM, _passes, refine, step_time
+from fitbatch._kernels.steps_common import (
+    OPTS,
+    _cost,
+    _smallest,
+    _stable,
+    _stable_spread,
+    argsort,
+    argsort_int,
+)
+from fitbatch._kernels.steps_refine import _heaviest_time, _passes, refine, step_time
 
 # the loops the library calls (the ahead-of-time cache exports exactly these)
 __all__ = ["argsort", "argsort_int", "bound_terms", "lay_out_pool", "pack_pool", "partition_pool", "refine", "step_time"]
 
 # --------------------------------------------------------------------------- pack (one pool)
 
-#: a round of the deal takes up to this many bins from the heap, more by a sort of every bin
-HEAP_WIDTH = 32
+#: a round of the deal takes up to this many bins from the heap, more by a sort of those below its
+#: limit (the same bins in the same order: a sort of 17-32 costs less than their pops and pushes)
+HEAP_WIDTH = 16
+#: from this many units :func:`partition_pool`'s passes take them from its sort by weight (made from
+#: the heaviest-first order it has already: no sort of its own, unlike ``steps_refine.PRESORT_FROM``'s)
+PRESORTED_FROM = 256
 
 
 @njit(**OPTS)
@@ -54,6 +66,10 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
     # the stable sort the numpy form takes (a round pops only the bins it deals to)
     hk, hb = np.empty(m), np.empty(m, dtype=np.int64)
     state = np.zeros(2, dtype=np.int64)  # whether the heap holds every bin's load; the last round's width
+    # a round's room (it deals to at most m bins): its bins, the bins below its limit, the units that
+    # do not fit; those bins' loads
+    ints = np.empty((3, m), dtype=np.int64)
+    keys = np.empty(m)
     # invariant: the first `done` units of order are each in one bin (unless the row failed),
     # every bin's cost is <= budget, load holds each bin's weight and the heap every bin's load
     while done < n and not failed[0]:
@@ -65,7 +81,7 @@ def pack_pool(order: Any, alone: Any, w: Any, c: Any, lg: Any, t: Any, m: int, b
                 state[0] = 0
                 continue
         done = _deal_round(order, done, n, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, hk, hb,
-                           state)
+                           state, ints, keys)
         rounds += 1
     return load, bc, bl, bt, bin_of, failed[0]
 
@@ -111,7 +127,8 @@ def _sift_up(hk: Any, hb: Any, pos: int) -> None:
 
 @njit(**OPTS)
 def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, load: Any, bc: Any, bl: Any, bt: Any,
-                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any) -> int:
+                bin_of: Any, failed: Any, budget: float, kind: int, params: Any, hk: Any, hb: Any, state: Any,
+                ints: Any, keys: Any) -> int:
     """``_deal_round_one``: the i-th heaviest next unit to the i-th lightest bin; the new ``done``.
 
     The bins below the lightest load plus the next unit's weight (at least one; every bin for a
@@ -119,7 +136,8 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
     bin (the stable sort's first ``width``), and pushed back with their new loads. A round of
     more than ``HEAP_WIDTH`` bins (or one after such a round) counts and sorts them as the numpy
     form does (the same bins in the same order); the heap is built again when next needed.
-    ``state``: whether the heap holds every bin's load, the last round's width."""
+    ``state``: whether the heap holds every bin's load, the last round's width; ``ints``, ``keys``:
+    room for the round's arrays (:func:`pack_pool`'s, one allocation for all rounds)."""
     m, k = load.size, order.size
     first = w[max(order[min(d, k - 1)], 0)]
     limit = min(m, n - d)
@@ -130,7 +148,7 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
         _heapify(load, hk, hb)
         state[0] = 1
     low = (load.min() if wide else hk[0]) + first
-    lightest = np.empty(limit, dtype=np.int64)
+    lightest = ints[0, :limit]
     while not wide and width < min(limit, HEAP_WIDTH) and (first <= 0 or width == 0 or hk[0] < low):
         lightest[width] = hb[0]
         width += 1
@@ -149,41 +167,36 @@ def _deal_round(order: Any, d: int, n: int, w: Any, c: Any, lg: Any, t: Any, loa
             width = min(max(below, 1), n - d)
         else:
             width = limit
-        if 0 < below < m and width > 32:  # the bins below `low` are the lightest: sort only them
-            some = np.empty(below, dtype=np.int64)
+        if 0 < below < m and width > HEAP_WIDTH:  # the bins below `low` are the lightest: sort only them
+            some, key = ints[1, :below], keys[:below]
             i = 0
             for b in range(m):
                 if load[b] < low:
-                    some[i] = b
+                    some[i], key[i] = b, load[b]
                     i += 1
-            lightest = some[_stable(load[some])][:width]
+            by_load = _stable_spread(key)
+            lightest = ints[0, :width]
+            for j in range(width):
+                lightest[j] = some[by_load[j]]
+        elif width > HEAP_WIDTH:
+            lightest = _stable_spread(load)[:width]
         else:
             lightest = _smallest(load, width)
-    nc, nl, nt = np.empty(width), np.empty(width), np.empty(width)
-    ok = np.empty(width, dtype=np.bool_)
-    us = np.empty(width, dtype=np.int64)
-    for j in range(width):
+    rest = ints[2]  # the units that do not fit their bin, in order
+    bad = 0
+    for j in range(width):  # distinct bins: a unit placed does not change another's test
         u = max(order[min(d + j, k - 1)], 0)
         b = lightest[j]
-        us[j] = u
-        nc[j], nl[j], nt[j] = bc[b] + c[u], max(bl[b], lg[u]), bt[b] + t[u]
-        ok[j] = _cost(kind, params, nc[j], nl[j], nt[j]) <= budget
-    bad = 0
-    for j in range(width):
-        if ok[j]:
-            b, u = lightest[j], us[j]
+        nc, nl, nt = bc[b] + c[u], max(bl[b], lg[u]), bt[b] + t[u]
+        if _cost(kind, params, nc, nl, nt) <= budget:
             load[b] += w[u]
-            bc[b], bl[b], bt[b] = nc[j], nl[j], nt[j]
+            bc[b], bl[b], bt[b] = nc, nl, nt
             bin_of[u] = b
         else:
+            rest[bad] = u
             bad += 1
     if bad:
-        rest = np.empty(bad, dtype=np.int64)
-        i = 0
-        for j in range(width):
-            if not ok[j]:
-                rest[i] = us[j]
-                i += 1
+        rest = rest[:bad]
         touched = np.zeros(m, dtype=np.bool_)
         _place_rest(rest, w, c, lg, t, load, bc, bl, bt, bin_of, failed, budget, kind, params, touched)
         state[1] = width
@@ -320,8 +333,14 @@ def lay_out_pool(load: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world:
     m)`` workloads and the empty micro-batches. The bins' micro-steps come from the same stable
     sort of their loads, heaviest first; the order from a counting sort (stable: ascending
     indices within a micro-batch, as ``argsort(kind="stable")`` of the keys)."""
+    return _lay_out(load, _stable(-load), bin_of, unit_of, kept, m, world, sizes, loss)
+
+
+@njit(**OPTS)
+def _lay_out(load: Any, heaviest: Any, bin_of: Any, unit_of: Any, kept: Any, m: int, world: int, sizes: Any,
+             loss: Any) -> Any:
+    """:func:`lay_out_pool` with the bins heaviest first (``_stable(-load)``) given."""
     nb = load.size
-    heaviest = _stable(-load)
     key_of_bin = np.empty(nb, dtype=np.int64)
     step_of_bin = np.empty(nb, dtype=np.int64)
     workload = np.zeros((world, m))
@@ -445,6 +464,26 @@ def _whole_below(a: Any, limit: float) -> bool:
 
 
 @njit(**OPTS)
+def _lightest_first(heaviest: Any, key: Any) -> Any:
+    """``_stable(key)`` from ``heaviest = _stable(-key)``: that order reversed, each run of equal
+    keys turned back (ties by position)."""
+    n = heaviest.size
+    out = heaviest[::-1].copy()
+    lo = 0
+    while lo < n:
+        hi = lo + 1
+        while hi < n and key[out[hi]] == key[out[lo]]:
+            hi += 1
+        i, j = lo, hi - 1
+        while i < j:
+            out[i], out[j] = out[j], out[i]
+            i += 1
+            j -= 1
+        lo = hi
+    return out
+
+
+@njit(**OPTS)
 def _padded(load: Any, bc: Any, bl: Any, bt: Any, nb: int) -> Any:
     """``Bins.padded`` of one row: these bins, then empty ones up to ``nb``."""
     p_load, p_bc, p_bl, p_bt = np.zeros(nb), np.zeros(nb), np.zeros(nb), np.zeros(nb)
@@ -478,10 +517,10 @@ def _wider(heaviest: Any, alone_row: Any, weight: Any, ones: Any, sizes: Any, bu
                                                           kind, params, exact_rounds)
     if w_failed:
         return False, 0.0, w_load, w_bin
-    wider = step_time(w_load, one, nb, yes, world)
+    wider, known = _heaviest_time(w_load, world)
     if world > 1 and wider > least:
         _passes(w_load, w_bc, w_bl, w_bt, w_bin, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max,
-                one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have)
+                one, nb, yes, world, w_load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
         wider = step_time(w_load, one, nb, yes, world)
     return True, wider, w_load, w_bin
 
@@ -524,7 +563,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
         extra[i] = max(alone - fixed, 0.0)
     if not _whole_below(weight, exact_below) or not _whole_below(extra, exact_below):
         return fail
-    heaviest = _stable(-weight)
+    heaviest = _stable_spread(-weight)
     room = budget - fixed
     if room <= 0:
         bound = n
@@ -546,6 +585,7 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
     tried = False  # the fewest micro-batches packed (`_balanced`'s early packing)
     p_load, p_bc, p_bl, p_bt, f_bin = e_f, e_f, e_f, e_f, e_i
     padded = 0.0
+    h_pad = e_i  # the padded bins heaviest first (the stable order their step time comes from)
     padded_start = False
     if early:  # heavy units set the least time: the fewest micro-batches first, taken padded at it
         f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -554,16 +594,16 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             return fail
         tried = True
         p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-        padded = step_time(p_load, one, nb, yes, world)
+        padded, h_pad = _heaviest_time(p_load, world)
     if early and padded <= least:
         load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
-        first = padded
+        first, known = padded, h_pad
     else:
         load, bc, bl, bt, bin_of, failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes, nb, budget,
                                                      kind, params, exact_rounds)
         if failed:
             return fail
-        first = step_time(load, one, nb, yes, world)
+        first, known = _heaviest_time(load, world)  # `known`: the bins of `load` heaviest first
         if first * world > load.sum() * (1 + spread) and first > least and forced:
             if not tried:
                 f_load, f_bc, f_bl, f_bt, f_bin, f_failed = pack_pool(heaviest, alone_row, weight, ones, sizes, sizes,
@@ -572,19 +612,19 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                 if f_failed:
                     return fail
                 p_load, p_bc, p_bl, p_bt = _padded(f_load, f_bc, f_bl, f_bt, nb)
-                padded = step_time(p_load, one, nb, yes, world)
+                padded, h_pad = _heaviest_time(p_load, world)
             if padded < first:
                 load, bc, bl, bt, bin_of = p_load, p_bc, p_bl, p_bt, f_bin
-                first = padded  # the step time of `load` (each taken once: the same values)
+                first, known = padded, h_pad  # the step time of `load` (each taken once: the same values)
                 padded_start = True
     placed = np.arange(n)
     balance = n <= balanced_up_to and not padded_start  # `_balanced`: no balance passes on a padded start
     most = min(passes, max(passes_small, n // per_pass))
     now = first
-    # room for the units by weight, ties by unit (`placed` is every unit, in order), sorted by the first
-    # pass that takes them (both refinements: the same units and weights)
-    by_w = np.empty(n, dtype=np.int64) if n >= PRESORT_FROM else e_i
-    have = np.zeros(1, dtype=np.bool_)
+    # the units by weight, ties by unit (`placed` is every unit, in order), for the passes of both
+    # refinements (the same units and weights): the heaviest-first order turned round, no sort
+    by_w = _lightest_first(heaviest, weight) if n >= PRESORTED_FROM else e_i
+    have = np.ones(1, dtype=np.bool_)
     top = -(-max(bound_p, floor, 1) // step) * step
     more = m + step
     tried, fits, wider = False, False, 0.0  # one more micro-step: packed, fits, its (refined) step time
@@ -601,10 +641,10 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
             now = -1.0  # taken: no refinement of this count
     if now >= 0 and world > 1 and first > least:
         _passes(load, bc, bl, bt, bin_of, placed, weight, ones, sizes, sizes, budget, kind, params, uses_max, one, nb,
-                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have)
-        now = step_time(load, one, nb, yes, world)
+                yes, world, load.sum() / world * (1 + close), most, balance, consts, by_w, have, known)
+        now, known = _heaviest_time(load, world)
     if now < 0:
-        m, load, bin_of = more, w_load, w_bin
+        m, load, bin_of, known = more, w_load, w_bin, e_i
     elif _spread_and_full(now, least, load, bc, bl, bt, budget, kind, params, world, m, top, more_gap, full):
         # still spread after refining at the least count, micro-batches full to the cap: no room
         # to even out; one more micro-step (micro_multiple more) is kept if it runs faster
@@ -613,9 +653,11 @@ def partition_pool(sizes: Any, weight: Any, loss: Any, budget: float, kind: int,
                                                 uses_max, more * world, world, exact_rounds, least, close, most,
                                                 n <= balanced_up_to, consts, placed, by_w, have)
         if fits and wider < now:
-            m, load, bin_of = more, w_load, w_bin
-    order, offsets, samples, tokens, loss_tokens, workload, n_empty = lay_out_pool(
-        load, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
+            m, load, bin_of, known = more, w_load, w_bin, e_i
+    if known.size != load.size:
+        known = _stable(-load)
+    order, offsets, samples, tokens, loss_tokens, workload, n_empty = _lay_out(
+        load, known, bin_of, placed, np.ones(n, dtype=np.bool_), m, world, sizes, loss)
     slowest, total = 0.0, 0.0
     for j in range(m):
         top = workload[0, j]

@@ -77,6 +77,57 @@ def _stable(key: Any) -> Any:
 
 
 @njit(**OPTS)
+def _stable_spread(key: Any) -> Any:
+    """:func:`_stable` of keys spread over their range (a deal round's loads, weights): each to one
+    of ``n`` buckets of equal width (in order: a key's bucket never below a smaller key's), by
+    position within one, then one insertion pass (an element moves only within its bucket, past
+    larger keys: ties keep their positions). Where that takes more than ``SPREAD_WORK`` moves a
+    key (uneven buckets), :func:`_stable` instead."""
+    n = key.size
+    if n <= 32:
+        return _stable(key)
+    lo, hi = key[0], key[0]
+    for i in range(1, n):
+        lo, hi = min(lo, key[i]), max(hi, key[i])
+    if not (hi > lo and hi - lo < np.inf):
+        return _stable(key)
+    scale = n / (hi - lo)
+    start = np.zeros(n + 1, dtype=np.int64)
+    bucket = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = min(np.int64((key[i] - lo) * scale), n - 1)
+        bucket[i] = b
+        start[b + 1] += 1
+    for b in range(n):
+        start[b + 1] += start[b]
+    out = np.empty(n, dtype=np.int64)
+    ks = np.empty(n)
+    for i in range(n):
+        b = bucket[i]
+        at = start[b]
+        start[b] = at + 1
+        out[at], ks[at] = i, key[i]
+    budget = SPREAD_WORK * n
+    for i in range(1, n):  # invariant: out[:i] is the stable order of its keys
+        kx = ks[i]
+        if ks[i - 1] > kx:
+            x = out[i]
+            j = i - 1
+            while j >= 0 and ks[j] > kx:
+                ks[j + 1], out[j + 1] = ks[j], out[j]
+                j -= 1
+            ks[j + 1], out[j + 1] = kx, x
+            budget -= i - j
+            if budget < 0:
+                return _stable(key)
+    return out
+
+
+#: :func:`_stable_spread`'s insertion moves, at most this many a key (else a sort costs less)
+SPREAD_WORK = 8
+
+
+@njit(**OPTS)
 def _radix(k: Any) -> Any:
     """Positions of the unsigned keys ``k`` sorted ascending, ties by position (stable): a
     least-significant-byte radix sort, skipping the bytes every key shares."""

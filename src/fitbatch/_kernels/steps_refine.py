@@ -22,23 +22,33 @@ PRESORT_FROM = 1024
 
 
 @njit(**OPTS)
-def _steps_of(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
-    """``steps_of``, flat: each bin's micro-step."""
-    return _steps_heaviest(load, rows, nb, pooled, world)[0]
-
-
-@njit(**OPTS)
-def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int) -> Any:
+def _steps_heaviest(load: Any, rows: int, nb: int, pooled: bool, world: int, known: Any) -> Any:
     """``steps_of``, flat, and each row's bins heaviest first (``(rows, nb)``: positions in the
-    row, the stable order the micro-steps come from)."""
+    row, the stable order the micro-steps come from; ``known``: that order of one row's loads,
+    where the caller has it, else empty)."""
     step = np.empty(load.size, dtype=np.int64)
     order = np.empty((rows, nb), dtype=np.int64)
     for r in range(rows):
-        heaviest = _stable(-load[r * nb:(r + 1) * nb])
+        heaviest = known if known.size == nb and rows == 1 else _stable(-load[r * nb:(r + 1) * nb])
         order[r] = heaviest
         for p in range(nb):
             step[r * nb + heaviest[p]] = p // world if pooled else p
     return step, order
+
+
+@njit(**OPTS)
+def _heaviest_time(load: Any, world: int) -> Any:
+    """:func:`step_time` of one pooled row and its bins heaviest first (the stable order, which
+    :func:`_steps_heaviest` then need not sort again): (step time, order)."""
+    nb = load.size
+    heaviest = _stable(-load)
+    n_steps = (nb + world - 1) // world
+    slowest = np.zeros(n_steps)
+    for s in range(n_steps):
+        v = load[heaviest[s * world]]
+        if v > slowest[s]:
+            slowest[s] = v
+    return slowest.sum(), heaviest
 
 
 @njit(**OPTS)
@@ -55,15 +65,26 @@ def step_time(load: Any, rows: int, nb: int, pooled: bool, world: int) -> float:
     """``step_time`` of flat loads (in-order sum: exact for whole-number loads below 2**53)."""
     if load.size == 0:
         return 0.0
-    return _slowest(load, _steps_of(load, rows, nb, pooled, world)).sum()
+    # a micro-step's slowest load is a value of the row's loads sorted (the p-th heaviest bin makes
+    # micro-step p // world, pooled, or p): the values alone, no stable order of the bins
+    n_steps = (nb + world - 1) // world if pooled else nb
+    slowest = np.zeros(n_steps)
+    for r in range(rows):
+        ascending = np.sort(load[r * nb:(r + 1) * nb])
+        for s in range(n_steps):
+            v = ascending[nb - 1 - (s * world if pooled else s)]
+            if v > slowest[s]:
+                slowest[s] = v
+    return slowest.sum()
 
 
 @njit(**OPTS)
-def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, wide: int) -> Any:
-    """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time."""
+def _pairs(load: Any, rows: int, nb: int, pooled: bool, world: int, mode: int, wide: int, known: Any) -> Any:
+    """``_pairs`` (mode 0 balance, 1 wide, 2 narrow): give, take, room, best, same, step time
+    (``known``: the bins heaviest first where the caller has them, else empty)."""
     size = load.size
     row = np.arange(size) // nb
-    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world)
+    step, heaviest = _steps_heaviest(load, rows, nb, pooled, world, known)
     slowest = _slowest(load, step)
     slack = np.empty(size)
     for i in range(size):
@@ -183,11 +204,11 @@ def _by_pair(pos: Any, pair: Any, key: Any, n_pairs: int) -> Any:
 @njit(**OPTS)
 def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
               budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-              mode: int, wide: int, paired: int, n_rounds: int, by_w: Any, have: Any) -> Any:
+              mode: int, wide: int, paired: int, n_rounds: int, by_w: Any, have: Any, known: Any) -> Any:
     """``_one_pass``: exchanges between the pairs of bins of :func:`_pairs`; (step time before, units worked on).
     ``by_w``: room for the placed units by weight, ties by unit (:func:`_presort_room`), filled
     where ``have[0]``."""
-    h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide)
+    h, l_, room, best, same, now = _pairs(load, rows, nb, pooled, world, mode, wide, known)
     n_pairs = h.size
     if n_pairs == 0:
         return now, 0
@@ -204,9 +225,10 @@ def _one_pass(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: A
         for i in range(placed.size):
             n_u += pair_of[flat[placed[i]]] >= 0
     # the presorted units where the pairs hold a good part of them (two scans of all; else a sort of
-    # theirs), sorted at the first such pass
+    # theirs), sorted at the first such pass; already sorted (partition_pool's), from a 64th of them
+    # (the other way scans all units too, to find theirs)
     presorted = by_w[:0]
-    if by_w.size and 4 * n_u >= by_w.size:
+    if by_w.size and (4 * n_u >= by_w.size or have[0] and 64 * n_u >= by_w.size):
         if not have[0]:
             by_w[:] = placed[_stable(w[placed])]
             have[0] = True
@@ -457,7 +479,7 @@ def refine(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any,
            ideal: float, most: int, balance: bool, consts: Any) -> None:
     """``refine``'s passes on flat bins, in place (``consts``: VISITS, GAIN, GAIN_B, WIDE, PAIRED, ROUNDS)."""
     _passes(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max, rows, nb, pooled, world,
-            ideal, most, balance, consts, _presort_room(placed), np.zeros(1, dtype=np.bool_))
+            ideal, most, balance, consts, _presort_room(placed), np.zeros(1, dtype=np.bool_), np.zeros(0, dtype=np.int64))
 
 
 @njit(**OPTS)
@@ -476,26 +498,34 @@ def _presort_room(placed: Any) -> Any:
 @njit(**OPTS)
 def _passes(load: Any, bc: Any, bl: Any, bt: Any, flat: Any, placed: Any, w: Any, c: Any, lg: Any, t: Any,
             budget: float, kind: int, params: Any, uses_max: bool, rows: int, nb: int, pooled: bool, world: int,
-            ideal: float, most: int, balance: bool, consts: Any, by_w: Any, have: Any) -> None:
-    """:func:`refine` with the presort's room ``by_w`` (:func:`_presort_room`) given, filled where ``have[0]``."""
+            ideal: float, most: int, balance: bool, consts: Any, by_w: Any, have: Any, known: Any) -> None:
+    """:func:`refine` with the presort's room ``by_w`` (:func:`_presort_room`) given, filled where ``have[0]``;
+    ``known``: the bins heaviest first where the caller has them (one pooled row), else empty."""
     visits, gain, gain_b = consts[0], consts[1], consts[2]
     wide, paired, n_rounds = int(consts[3]), int(consts[4]), int(consts[5])
     times = np.empty(most)
     n_times = 0
     balance_mode = np.int64(0)  # not a literal: one specialisation of _one_pass
     work = 0
+    one_row = rows == 1 and pooled
+    none = np.zeros(0, dtype=np.int64)  # no order known: the pass sorts
     for _ in range(most):  # balance passes while they gain, then the others
         if balance:  # not bound to the micro-steps' slowest bins: undone if the step got slower
             kept = (load.copy(), bc.copy(), bl.copy(), bt.copy(), flat.copy())
             before, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w, have)
-            after = step_time(load, rows, nb, pooled, world)
+                                     rows, nb, pooled, world, balance_mode, wide, paired, n_rounds, by_w, have, known)
+            if one_row:  # the order the step time comes from is the next pass's
+                after, known = _heaviest_time(load, world)
+            else:
+                after, known = step_time(load, rows, nb, pooled, world), none
             if after > before:
                 load[:], bc[:], bl[:], bt[:], flat[:] = kept
+                known = none
             balance = after < before * (1 - gain_b) and after > ideal
         else:
             now, done = _one_pass(load, bc, bl, bt, flat, placed, w, c, lg, t, budget, kind, params, uses_max,
-                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds, by_w, have)
+                                  rows, nb, pooled, world, 1 + n_times % 2, wide, paired, n_rounds, by_w, have, known)
+            known = none
             times[n_times] = now
             n_times += 1
             if now <= ideal or n_times >= 3 and now > times[n_times - 3] * (1 - gain):
