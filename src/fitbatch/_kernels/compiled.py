@@ -445,12 +445,14 @@ def shuffle_by_level_wide(  # pragma: no cover - compiled; checked against numpy
 def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy's sorts in tests/test_jit.py
     draws: np.ndarray, keys: np.ndarray, pool: int, laid_keys: np.ndarray
 ) -> np.ndarray:
-    """:func:`shuffle_in_pools` with two arrays of n uint64 (key and position packed, read in
-    sequence): faster, 8 B a position more at the peak; for sets under ``jit.COMPACT_AT``.
+    """:func:`shuffle_in_pools` with two arrays of n uint64 (key, draw and position packed in
+    one word, ``(65535 - key) << 48 | draw << 32 | position``, read in sequence): faster, 8 B a
+    position more at the peak; for sets under ``jit.COMPACT_AT``.
 
     The shuffle is a counting sort by the draw's high byte (positions in order, so ties stay
     by position), then a pass by its low byte inside each of those runs; each pool then takes
-    two passes by the bytes of ``65535 - key``, cache-sized like the runs.
+    two passes by the bytes of ``65535 - key``, cache-sized like the runs. The keys and draws
+    are read once, in order, as the words are made: no pass reads them through the positions.
     """
     n = draws.shape[0]
     bounds = np.zeros(257, dtype=np.int64)
@@ -460,29 +462,26 @@ def shuffle_in_pools_wide(  # pragma: no cover - compiled; checked against numpy
         bounds[d + 1] += bounds[d]
     at = bounds[:-1].copy()
     a = np.empty(n, dtype=np.uint64)
-    shift = np.uint64(32)
     for i in range(n):
         d = draws[i] >> 8
         p = at[d]
         at[d] = p + 1
-        a[p] = (np.uint64(draws[i]) << shift) | np.uint64(i)
+        a[p] = (np.uint64(65535 - keys[i]) << _KEY_AT) | (np.uint64(draws[i]) << np.uint64(32)) | np.uint64(i)
     b = np.empty(n, dtype=np.uint64)
     count = np.empty(256, dtype=np.int64)
-    # the low byte's pass writes the shuffled positions already re-keyed by 65535 - key
-    for d in range(256):
+    for d in range(256):  # the draw's low byte, inside each run of its high byte
         if bounds[d + 1] - bounds[d] > 1:
-            _byte_pass_as(a, b, bounds[d], bounds[d + 1], shift, count, _REKEY, keys, laid_keys)
+            _byte_pass(a, b, bounds[d], bounds[d + 1], np.uint64(32), count)
         else:
             for j in range(bounds[d], bounds[d + 1]):
-                i = a[j] & np.uint64(0xFFFFFFFF)
-                b[j] = (np.uint64(65535 - keys[i]) << shift) | i
+                b[j] = a[j]
     # pool by pool, two passes by the bytes of 65535 - key; the second writes the positions
     # (and the laid keys) as it places them, into b's memory (b[s:e] is read by the first only)
     out = b.view(np.int64)
     for s in range(0, n, pool):
         e = min(n, s + pool)
-        _byte_pass(b, a, s, e, np.uint64(32), count)
-        _byte_pass_as(a, out, s, e, np.uint64(40), count, _POSITIONS, keys, laid_keys)
+        _byte_pass(b, a, s, e, _KEY_AT, count)
+        _byte_pass_as(a, out, s, e, _KEY_AT + np.uint64(8), count, _POSITIONS, laid_keys)
     return out
 
 
@@ -491,28 +490,28 @@ def _byte_pass(  # pragma: no cover - compiled
     src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray
 ) -> None:
     """``src[s:e]`` stably sorted by the byte at ``shift`` into ``dst[s:e]`` (a counting sort)."""
-    _byte_pass_as(src, dst, s, e, shift, count, _COPY, dst, dst.view(np.uint16))
+    _byte_pass_as(src, dst, s, e, shift, count, _COPY, dst.view(np.uint16))
 
 
-_COPY, _REKEY, _POSITIONS = 0, 1, 2
+_COPY, _POSITIONS = 0, 1
+#: where :func:`shuffle_in_pools_wide`'s words hold ``65535 - key`` (their top 16 bits)
+_KEY_AT = np.uint64(48)
 
 
 @njit(cache=True, nogil=True)
 def _byte_pass_as(  # pragma: no cover - compiled
     src: np.ndarray, dst: np.ndarray, s: int, e: int, shift: np.uint64, count: np.ndarray, what: int,
-    keys: np.ndarray, laid_keys: np.ndarray,
+    laid_keys: np.ndarray,
 ) -> None:
-    """One pass of a radix sort: ``src[s:e]``'s words (``high << 32 | position``) stably sorted
-    by the byte at ``shift``, each written to its place in ``dst`` as ``what`` says:
+    """One pass of a radix sort: ``src[s:e]``'s words (their low 32 bits a position) stably
+    sorted by the byte at ``shift``, each written to its place in ``dst`` as ``what`` says:
 
     - ``_COPY``: the word itself;
-    - ``_REKEY``: ``(65535 - keys[position]) << 32 | position`` (the next sort's word);
-    - ``_POSITIONS``: the position (``dst`` int64), and its key ``65535 - high`` into ``laid_keys``
-      when that is as long as ``dst``.
+    - ``_POSITIONS``: the position (``dst`` int64), and its key ``65535 - (word >> 48)`` (see
+      :func:`shuffle_in_pools_wide`) into ``laid_keys`` when that is as long as ``dst``.
     """
     byte = np.uint64(255)
     positions = np.uint64(0xFFFFFFFF)
-    high = np.uint64(32)
     lay = laid_keys.shape[0] == dst.shape[0]
     count[:] = 0
     for j in range(s, e):
@@ -525,13 +524,10 @@ def _byte_pass_as(  # pragma: no cover - compiled
         count[q] = p + 1
         if what == _COPY:
             dst[p] = c
-        elif what == _REKEY:
-            i = c & positions
-            dst[p] = (np.uint64(65535 - keys[i]) << high) | i
         else:
             dst[p] = c & positions
             if lay:
-                laid_keys[p] = 65535 - (c >> high)
+                laid_keys[p] = 65535 - (c >> _KEY_AT)
 
 
 @njit(cache=True, nogil=True)
