@@ -429,7 +429,7 @@ class Packed(_Pools):
             down = SK.KEY_LEVELS - 1 - keys[rest].astype(np.int64) if whole else None
             rest = rest[SK.counting_argsort(down, SK.KEY_LEVELS - 1) if down is not None else np.argsort(-values[rest], kind="stable")]
             rest, starts, laid = first_fit_laid(values[rest], rest, np.zeros(1, np.int64), ctx.budget, ctx.cap)
-            again = (_longest(laid, starts), np.add.reduceat(laid, starts)) if whole and starts.size else None
+            again = K.batch_reduce(laid, np.append(starts, rest.size))[1:] if whole else None
             return Result(rest, starts, _tails(starts, np.zeros(1, np.int64), rest.size), laid=laid, measured=again)
 
         return replan(first, _loose_ends(loose, starts, seg_starts), pack)
