@@ -538,11 +538,12 @@ def _measure(
     ``measured``: each batch's longest and total size as the strategy found them (1-D sizes;
     see :attr:`fitbatch.strategies.Result.measured`), used instead of reading the sizes."""
     values = sizes.values
-    compiled = measured if values.ndim == 1 else None
-    if compiled is None and sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
-        compiled = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
-    if compiled is not None:
-        mx, sm = compiled
+    # each batch's longest and total: the strategy's, else read in place by the compiled loop
+    reduced = measured if values.ndim == 1 else None
+    if reduced is None and sizes.integral and values.ndim == 1:  # read in place: no gathered copy of the sizes
+        reduced = _jit.batch_reduce(values, order, offsets) if laid is None else _jit.batch_reduce(laid, None, offsets)
+    if reduced is not None:
+        mx, sm = reduced
         # float64 straight from the offsets (exact below 2**53): no int64 counts beside them
         counts = np.subtract(offsets[1:], offsets[:-1], dtype=np.float64)
     else:
